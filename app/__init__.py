@@ -1,0 +1,1 @@
+"""worldstream application layer: CLI, FastAPI server, Gradio UI. No engine logic here."""

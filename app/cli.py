@@ -1,0 +1,42 @@
+"""``worldstream`` command line. Each sub-command lives in its own ``app.cmd_*`` module that
+exposes ``register(subparsers)``; the parser sets ``func(args) -> int`` (the exit code)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+# module names of the sub-commands, in --help order
+COMMANDS = ("play", "generate", "train_ae", "train_world", "eval")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="worldstream", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(f"app.cmd_{name}")
+        except ModuleNotFoundError as err:
+            if err.name != f"app.cmd_{name}":
+                raise
+            continue
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, FileNotFoundError) as err:  # bad input: one line, exit code 2
+        print(f"worldstream {args.command}: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

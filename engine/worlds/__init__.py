@@ -1,0 +1,1 @@
+"""The built-in procedural world: simulator, scenes, actions, episode recorder."""
