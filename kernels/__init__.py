@@ -1,0 +1,19 @@
+"""Attention over paged, block-sparse KV: one API, three backends (reference, flex, triton).
+
+See ``kernels/README.md`` for measured speeds and ``paged_attention`` for the contract.
+"""
+
+from kernels.dispatch import ENV_VAR, available_backends, paged_attention, resolve_backend
+from kernels.page_lists import lists_to_csr
+from kernels.selection import select_pages_static, select_pages_topk, static_page_list
+
+__all__ = [
+    "ENV_VAR",
+    "available_backends",
+    "lists_to_csr",
+    "paged_attention",
+    "resolve_backend",
+    "select_pages_static",
+    "select_pages_topk",
+    "static_page_list",
+]

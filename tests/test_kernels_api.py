@@ -1,0 +1,101 @@
+"""paged_attention's contract: input errors, backend choice, the environment override."""
+
+import pytest
+import torch
+
+import kernels
+from kernels import ENV_VAR, available_backends, lists_to_csr, paged_attention, resolve_backend
+
+
+def _inputs(num_pages=4, lists=([0, 1], [2])):
+    q = torch.randn(1, 2, 32, 8)
+    pool = torch.randn(num_pages, 2, 16, 8)
+    return q, pool, pool.clone(), *lists_to_csr(list(lists))
+
+
+def _call(q, k, v, ptr, idx, **kw):
+    return paged_attention(q, k, v, ptr, idx, backend="reference", **kw)
+
+
+def test_page_id_out_of_range_names_index_and_value():
+    q, k, v, ptr, idx = _inputs(lists=([0, 1], [2, 7]))
+    with pytest.raises(ValueError, match=r"block_idx\[3\] = 7 is out of range for a pool of 4"):
+        _call(q, k, v, ptr, idx)
+    with pytest.raises(ValueError, match=r"block_idx\[0\] = -1"):
+        _call(q, k, v, ptr, torch.tensor([-1, 1, 2, 3]))
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda a: {**a, "k": a["k"][:, :1]}, "k_pool .* and v_pool .* differ in shape"),
+        (lambda a: {**a, "k": a["k"][..., :4], "v": a["v"][..., :4]}, "heads of dim"),
+        (lambda a: {**a, "v": a["v"].double(), "k": a["k"].double()}, "dtypes differ"),
+        (lambda a: {**a, "q": a["q"][0]}, "q must have 4 dimensions"),
+        (lambda a: {**a, "ptr": a["ptr"][:-1]}, "block_ptr must have B \\* n_q_blocks \\+ 1"),
+        (
+            lambda a: {
+                **a,
+                "ptr": torch.tensor([0, 4, 3], dtype=torch.int32),
+                "idx": torch.tensor([0, 1, 2]),
+            },
+            "decreases",
+        ),
+        (lambda a: {**a, "ptr": torch.tensor([0, 2, 4], dtype=torch.int32)}, "end at len"),
+        (lambda a: {**a, "idx": a["idx"].float()}, "block_idx must be a 1-D int32/int64"),
+        (lambda a: {**a, "idx": torch.tensor([1, 1, 2])}, r"block_idx\[1\] = 1 repeats"),
+    ],
+)
+def test_bad_inputs_raise(change, message):
+    q, k, v, ptr, idx = _inputs()
+    a = change({"q": q, "k": k, "v": v, "ptr": ptr, "idx": idx})
+    with pytest.raises(ValueError, match=message):
+        _call(a["q"], a["k"], a["v"], a["ptr"], a["idx"])
+
+
+def test_q_block_size_must_divide_lq_and_page_lens_checked():
+    q, k, v, ptr, idx = _inputs()
+    with pytest.raises(ValueError, match="multiple of q_block_size=5"):
+        _call(q, k, v, ptr, idx, q_block_size=5)
+    with pytest.raises(ValueError, match=r"page_lens\[2\] = 17 is outside"):
+        _call(q, k, v, ptr, idx, page_lens=torch.tensor([16, 16, 17, 0]))
+    with pytest.raises(ValueError, match="page_lens must be"):
+        _call(q, k, v, ptr, idx, page_lens=torch.tensor([16, 16]))
+
+
+def test_mismatched_devices_rejected():
+    q, k, v, ptr, idx = _inputs()
+    with pytest.raises(ValueError, match="one device"):
+        _call(q, k, v, ptr.to("meta"), idx)
+
+
+def test_backend_choice_and_env_override(monkeypatch):
+    cpu = torch.device("cpu")
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    assert "reference" in available_backends("cpu")
+    expected = "flex" if "flex" in available_backends("cpu") else "reference"
+    assert resolve_backend("auto", cpu) == expected
+    monkeypatch.setenv(ENV_VAR, "reference")
+    assert resolve_backend("auto", cpu) == "reference"
+    assert resolve_backend("flex", cpu) == "flex"  # an explicit backend beats the variable
+    monkeypatch.setenv(ENV_VAR, "bogus")
+    with pytest.raises(ValueError, match="unknown attention backend 'bogus'"):
+        resolve_backend("auto", cpu)
+
+
+def test_triton_unavailable_on_plain_cpu(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert "triton" not in available_backends("cpu")
+    q, k, v, ptr, idx = _inputs()
+    with pytest.raises(ValueError, match="'triton' is not available on cpu"):
+        paged_attention(q, k, v, ptr, idx, backend="triton")
+
+
+def test_public_names_exported():
+    for name in (
+        "paged_attention",
+        "available_backends",
+        "select_pages_static",
+        "select_pages_topk",
+    ):
+        assert callable(getattr(kernels, name))
