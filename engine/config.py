@@ -1,0 +1,86 @@
+"""The engine's one configuration dataclass, validated on construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+MAX_STEPS = 4
+MAX_CHUNK_FRAMES = 4
+
+
+@dataclass
+class EngineConfig:
+    """Settings of :class:`engine.engine.Engine`. ``__post_init__`` raises ValueError naming
+    the first invalid field. ``None`` means "the backend's default" where noted.
+
+    Attributes:
+        max_sessions: sessions admitted at once (the backend's ``max_states`` also limits).
+        fps: default target frames per second of a session (None: backend ``default_fps``).
+        max_fps: the highest fps a client may request.
+        steps: default denoising steps per chunk (1-4).
+        chunk_frames: frames per chunk (1-4; None: backend ``chunk_frames``).
+        max_batch: most chunk jobs in one ``backend.generate`` call.
+        buffer_max_frames: frames a session may be generated ahead of its playout clock.
+        slot_maxlen: default size of a subscriber's frame slot.
+        preview_chunks: chunks generated per branch of a fork.
+        max_fork: the largest ``k`` of a fork.
+        rewind_chunks: the deepest rewind accepted (the backend may keep less).
+        degrade_after_misses: consecutive late chunks of a session before it degrades one level.
+        recover_after_chunks: consecutive on-time chunks before one level is restored.
+        min_steps: degradation lowers steps down to this, then lowers fps.
+        min_fps: degradation never lowers fps below this.
+        fps_degrade_factor: fps multiplier per fps degradation level, in (0, 1).
+        retry_after_s: the ``retry_after_s`` of a CapacityError.
+        metrics_window_s: span of the measured-fps window.
+    """
+
+    max_sessions: int = 4
+    fps: int | None = None
+    max_fps: int = 60
+    steps: int = 4
+    chunk_frames: int | None = None
+    max_batch: int = 8
+    buffer_max_frames: int = 8
+    slot_maxlen: int = 8
+    preview_chunks: int = 2
+    max_fork: int = 4
+    rewind_chunks: int = 8
+    degrade_after_misses: int = 3
+    recover_after_chunks: int = 60
+    min_steps: int = 1
+    min_fps: int = 4
+    fps_degrade_factor: float = 0.75
+    retry_after_s: float = 5.0
+    metrics_window_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            if f.type not in ("int", "int | None"):
+                continue
+            value = getattr(self, f.name)
+            if value is None and f.type == "int | None":
+                continue
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{f.name} must be a positive int, got {value!r}")
+        if not 1 <= self.steps <= MAX_STEPS:
+            raise ValueError(f"steps must be in [1, {MAX_STEPS}], got {self.steps}")
+        if not 1 <= self.min_steps <= self.steps:
+            raise ValueError(f"min_steps must be in [1, steps={self.steps}], got {self.min_steps}")
+        if self.chunk_frames is not None and self.chunk_frames > MAX_CHUNK_FRAMES:
+            raise ValueError(
+                f"chunk_frames must be in [1, {MAX_CHUNK_FRAMES}], got {self.chunk_frames}"
+            )
+        if self.buffer_max_frames < MAX_CHUNK_FRAMES:
+            raise ValueError(
+                f"buffer_max_frames must hold a chunk of {MAX_CHUNK_FRAMES} frames, "
+                f"got {self.buffer_max_frames}"
+            )
+        if self.fps is not None and not self.min_fps <= self.fps <= self.max_fps:
+            raise ValueError(f"fps must be in [{self.min_fps}, {self.max_fps}], got {self.fps}")
+        if self.min_fps > self.max_fps:
+            raise ValueError(f"min_fps ({self.min_fps}) must be <= max_fps ({self.max_fps})")
+        if not 0.0 < self.fps_degrade_factor < 1.0:
+            raise ValueError(f"fps_degrade_factor must be in (0, 1), got {self.fps_degrade_factor}")
+        for name in ("retry_after_s", "metrics_window_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")

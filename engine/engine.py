@@ -1,0 +1,589 @@
+"""The streaming engine: sessions over one :class:`~engine.backend.WorldBackend`, generated
+chunk by chunk in its own thread behind a thread-safe command queue.
+
+The engine thread is the only one that touches the backend (no backend needs to be
+thread-safe). Public methods validate, register and enqueue, then return: no caller ever waits
+for a generation. One loop, calls going one way: drain commands -> ask the scheduler for a
+batch -> ``backend.generate`` -> hand frames to subscribers and account timeliness.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import queue
+import random
+import threading
+import time
+import uuid
+from typing import Any
+
+import numpy as np
+
+from engine.api import (
+    ActionCommand,
+    AdoptCommand,
+    CapacityError,
+    Command,
+    EventQueue,
+    ForkCommand,
+    FrameSlot,
+    PromptCommand,
+    RewindCommand,
+    SessionClosedError,
+    SessionInfo,
+    SettingsCommand,
+)
+from engine.backend import ChunkJob, ChunkResult, WorldBackend
+from engine.config import MAX_CHUNK_FRAMES, MAX_STEPS, EngineConfig
+from engine.scheduler import NS, BatchPlan, ChunkRequest, DegradeController, plan_batch
+from engine.session import Branch, Session
+from engine.text import MAX_PROMPT_CHARS
+
+log = logging.getLogger(__name__)
+
+_COMMAND_TYPES = (ActionCommand, PromptCommand, SettingsCommand, ForkCommand, AdoptCommand,
+                  RewindCommand)
+#: the longest the engine thread sleeps with nothing due (it wakes at once on a command)
+_MAX_IDLE_S = 0.05
+
+
+class _InvalidCommand(ValueError):
+    """A rejected command: reported to the client as an error event naming ``field``."""
+
+    def __init__(self, field: str, message: str, code: str = "invalid"):
+        super().__init__(message)
+        self.field = field
+        self.code = code
+
+
+def _check_prompt(text: Any) -> str:
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError("prompt must be a non-empty string")
+    if len(text) > MAX_PROMPT_CHARS:
+        raise ValueError(f"prompt is {len(text)} characters; the limit is {MAX_PROMPT_CHARS}")
+    return text
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _derived_seed(*parts: int) -> int:
+    """A well-mixed 31-bit seed from integers (branch previews get distinct noise)."""
+    return int(np.random.SeedSequence([p & 0xFFFFFFFF for p in parts]).generate_state(1)[0]
+               >> 1)
+
+
+class Engine:
+    """Implements :class:`engine.api.EngineAPI` over ``backend``.
+
+    Args:
+        backend: the world model (or the simulator) generating chunks.
+        config: engine settings (default :class:`EngineConfig`()).
+    Raises ValueError when the config does not fit the backend (fps, chunk size).
+    Use as a context manager, or call :meth:`start` and :meth:`stop`.
+    """
+
+    def __init__(self, backend: WorldBackend, config: EngineConfig | None = None):
+        self.backend = backend
+        self.config = config = config or EngineConfig()
+        self.model_name = backend.name
+        self.capacity = min(config.max_sessions, backend.max_states)
+        self.default_fps = config.fps or backend.default_fps
+        if not config.min_fps <= self.default_fps <= config.max_fps:
+            raise ValueError(f"fps {self.default_fps} outside [{config.min_fps}, {config.max_fps}]")
+        self.chunk_frames = config.chunk_frames or backend.chunk_frames
+        if not 1 <= self.chunk_frames <= MAX_CHUNK_FRAMES:
+            raise ValueError(f"chunk_frames must be in [1, {MAX_CHUNK_FRAMES}], "
+                             f"got {self.chunk_frames}")
+        self.rewind_chunks = min(config.rewind_chunks, backend.rewind_chunks)
+        self._lock = threading.Lock()  # sessions dict, subscribers, stats, live-state count
+        self._sessions: dict[str, Session] = {}
+        self._live_states = 0  # backend states of sessions and branches, incl. reservations
+        self._commands: queue.Queue[tuple] = queue.Queue()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._num_batches = 0
+        self._num_jobs = 0
+
+    # ------------------------------------------------------------ lifecycle
+    def start(self) -> Engine:
+        if self._thread is not None:
+            raise RuntimeError("engine already started")
+        self._thread = threading.Thread(target=self._run, name="worldstream-engine", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop the engine thread, free every state, close every session. Idempotent."""
+        self._stop.set()
+        self._commands.put(("wake",))
+        if self._thread is not None:
+            self._thread.join()
+        with self._lock:
+            sessions = list(self._sessions.values())
+            self._sessions.clear()
+        while True:  # sessions closed while their "close" was still queued
+            try:
+                item = self._commands.get_nowait()
+            except queue.Empty:
+                break
+            if item[0] == "close":
+                sessions.append(item[1])
+        for session in sessions:
+            self._release(session)
+
+    def __enter__(self) -> Engine:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------ EngineAPI (any thread)
+    def create_session(
+        self, prompt: str, seed: int | None = None, fps: int | None = None
+    ) -> SessionInfo:
+        """Admit a session; its backend state is made on the engine thread (a failure there
+        ends the session with an error event). Raises CapacityError when ``max_sessions`` or
+        the backend's state budget is reached, ValueError for a bad prompt, seed or fps."""
+        _check_prompt(prompt)
+        if seed is None:
+            seed = random.randrange(2**31)
+        if not _is_int(seed) or seed < 0:
+            raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+        fps = self.default_fps if fps is None else fps
+        if not _is_int(fps) or not self.config.min_fps <= fps <= self.config.max_fps:
+            raise ValueError(f"fps must be an int in [{self.config.min_fps}, "
+                             f"{self.config.max_fps}], got {fps!r}")
+        if self._stop.is_set():
+            raise RuntimeError("engine stopped")
+        cfg = self.config
+        with self._lock:
+            if len(self._sessions) >= cfg.max_sessions:
+                raise CapacityError(f"all {cfg.max_sessions} sessions are in use",
+                                    cfg.retry_after_s)
+            if self._live_states + 1 > self.backend.max_states:
+                raise CapacityError(f"the model's memory holds {self.backend.max_states} "
+                                    "states and all are in use", cfg.retry_after_s)
+            self._live_states += 1
+            session = Session(
+                uuid.uuid4().hex, prompt, seed, fps=fps, steps=cfg.steps,
+                chunk_frames=self.chunk_frames, created_ns=time.perf_counter_ns(),
+                degrade=DegradeController(
+                    cfg.steps, fps, min_steps=cfg.min_steps, min_fps=cfg.min_fps,
+                    factor=cfg.fps_degrade_factor, misses=cfg.degrade_after_misses,
+                    recover=cfg.recover_after_chunks),
+                stats_window_s=cfg.metrics_window_s,
+            )
+            self._sessions[session.session_id] = session
+        self._commands.put(("create", session))
+        return SessionInfo(session.session_id, self.backend.width, self.backend.height, fps)
+
+    def _session(self, session_id: str) -> Session:
+        session = self._sessions.get(session_id)
+        if session is None or session.closed:
+            raise SessionClosedError(session_id)
+        return session
+
+    def submit(self, session_id: str, command: Command) -> None:
+        """Queue ``command``; its receipt time starts the action-to-frame measurement.
+        Raises SessionClosedError for an unknown/closed session, TypeError for a non-command."""
+        if not isinstance(command, _COMMAND_TYPES):
+            raise TypeError(f"not an engine command: {type(command).__name__}")
+        receipt_ns = time.perf_counter_ns()
+        with self._lock:
+            session = self._session(session_id)
+        self._commands.put(("command", session, command, receipt_ns))
+
+    def subscribe(self, session_id: str, maxlen: int | None = None) -> FrameSlot:
+        """A new frame slot receiving every frame of the session from now on."""
+        slot = FrameSlot(self.config.slot_maxlen if maxlen is None else maxlen)
+        with self._lock:
+            self._session(session_id).subscribers.append(slot)
+        return slot
+
+    def events(self, session_id: str) -> EventQueue:
+        with self._lock:
+            return self._session(session_id).events
+
+    def close_session(self, session_id: str) -> None:
+        """End the session (its slots close, Event "closed"). Raises SessionClosedError when
+        unknown or already closed."""
+        with self._lock:
+            session = self._session(session_id)
+            session.closed = True
+            del self._sessions[session_id]
+        self._commands.put(("close", session))
+
+    def num_sessions(self) -> int:
+        with self._lock:
+            return len(self._sessions)
+
+    def metrics(self) -> dict[str, Any]:
+        """Per-session and aggregate figures (JSON-ready).
+
+        Per session: ``fps`` measured over ``metrics_window_s``, ``target_fps``, ``steps``,
+        ``chunk_frames``, ``buffer_frames`` (generated ahead of the playout clock),
+        ``gen_ms_per_chunk`` (mean of recent batches), ``action_to_frame_ms`` (p50/p95/count,
+        command receipt -> frame ready), ``degraded``, ``degrade_level``, ``dropped_frames``
+        (subscriber slots), ``late_frames`` (frames the playout clock waited for), ``frames``.
+        """
+        now = time.perf_counter_ns()
+        with self._lock:
+            per_session = {}
+            for sid, s in self._sessions.items():
+                gen = list(s.stats.gen_ms)
+                per_session[sid] = {
+                    "fps": s.stats.fps(),
+                    "target_fps": s.degrade.fps,
+                    "steps": s.steps,
+                    "chunk_frames": s.chunk_frames,
+                    "buffer_frames": max(s.clock.buffer_frames(s.frame_index, now), 0.0),
+                    "gen_ms_per_chunk": float(np.mean(gen)) if gen else None,
+                    "action_to_frame_ms": s.stats.latency_percentiles(),
+                    "degraded": s.degrade.degraded,
+                    "degrade_level": s.degrade.level,
+                    "dropped_frames": sum(slot.dropped for slot in s.subscribers),
+                    "late_frames": s.stats.late_frames,
+                    "frames": s.stats.frames,
+                }
+            return {
+                "model": self.model_name,
+                "num_sessions": len(self._sessions),
+                "capacity": self.capacity,
+                "aggregate_fps": sum(m["fps"] for m in per_session.values()),
+                "batches": self._num_batches,
+                "mean_batch_size": self._num_jobs / self._num_batches if self._num_batches else 0.0,
+                "sessions": per_session,
+            }
+
+    # ------------------------------------------------------------ engine thread
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._drain(self._idle_timeout(time.perf_counter_ns()))
+                if self._stop.is_set():
+                    break
+                plan = plan_batch(self._requests(time.perf_counter_ns()), self.config.max_batch)
+                if plan is not None:
+                    self._run_batch(plan)
+            except Exception:  # a bug must not silently stop every stream
+                log.exception("engine loop error")
+
+    def _live(self) -> list[Session]:
+        with self._lock:
+            return [s for s in self._sessions.values() if s.state is not None]
+
+    def _requests(self, now_ns: int) -> list[ChunkRequest]:
+        """Every chunk due now: streams whose buffer has room, branches awaiting previews."""
+        bmax = self.config.buffer_max_frames
+        requests = []
+        for s in self._live():
+            due_at = s.clock.due_at_ns(s.frame_index, s.chunk_frames, bmax)
+            if due_at <= now_ns:
+                requests.append(ChunkRequest(s.session_id, None, s.chunk_frames, s.steps,
+                                             s.clock.deadline_ns(s.frame_index), due_at))
+            for i, branch in enumerate(s.branches):
+                if branch.chunks_left > 0:
+                    requests.append(ChunkRequest(s.session_id, i, s.chunk_frames, s.steps,
+                                                 branch.requested_ns, branch.requested_ns))
+        return requests
+
+    def _idle_timeout(self, now_ns: int) -> float:
+        """Seconds until the next chunk falls due (0 when one is due now)."""
+        wake = now_ns + int(_MAX_IDLE_S * NS)
+        for s in self._live():
+            if any(b.chunks_left > 0 for b in s.branches):
+                return 0.0
+            wake = min(wake, s.clock.due_at_ns(s.frame_index, s.chunk_frames,
+                                               self.config.buffer_max_frames))
+        return max(wake - now_ns, 0) / NS
+
+    def _drain(self, timeout: float) -> None:
+        try:
+            item = self._commands.get(timeout=timeout) if timeout > 0 else \
+                self._commands.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            self._handle(item)
+            try:
+                item = self._commands.get_nowait()
+            except queue.Empty:
+                return
+
+    def _handle(self, item: tuple) -> None:
+        kind = item[0]
+        if kind == "wake":
+            return
+        session: Session = item[1]
+        if kind == "close":
+            self._release(session)
+            return
+        if session.closed:
+            return
+        if kind == "create":
+            try:
+                session.state = self.backend.new_state(session.prompt, session.seed)
+            except Exception as exc:  # CapacityError, ValueError, a backend failure
+                self._fail(session, f"could not create the session: {exc}")
+            return
+        command, receipt_ns = item[2], item[3]
+        try:
+            self._apply(session, command, receipt_ns)
+        except _InvalidCommand as exc:
+            session.emit("error", seq=command.seq, code=exc.code, field=exc.field,
+                         message=str(exc))
+        except Exception as exc:
+            self._fail(session, f"{type(command).__name__} failed: {exc!r}")
+
+    # ------------------------------------------------------------ commands
+    def _apply(self, s: Session, command: Command, receipt_ns: int) -> None:
+        if isinstance(command, ActionCommand):
+            try:
+                s.apply_action(command, receipt_ns)
+            except ValueError as exc:
+                raise _InvalidCommand("keys", str(exc)) from None
+        elif isinstance(command, PromptCommand):
+            self._apply_prompt(s, command)
+        elif isinstance(command, SettingsCommand):
+            self._apply_settings(s, command, receipt_ns)
+        elif isinstance(command, ForkCommand):
+            self._fork(s, command, receipt_ns)
+        elif isinstance(command, AdoptCommand):
+            self._adopt(s, command)
+        elif isinstance(command, RewindCommand):
+            self._rewind(s, command)
+
+    def _apply_prompt(self, s: Session, command: PromptCommand) -> None:
+        try:
+            _check_prompt(command.text)
+        except ValueError as exc:
+            raise _InvalidCommand("text", str(exc)) from None
+        if command.blend_text is not None:
+            try:
+                _check_prompt(command.blend_text)
+            except ValueError as exc:
+                raise _InvalidCommand("blend", f"blend {exc}") from None
+        weight = command.blend_weight
+        if not isinstance(weight, int | float) or not 0.0 <= weight <= 1.0:
+            raise _InvalidCommand("blend", f"blend weight must be in [0, 1], got {weight!r}")
+        self.backend.set_prompt(s.state, command.text, command.blend_text, float(weight))
+        s.prompt = command.text
+        s.prompt_version += 1
+
+    def _apply_settings(self, s: Session, c: SettingsCommand, now_ns: int) -> None:
+        cfg = self.config
+        checks = {
+            "steps": (c.steps, 1, MAX_STEPS),
+            "chunk_frames": (c.chunk_frames, 1, MAX_CHUNK_FRAMES),
+            "fps": (c.fps, cfg.min_fps, cfg.max_fps),
+            "memory_frames": (c.memory_frames, 1, 1 << 20),
+        }
+        for name, (value, low, high) in checks.items():
+            if value is not None and (not _is_int(value) or not low <= value <= high):
+                raise _InvalidCommand(name, f"{name} must be an int in [{low}, {high}], "
+                                            f"got {value!r}")
+        if c.attention is not None and not isinstance(c.attention, str):
+            raise _InvalidCommand("attention", f"attention must be a string, got {c.attention!r}")
+        model_settings = {k: v for k, v in (("memory_frames", c.memory_frames),
+                                            ("attention", c.attention)) if v is not None}
+        if model_settings:
+            # NOTE: these reach the model through an optional backend hook; the WorldBackend
+            # contract has none yet, so a backend without it reports them as unsupported.
+            configure = getattr(self.backend, "configure", None)
+            if configure is None:
+                field = next(iter(model_settings))
+                raise _InvalidCommand(field, f"{field} is not supported by model "
+                                             f"{self.model_name!r}", code="unsupported")
+            try:
+                configure(s.state, **model_settings)
+            except ValueError as exc:
+                raise _InvalidCommand(next(iter(model_settings)), str(exc)) from None
+            s.settings.update(model_settings)
+        if c.chunk_frames is not None:
+            s.chunk_frames = c.chunk_frames
+        if c.steps is not None or c.fps is not None:
+            s.degrade.set_requested(steps=c.steps, fps=c.fps)
+            s.clock.set_fps(s.degrade.fps, now_ns)
+
+    def _account(self, s: Session, delta: int) -> None:
+        """Count ``delta`` backend states more (or fewer) for ``s`` against the budget."""
+        with self._lock:
+            s.num_states += delta
+            self._live_states += delta
+
+    def _free_branches(self, s: Session, keep: int | None = None) -> None:
+        branches, s.branches = s.branches, []
+        for i, branch in enumerate(branches):
+            if i != keep:
+                self.backend.free(branch.state)
+                self._account(s, -1)
+
+    def _fork(self, s: Session, c: ForkCommand, receipt_ns: int) -> None:
+        cfg = self.config
+        if not _is_int(c.k) or not 1 <= c.k <= cfg.max_fork:
+            raise _InvalidCommand("k", f"k must be an int in [1, {cfg.max_fork}], got {c.k!r}")
+        self._free_branches(s)  # a new fork replaces the previous one
+        no_room = CapacityError(f"the model's memory cannot hold {c.k} more branches now")
+        with self._lock:
+            if self._live_states + c.k > self.backend.max_states:
+                raise _InvalidCommand("k", str(no_room), code="capacity")
+        s.fork_id += 1
+        s.fork_seq = c.seq
+        try:
+            for i in range(c.k):
+                state = self.backend.fork(s.state)
+                self._account(s, 1)
+                s.branches.append(Branch(state=state, seed=_derived_seed(s.seed, s.fork_id, i),
+                                         chunks_left=cfg.preview_chunks, requested_ns=receipt_ns))
+        except CapacityError as exc:
+            self._free_branches(s)
+            raise _InvalidCommand("k", str(exc), code="capacity") from None
+        except Exception:
+            self._free_branches(s)
+            raise
+
+    def _adopt(self, s: Session, c: AdoptCommand) -> None:
+        if not s.branches:
+            raise _InvalidCommand("branch", "there is no fork to adopt a branch of")
+        if not _is_int(c.branch) or not 0 <= c.branch < len(s.branches):
+            raise _InvalidCommand("branch", f"branch must be in [0, {len(s.branches)}), "
+                                            f"got {c.branch!r}")
+        adopted = s.branches[c.branch]
+        self._free_branches(s, keep=c.branch)
+        old, s.state = s.state, adopted.state
+        self.backend.free(old)
+        self._account(s, -1)  # the adopted branch's state counts in place of the old one
+        s.emit("info", seq=c.seq, adopted=c.branch, fork_id=s.fork_id)
+
+    def _rewind(self, s: Session, c: RewindCommand) -> None:
+        if not _is_int(c.chunks) or not 1 <= c.chunks <= self.rewind_chunks:
+            raise _InvalidCommand("chunks", f"chunks must be an int in [1, "
+                                            f"{self.rewind_chunks}], got {c.chunks!r}")
+        try:
+            self.backend.rewind(s.state, c.chunks)
+        except ValueError as exc:
+            raise _InvalidCommand("chunks", str(exc)) from None
+        s.emit("info", seq=c.seq, rewound=c.chunks)
+
+    # ------------------------------------------------------------ generation
+    def _run_batch(self, plan: BatchPlan) -> None:
+        jobs, meta = [], []
+        for req in plan.requests:
+            s = self._sessions_get(req.session_id)
+            if s is None:
+                continue
+            if req.branch is None:
+                state, seed = s.state, None
+            else:
+                branch = s.branches[req.branch]
+                done = self.config.preview_chunks - branch.chunks_left
+                state, seed = branch.state, _derived_seed(branch.seed, done)
+            jobs.append(ChunkJob(state, [s.action] * plan.chunk_frames, plan.steps, seed))
+            meta.append((s, req, s.action_seq, s.action_t_ms, s.prompt_version, s.fork_id))
+        if not jobs:
+            return
+        t_start = time.perf_counter_ns()
+        try:
+            results = self.backend.generate(jobs)
+            if len(results) != len(jobs):
+                raise RuntimeError(f"backend returned {len(results)} results for {len(jobs)} jobs")
+        except Exception as exc:  # the whole batch failed: only its sessions end
+            results = [ChunkResult(None, error=exc)] * len(jobs)
+        t_ready = time.perf_counter_ns()
+        gen_ms = (t_ready - t_start) / 1e6
+        with self._lock:
+            self._num_batches += 1
+            self._num_jobs += len(jobs)
+        shape = (plan.chunk_frames, self.backend.height, self.backend.width, 3)
+        for (s, req, action_seq, action_t_ms, prompt_version, fork_id), res in zip(meta, results):
+            if s.closed or (req.branch is not None and fork_id != s.fork_id):
+                continue  # closed, or a branch dropped by adopt/another fork meanwhile
+            error = res.error
+            if error is None and (res.frames is None or res.frames.shape != shape
+                                  or res.frames.dtype != np.uint8):
+                got = None if res.frames is None else (res.frames.shape, res.frames.dtype)
+                error = ValueError(f"chunk frames {got}, expected {shape} uint8")
+            if error is not None:
+                self._fail(s, f"chunk generation failed: {error!r}")
+                continue
+            stages = {"queue": max(t_start - req.due_at_ns, 0) / 1e6, **res.stages_ms}
+            if req.branch is None:
+                self._deliver(s, res.frames, stages, t_ready, gen_ms,
+                              action_seq, action_t_ms, prompt_version)
+            else:
+                self._preview_chunk(s, req.branch, res.frames)
+
+    def _sessions_get(self, session_id: str) -> Session | None:
+        with self._lock:
+            s = self._sessions.get(session_id)
+        return None if s is None or s.closed else s
+
+    def _deliver(self, s: Session, rgb: np.ndarray, stages: dict[str, float], t_ready: int,
+                 gen_ms: float, action_seq: int, action_t_ms: float | None,
+                 prompt_version: int) -> None:
+        with self._lock:  # metrics() reads the clock, degradation and stats
+            if not s.clock.started:
+                s.clock.anchor(0, t_ready)  # time to first frame is not a deadline miss
+            else:
+                buffer = s.clock.buffer_frames(s.frame_index, t_ready)
+                late = buffer < 0
+                if late:
+                    # the viewer waited: show the new frames from now on instead of catching up
+                    s.stats.late_frames += math.ceil(-buffer)
+                    s.clock.anchor(s.frame_index, t_ready)
+                change = s.degrade.record(late)
+                if change:
+                    s.clock.set_fps(s.degrade.fps, t_ready)
+                    s.emit("degraded", degraded=s.degrade.degraded, level=s.degrade.level,
+                           steps=s.degrade.steps, fps=s.degrade.fps,
+                           reason="chunks late" if change > 0 else "kept up again")
+            frames = s.make_frames(rgb, stages, t_ready, action_seq, action_t_ms, prompt_version)
+            s.stats.add_chunk(t_ready, len(frames), gen_ms)
+            slots = list(s.subscribers)
+        for slot in slots:
+            for frame in frames:
+                slot.put(frame)
+
+    def _preview_chunk(self, s: Session, index: int, rgb: np.ndarray) -> None:
+        branch = s.branches[index]
+        branch.frames.extend(rgb)
+        branch.chunks_left -= 1
+        if all(b.chunks_left == 0 for b in s.branches):
+            for i, b in enumerate(s.branches):
+                s.emit("preview", seq=s.fork_seq, fork_id=s.fork_id, branch=i, frames=b.frames)
+
+    # ------------------------------------------------------------ endings
+    def _fail(self, s: Session, message: str) -> None:
+        """End one session after a failure; the others go on."""
+        log.warning("session %s ended: %s", s.session_id, message)
+        s.emit("error", code="session_failed", message=message)
+        with self._lock:
+            s.closed = True
+            self._sessions.pop(s.session_id, None)
+        self._release(s)
+
+    def _release(self, s: Session) -> None:
+        """Free the session's backend states, return its share of the state budget (including
+        a reservation whose state was never made), close its slots and emit "closed" (engine
+        thread, or after the thread stopped). Idempotent."""
+        states = [b.state for b in s.branches] + ([s.state] if s.state is not None else [])
+        s.state, s.branches = None, []
+        for state in states:
+            try:
+                self.backend.free(state)
+            except Exception:
+                log.exception("backend.free failed")
+        with self._lock:
+            s.closed = True
+            self._live_states -= s.num_states
+            s.num_states = 0
+            slots, s.subscribers = s.subscribers, []
+            first_release = not s.released
+            s.released = True
+        if first_release:
+            s.emit("closed")
+        for slot in slots:
+            slot.close()

@@ -1,0 +1,58 @@
+"""Model backends by name (``--model NAME``), imported lazily so that ``sim`` never loads torch."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+
+from engine.backend import WorldBackend
+
+#: name -> "module:factory"; the factory takes keyword arguments and returns a WorldBackend
+_BACKENDS: dict[str, str] = {
+    "sim": "engine.worlds.sim_backend:SimBackend",
+    "builtin": "engine.generator:load_builtin_backend",
+}
+
+
+class BackendUnavailableError(RuntimeError):
+    """A known model cannot be loaded here (its module or weights are missing)."""
+
+
+def _module_exists(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def available_models() -> list[str]:
+    """Names whose backend module is installed (the weights are checked when loading)."""
+    return [name for name, target in _BACKENDS.items()
+            if _module_exists(target.partition(":")[0])]
+
+
+def load_backend(name: str, **kwargs) -> WorldBackend:
+    """The backend ``name`` built with ``kwargs``.
+
+    Raises ValueError for an unknown name (listing the known ones), BackendUnavailableError
+    naming the missing module or weights file when a known backend cannot be loaded.
+    """
+    target = _BACKENDS.get(name)
+    if target is None:
+        raise ValueError(f"unknown model {name!r}; known models: {sorted(_BACKENDS)}")
+    module_name, _, factory_name = target.partition(":")
+    if not _module_exists(module_name):
+        raise BackendUnavailableError(
+            f"model {name!r} needs module {module_name}, which is not installed in this build"
+        )
+    module = importlib.import_module(module_name)
+    factory = getattr(module, factory_name, None)
+    if factory is None:
+        raise BackendUnavailableError(f"model {name!r}: {module_name} has no {factory_name}()")
+    try:
+        return factory(**kwargs)
+    except FileNotFoundError as exc:
+        raise BackendUnavailableError(
+            f"model {name!r}: weights not found ({exc.filename or exc}); train them with "
+            "`worldstream train_ae` and `worldstream train_world`, or restore the shipped assets/"
+        ) from exc
