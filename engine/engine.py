@@ -498,7 +498,9 @@ class Engine:
             self._num_batches += 1
             self._num_jobs += len(jobs)
         shape = (plan.chunk_frames, self.backend.height, self.backend.width, 3)
-        for (s, req, action_seq, action_t_ms, prompt_version, fork_id), res in zip(meta, results):
+        for (s, req, action_seq, action_t_ms, prompt_version, fork_id), res in zip(
+            meta, results, strict=True
+        ):
             if s.closed or (req.branch is not None and fork_id != s.fork_id):
                 continue  # closed, or a branch dropped by adopt/another fork meanwhile
             error = res.error

@@ -119,7 +119,9 @@ class PageTable:
         if window_chunks < 1:
             raise ValueError(f"window_chunks must be >= 1, got {window_chunks}")
         if max_chunks < window_chunks:
-            raise ValueError(f"max_chunks ({max_chunks}) must be >= window_chunks ({window_chunks})")
+            raise ValueError(
+                f"max_chunks ({max_chunks}) must be >= window_chunks ({window_chunks})"
+            )
         self.allocator = allocator
         self.pages_per_chunk = pages_per_chunk
         self.window_chunks = window_chunks

@@ -1,0 +1,370 @@
+"""The engine thread end to end, with a small echo backend (its frames encode what each chunk
+was conditioned on) and with the SimBackend checked against a hand-stepped WorldSimulator."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from engine.api import (
+    ActionCommand,
+    AdoptCommand,
+    CapacityError,
+    ForkCommand,
+    PromptCommand,
+    RewindCommand,
+    SessionClosedError,
+    SettingsCommand,
+)
+from engine.backend import ChunkResult
+from engine.config import EngineConfig
+from engine.engine import Engine
+from engine.worlds.actions import IDLE, keys_to_action
+from engine.worlds.sim_backend import SimBackend
+from engine.worlds.simulator import WorldSimulator
+
+
+class EchoState:
+    def __init__(self, prompt: str):
+        self.prompt = prompt
+        self.prompt_count = 0
+        self.chunks = 0
+
+
+class EchoBackend:
+    """Frames ``(n, 4, 4, 3)``: pixel (0, 0) = (action, steps, prompt switches so far),
+    pixel (0, 1, 0) = the state's chunk counter. Generation sleeps ``delay_s + step_s·steps``.
+    A state whose prompt contains "boom" fails on its third chunk."""
+
+    name = "echo"
+    width = height = 4
+    default_fps = 30
+    chunk_frames = 2
+    rewind_chunks = 4
+
+    def __init__(self, max_states=8, delay_s=0.0, step_s=0.0):
+        self.max_states = max_states
+        self.delay_s, self.step_s = delay_s, step_s
+        self.live: set[int] = set()
+        self.calls: list[list[tuple[int, int, int]]] = []  # per call: (state id, steps, frames)
+        self.lock = threading.Lock()
+
+    def new_state(self, prompt, seed):
+        if len(self.live) >= self.max_states:
+            raise CapacityError("echo is full")
+        state = EchoState(prompt)
+        self.live.add(id(state))
+        return state
+
+    def set_prompt(self, state, text, blend_text=None, blend_weight=0.0):
+        if text == "crash":
+            raise RuntimeError("text encoder crashed")
+        state.prompt = text
+        state.prompt_count += 1
+
+    def fork(self, state):
+        twin = self.new_state(state.prompt, 0)
+        twin.prompt_count, twin.chunks = state.prompt_count, state.chunks
+        return twin
+
+    def free(self, state):
+        self.live.discard(id(state))
+
+    def rewind(self, state, chunks):
+        if chunks > state.chunks:
+            raise ValueError(f"only {state.chunks} chunks kept")
+        state.chunks -= chunks
+
+    def generate(self, jobs):
+        with self.lock:
+            self.calls.append([(id(j.state), j.steps, j.num_frames) for j in jobs])
+        time.sleep(self.delay_s + self.step_s * max(j.steps for j in jobs))
+        results = []
+        for job in jobs:
+            state = job.state
+            assert id(state) in self.live, "generate on a freed state"
+            state.chunks += 1
+            if "boom" in state.prompt and state.chunks == 3:
+                results.append(ChunkResult(None, error=RuntimeError("NaN in chunk")))
+                continue
+            frames = np.zeros((job.num_frames, 4, 4, 3), np.uint8)
+            frames[:, 0, 0, 0] = job.actions
+            frames[:, 0, 0, 1] = job.steps
+            frames[:, 0, 0, 2] = state.prompt_count
+            frames[:, 0, 1, 0] = state.chunks % 256
+            results.append(ChunkResult(frames, {"denoise": 1.0, "decode": 0.5}))
+        return results
+
+
+def wait_for(predicate, timeout=5.0, step=0.005):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(step)
+    return False
+
+
+def collect(slot, n, timeout=5.0):
+    frames = []
+    deadline = time.monotonic() + timeout
+    while len(frames) < n and time.monotonic() < deadline:
+        frame = slot.get(timeout=0.05)
+        if frame is not None:
+            frames.append(frame)
+    return frames
+
+
+def drain_events(queue):
+    events = []
+    while not queue.empty():
+        events.append(queue.get_nowait())
+    return events
+
+
+def wait_event(queue, kind, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    seen = []
+    while time.monotonic() < deadline:
+        try:
+            event = queue.get(timeout=0.05)
+        except Exception:
+            continue
+        seen.append(event)
+        if event.kind == kind:
+            return event, seen
+    raise AssertionError(f"no {kind!r} event; saw {[e.kind for e in seen]}")
+
+
+def cfg(**kw):
+    base = dict(fps=60, buffer_max_frames=8, max_sessions=4)
+    base.update(kw)
+    return EngineConfig(**base)
+
+
+# ---------------------------------------------------------------------------- metadata
+def test_sim_frames_equal_hand_stepped_world_and_metadata_follows_actions():
+    backend = SimBackend(scene_for=lambda p: "meadow")
+    with Engine(backend, cfg()) as engine:
+        info = engine.create_session("meadow", seed=11)
+        assert (info.width, info.height, info.fps) == (128, 128, 60)
+        slot = engine.subscribe(info.session_id, maxlen=1000)
+        keys = {1: {"up"}, 2: {"right"}, 3: {"down", "left"}}
+        frames = collect(slot, 6)
+        for seq in (1, 2, 3):
+            engine.submit(info.session_id, ActionCommand(seq, 1000.0 * seq, frozenset(keys[seq])))
+            frames += collect(slot, 8)
+        metrics = engine.metrics()["sessions"][info.session_id]
+    action_of = {-1: IDLE, **{seq: keys_to_action(k) for seq, k in keys.items()}}
+    ref = WorldSimulator(11, "meadow")
+    assert [f.index for f in frames] == list(range(len(frames)))
+    assert [f.action_seq for f in frames] == sorted(f.action_seq for f in frames)
+    assert frames[-1].action_seq == 3
+    for frame in frames:
+        np.testing.assert_array_equal(frame.rgb, ref.step(action_of[frame.action_seq]))
+        assert frame.action_t_ms == (None if frame.action_seq < 0 else 1000.0 * frame.action_seq)
+        assert frame.chunk_index == frame.index // 2 and frame.prompt_version == 0
+        assert {"queue", "simulate"} <= set(frame.stages_ms)
+    assert metrics["action_to_frame_ms"]["count"] == 3
+    assert 0 < metrics["action_to_frame_ms"]["p50"] <= metrics["action_to_frame_ms"]["p95"]
+
+
+def test_prompt_version_and_settings_match_the_conditioning():
+    backend = EchoBackend()
+    with Engine(backend, cfg()) as engine:
+        sid = engine.create_session("a meadow", seed=1).session_id
+        slot, events = engine.subscribe(sid, maxlen=1000), engine.events(sid)
+        frames = collect(slot, 4)
+        engine.submit(sid, PromptCommand(1, 0.0, "a desert"))
+        engine.submit(sid, SettingsCommand(2, steps=9))  # invalid: reported, session goes on
+        engine.submit(sid, SettingsCommand(3, steps=2, chunk_frames=3))
+        engine.submit(sid, SettingsCommand(4, memory_frames=32))  # echo has no such setting
+        engine.submit(sid, PromptCommand(5, 0.0, ""))
+        frames += collect(slot, 12)
+        errors = [e.payload for e in drain_events(events) if e.kind == "error"]
+        assert engine.num_sessions() == 1
+    assert [(e["seq"], e["field"], e["code"]) for e in errors] == [
+        (2, "steps", "invalid"), (4, "memory_frames", "unsupported"), (5, "text", "invalid")]
+    for frame in frames:  # the metadata says what the backend was really conditioned on
+        assert frame.prompt_version == frame.rgb[0, 0, 2]
+    assert frames[-1].prompt_version == 1
+    chunk_sizes = [sum(1 for f in frames if f.chunk_index == c) for c in
+                   sorted({f.chunk_index for f in frames})]
+    assert chunk_sizes[0] == 2 and chunk_sizes[-2] == 3  # the last chunk may be cut by collect
+    assert frames[-1].rgb[0, 0, 1] == 2
+
+
+# ---------------------------------------------------------------------------- scheduling
+def test_due_sessions_are_batched_and_shapes_never_mix():
+    backend = EchoBackend(delay_s=0.01)
+    with Engine(backend, cfg(fps=30)) as engine:
+        a = engine.create_session("a", seed=1).session_id
+        b = engine.create_session("b", seed=2).session_id
+        slot_a = engine.subscribe(a, maxlen=1000)
+        collect(slot_a, 16)
+        engine.submit(b, SettingsCommand(1, steps=2))
+        collect(slot_a, 16)
+        metrics = engine.metrics()
+    calls = backend.calls
+    assert any(len(call) == 2 for call in calls)
+    assert metrics["mean_batch_size"] > 1.2
+    for call in calls:
+        assert len({(steps, frames) for _, steps, frames in call}) == 1
+    assert any({steps for _, steps, _ in call} == {2} for call in calls)
+
+
+def test_buffer_never_exceeds_its_bound():
+    backend = EchoBackend()
+    with Engine(backend, cfg(fps=40, buffer_max_frames=6)) as engine:
+        sid = engine.create_session("a", seed=1).session_id
+        slot = engine.subscribe(sid, maxlen=1000)
+        t0 = time.monotonic()
+        frames = collect(slot, 40, timeout=3.0)
+        elapsed = time.monotonic() - t0
+        metrics = engine.metrics()["sessions"][sid]
+    assert len(frames) == 40
+    assert elapsed > (40 - 6) / 40 * 0.9  # paced by the playout clock, not as fast as possible
+    assert metrics["late_frames"] == 0
+    t_first = frames[0].t_ready_ns
+    for frame in frames:  # frames generated ahead of the clock, counted independently
+        presented = (frame.t_ready_ns - t_first) * 40 / 1e9
+        assert frame.index + 1 - presented <= 6 + 1e-6
+    assert 30 <= metrics["fps"] <= 50 and metrics["buffer_frames"] <= 6
+
+
+def test_slow_backend_degrades_steps_first_then_fps():
+    # 4 steps: 40 + 4·30 = 160 ms per chunk of 2 frames; 30 fps needs <= 67 ms
+    backend = EchoBackend(delay_s=0.04, step_s=0.03)
+    config = cfg(fps=30, degrade_after_misses=2, recover_after_chunks=10_000)
+    with Engine(backend, config) as engine:
+        sid = engine.create_session("a", seed=1).session_id
+        events = engine.events(sid)
+        assert wait_for(lambda: engine.metrics()["sessions"][sid]["target_fps"] < 30, timeout=8)
+        degraded = [e.payload for e in drain_events(events) if e.kind == "degraded"]
+        metrics = engine.metrics()["sessions"][sid]
+    assert [(d["steps"], d["fps"]) for d in degraded[:4]] == [(3, 30), (2, 30), (1, 30), (1, 22)]
+    assert all(d["degraded"] and d["reason"] == "chunks late" for d in degraded)
+    assert metrics["degraded"] and metrics["steps"] == 1 and metrics["late_frames"] > 0
+    steps_used = [call[0][1] for call in backend.calls]
+    assert steps_used == sorted(steps_used, reverse=True) and steps_used[-1] == 1
+
+
+# ---------------------------------------------------------------------------- failures
+def test_failing_chunk_ends_only_its_session():
+    backend = EchoBackend()
+    with Engine(backend, cfg()) as engine:
+        good = engine.create_session("fine", seed=1).session_id
+        bad = engine.create_session("boom", seed=2).session_id
+        slot_good, slot_bad = engine.subscribe(good, maxlen=1000), engine.subscribe(bad)
+        events = engine.events(bad)
+        error, _ = wait_event(events, "error")
+        assert "NaN in chunk" in error.payload["message"]
+        wait_event(events, "closed")
+        assert wait_for(lambda: slot_bad.closed)
+        with pytest.raises(SessionClosedError):
+            engine.submit(bad, ActionCommand(1, 0.0))
+        collect(slot_good, 1000, timeout=0.05)  # frames made before the failure
+        assert len(collect(slot_good, 10)) == 10  # the other session goes on
+        assert engine.num_sessions() == 1
+        assert bad not in engine.metrics()["sessions"]
+        # an exception inside a command also ends only that session
+        engine.submit(good, PromptCommand(1, 0.0, "crash"))
+        wait_event(engine.events(good), "closed")
+        assert engine.num_sessions() == 0
+        assert wait_for(lambda: not backend.live)
+
+
+def test_capacity_refusal_and_release():
+    backend = EchoBackend(max_states=3)
+    with Engine(backend, cfg(max_sessions=2, retry_after_s=7.0)) as engine:
+        assert engine.capacity == 2
+        a = engine.create_session("a").session_id
+        engine.create_session("b")
+        with pytest.raises(CapacityError) as info:
+            engine.create_session("c")
+        assert info.value.retry_after_s == 7.0
+        engine.close_session(a)
+        c = engine.create_session("c").session_id  # the session slot is free at once
+        # two live states + a fork of 2 would exceed the backend's 3: refused, session goes on
+        engine.submit(c, ForkCommand(1, k=2))
+        error, _ = wait_event(engine.events(c), "error")
+        assert (error.payload["field"], error.payload["code"]) == ("k", "capacity")
+        with pytest.raises(ValueError):
+            engine.create_session("")
+        with pytest.raises(ValueError):
+            engine.create_session("a", fps=1000)
+    assert not backend.live  # stop() freed every state
+
+
+def test_concurrent_submit_keeps_the_newest_action():
+    backend = EchoBackend()
+    with Engine(backend, cfg()) as engine:
+        sid = engine.create_session("a").session_id
+        slot = engine.subscribe(sid, maxlen=1000)
+        key_sets = [frozenset(), frozenset({"up"}), frozenset({"left"}), frozenset({"down"})]
+
+        def client(offset):
+            for seq in range(offset, 400, 4):
+                engine.submit(sid, ActionCommand(seq, float(seq), key_sets[seq % 4]))
+                engine.metrics()
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        frames = collect(slot, 1000, timeout=0.5)
+        assert wait_for(lambda: (frames.extend(collect(slot, 100, 0.05)) or
+                                 frames[-1].action_seq == 399))
+    for frame in frames:  # every frame was generated with the keys of its action_seq
+        if frame.action_seq >= 0:
+            assert frame.rgb[0, 0, 0] == keys_to_action(key_sets[frame.action_seq % 4])
+    seqs = [f.action_seq for f in frames]
+    assert seqs == sorted(seqs)
+
+
+# ---------------------------------------------------------------------------- branches
+def _world_times(frames, ref_index):
+    return [ref_index[f.rgb.tobytes()] for f in frames]
+
+
+def test_fork_adopt_rewind_through_the_engine():
+    backend = SimBackend(scene_for=lambda p: "meadow")
+    ref = WorldSimulator(4, "meadow")
+    ref_frames = [ref.step(IDLE) for _ in range(400)]  # world time t -> frame at index t - 1
+    ref_index = {rgb.tobytes(): t for t, rgb in enumerate(ref_frames, start=1)}
+    assert len(ref_index) == len(ref_frames)  # every world time looks different
+    config = cfg(fps=30, preview_chunks=2)
+    with Engine(backend, config) as engine:
+        sid = engine.create_session("meadow", seed=4).session_id
+        slot, events = engine.subscribe(sid, maxlen=1000), engine.events(sid)
+        before = collect(slot, 6)
+        engine.submit(sid, ForkCommand(1, k=2))
+        previews = [wait_event(events, "preview")[0].payload for _ in range(2)]
+        during = collect(slot, 1000, timeout=0.05)
+        engine.submit(sid, AdoptCommand(2, branch=1))
+        wait_event(events, "info")
+        after_adopt = collect(slot, 8)
+        engine.submit(sid, RewindCommand(3, chunks=2))
+        assert wait_event(events, "info")[0].payload["rewound"] == 2
+        after_rewind = collect(slot, 8)
+        engine.submit(sid, RewindCommand(4, chunks=99))
+        error, _ = wait_event(events, "error")
+        assert error.payload["field"] == "chunks" and engine.num_sessions() == 1
+    # previews: both branches continue the world from the fork point, 2 chunks of 2 frames
+    assert [p["branch"] for p in previews] == [0, 1] and {p["fork_id"] for p in previews} == {0}
+    fork_t = [ref_index[rgb.tobytes()] for rgb in previews[1]["frames"]]
+    assert fork_t == list(range(fork_t[0], fork_t[0] + 4))
+    stream = before + during + after_adopt + after_rewind
+    times = _world_times(stream, ref_index)
+    jumps = [(a, b) for a, b in zip(times, times[1:], strict=False) if b != a + 1]
+    # exactly two discontinuities: adopt continues after the adopted preview, rewind goes
+    # back two chunks (4 frames) from the newest frame generated before it
+    assert len(jumps) == 2
+    assert jumps[0][1] == fork_t[-1] + 1
+    assert jumps[1][1] == jumps[1][0] - 4 + 1
+    assert [f.index for f in stream] == list(range(len(stream)))
+    assert not backend.num_states
