@@ -22,12 +22,20 @@ from torch.nn.attention.flex_attention import BlockMask, flex_attention
 from kernels.page_lists import AttentionShape, PaddedPages
 from kernels.reference import merge_query_blocks, split_query_blocks
 
+# NOTE: the CUDA flex kernel tiles query blocks by 128 rows; query blocks are zero-padded to a
+# multiple of it there (padded rows are computed and dropped). CPU kernels take any size.
+_Q_GRANULE = {"cuda": 128}
+
 # NOTE: each distinct row bucket / pool size is a compiled variant; the engine keeps both fixed.
 _RECOMPILE_LIMIT = 32
 
 
 def _next_pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
 
 
 def _pack(
@@ -120,10 +128,11 @@ def flex_paged_attention(
     num_part, idx_part = per_head(num_part, idx_part)
 
     qbs = shape.q_block_size
+    qbs_pad = _round_up(qbs, _Q_GRANULE.get(q.device.type, 1))
     q_rows = split_query_blocks(q, shape).transpose(0, 1)  # [H, rows, qbs, D]
-    q_flat = q.new_zeros(h, rows_pad, qbs, d)
-    q_flat[:, :rows] = q_rows
-    q_flat = q_flat.reshape(1, 1, h * rows_pad * qbs, d)
+    q_flat = q.new_zeros(h, rows_pad, qbs_pad, d)
+    q_flat[:, :rows, :qbs] = q_rows
+    q_flat = q_flat.reshape(1, 1, h * rows_pad * qbs_pad, d)
     k_flat = k_pool.reshape(1, 1, num_pages * h * ps, d)
     v_flat = v_pool.reshape(1, 1, num_pages * h * ps, d)
     block_lens = lens.repeat_interleave(h)
