@@ -21,6 +21,8 @@ class EngineConfig:
         chunk_frames: frames per chunk (1-4; None: backend ``chunk_frames``).
         max_batch: most chunk jobs in one ``backend.generate`` call.
         buffer_max_frames: frames a session may be generated ahead of its playout clock.
+        batch_join_frames: a chunk is generated once its buffer has room for it plus this many
+            frames; until then it only joins batches of other sessions (0: no joining).
         slot_maxlen: default size of a subscriber's frame slot.
         preview_chunks: chunks generated per branch of a fork.
         max_fork: the largest ``k`` of a fork.
@@ -41,6 +43,7 @@ class EngineConfig:
     chunk_frames: int | None = None
     max_batch: int = 8
     buffer_max_frames: int = 8
+    batch_join_frames: int = 2
     slot_maxlen: int = 8
     preview_chunks: int = 2
     max_fork: int = 4
@@ -60,8 +63,9 @@ class EngineConfig:
             value = getattr(self, f.name)
             if value is None and f.type == "int | None":
                 continue
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{f.name} must be a positive int, got {value!r}")
+            minimum = 0 if f.name == "batch_join_frames" else 1
+            if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+                raise ValueError(f"{f.name} must be an int >= {minimum}, got {value!r}")
         if not 1 <= self.steps <= MAX_STEPS:
             raise ValueError(f"steps must be in [1, {MAX_STEPS}], got {self.steps}")
         if not 1 <= self.min_steps <= self.steps:
@@ -74,6 +78,11 @@ class EngineConfig:
             raise ValueError(
                 f"buffer_max_frames must hold a chunk of {MAX_CHUNK_FRAMES} frames, "
                 f"got {self.buffer_max_frames}"
+            )
+        if not 0 <= self.batch_join_frames <= self.buffer_max_frames - MAX_CHUNK_FRAMES:
+            raise ValueError(
+                f"batch_join_frames must be in [0, buffer_max_frames - {MAX_CHUNK_FRAMES}], "
+                f"got {self.batch_join_frames}"
             )
         if self.fps is not None and not self.min_fps <= self.fps <= self.max_fps:
             raise ValueError(f"fps must be in [{self.min_fps}, {self.max_fps}], got {self.fps}")

@@ -275,15 +275,23 @@ class Engine:
         with self._lock:
             return [s for s in self._sessions.values() if s.state is not None]
 
+    def _urgent_at(self, s: Session) -> int:
+        """When the session's next chunk must start (its buffer leaves room for the chunk
+        plus ``batch_join_frames``)."""
+        room = self.config.buffer_max_frames - self.config.batch_join_frames
+        return s.clock.due_at_ns(s.frame_index, s.chunk_frames, room)
+
     def _requests(self, now_ns: int) -> list[ChunkRequest]:
-        """Every chunk due now: streams whose buffer has room, branches awaiting previews."""
+        """Every eligible chunk: streams whose buffer has room for it (urgent or joining),
+        branches awaiting previews (urgent: the user is waiting)."""
         bmax = self.config.buffer_max_frames
         requests = []
         for s in self._live():
             due_at = s.clock.due_at_ns(s.frame_index, s.chunk_frames, bmax)
             if due_at <= now_ns:
                 requests.append(ChunkRequest(s.session_id, None, s.chunk_frames, s.steps,
-                                             s.clock.deadline_ns(s.frame_index), due_at))
+                                             s.clock.deadline_ns(s.frame_index), due_at,
+                                             urgent=self._urgent_at(s) <= now_ns))
             for i, branch in enumerate(s.branches):
                 if branch.chunks_left > 0:
                     requests.append(ChunkRequest(s.session_id, i, s.chunk_frames, s.steps,
@@ -291,13 +299,12 @@ class Engine:
         return requests
 
     def _idle_timeout(self, now_ns: int) -> float:
-        """Seconds until the next chunk falls due (0 when one is due now)."""
+        """Seconds until the next chunk becomes urgent (0 when one is urgent now)."""
         wake = now_ns + int(_MAX_IDLE_S * NS)
         for s in self._live():
             if any(b.chunks_left > 0 for b in s.branches):
                 return 0.0
-            wake = min(wake, s.clock.due_at_ns(s.frame_index, s.chunk_frames,
-                                               self.config.buffer_max_frames))
+            wake = min(wake, self._urgent_at(s))
         return max(wake - now_ns, 0) / NS
 
     def _drain(self, timeout: float) -> None:

@@ -3,9 +3,12 @@ deliberate degradation. Torch-free bookkeeping on ints and floats; every time is
 ``now_ns`` argument (``time.perf_counter_ns`` in the engine, a fake clock in tests).
 
 The loop the engine runs: each session (and each branch being previewed) offers at most one
-:class:`ChunkRequest` when it is due; :func:`plan_batch` picks the most urgent one and batches
-every other request with the same ``(chunk_frames, steps)`` behind it; after the batch, the
-engine reports each chunk's timeliness to the session's :class:`DegradeController`.
+:class:`ChunkRequest` when its next chunk fits in its playout buffer (*eligible*); a request is
+*urgent* once the buffer has drained a little further (``join`` frames). :func:`plan_batch`
+starts a batch only for an urgent request and lets every eligible request with the same
+``(chunk_frames, steps)`` join it, so sessions whose clocks are offset fall into step and
+share forward passes instead of alternating. After the batch, the engine reports each chunk's
+timeliness to the session's :class:`DegradeController`.
 """
 
 from __future__ import annotations
@@ -165,6 +168,7 @@ class ChunkRequest:
     steps: int
     deadline_ns: int
     due_at_ns: int
+    urgent: bool = True
 
     @property
     def batch_key(self) -> tuple[int, int]:
@@ -187,14 +191,17 @@ def _urgency(request: ChunkRequest) -> tuple:
 
 
 def plan_batch(requests: list[ChunkRequest], max_batch: int) -> BatchPlan | None:
-    """Earliest deadline first: the most urgent request fixes ``(chunk_frames, steps)``; the
-    other requests with that key join in deadline order, up to ``max_batch``. None if no
-    request. Requests left out stay due and are planned next time."""
+    """Earliest deadline first: the urgent request with the earliest deadline fixes
+    ``(chunk_frames, steps)``; the other eligible requests with that key join in deadline
+    order, up to ``max_batch``. None when no request is urgent. Requests left out stay
+    eligible and are planned next time."""
     if max_batch < 1:
         raise ValueError(f"max_batch must be >= 1, got {max_batch}")
-    if not requests:
+    urgent = [r for r in requests if r.urgent]
+    if not urgent:
         return None
-    ordered = sorted(requests, key=_urgency)
-    key = ordered[0].batch_key
-    chosen = [r for r in ordered if r.batch_key == key][:max_batch]
-    return BatchPlan(chunk_frames=key[0], steps=key[1], requests=chosen)
+    head = min(urgent, key=_urgency)
+    joiners = sorted((r for r in requests if r.batch_key == head.batch_key and r is not head),
+                     key=_urgency)
+    return BatchPlan(chunk_frames=head.chunk_frames, steps=head.steps,
+                     requests=[head, *joiners[: max_batch - 1]])

@@ -35,6 +35,16 @@ def test_plan_batch_is_earliest_deadline_first_and_groups_by_shape():
         plan_batch(requests, 0)
 
 
+def test_eligible_requests_only_join_an_urgent_one():
+    waiting = ChunkRequest("b", None, 2, 4, 90 * MS, 10 * MS, urgent=False)
+    assert plan_batch([waiting], 4) is None  # eligible, not urgent: wait for company
+    head = _req("a", 100)
+    other = ChunkRequest("c", None, 2, 1, 50 * MS, 10 * MS, urgent=False)
+    plan = plan_batch([other, waiting, head], 4)
+    # the urgent head leads though "waiting" has the earlier deadline; "other" differs in steps
+    assert [r.session_id for r in plan.requests] == ["a", "b"]
+
+
 def test_playout_clock_hand_worked():
     clock = PlayoutClock(fps=10, created_ns=5 * NS)
     # before the first frame: nothing presented, the first chunk is wanted at creation
@@ -81,6 +91,8 @@ def test_config_validation_names_the_field():
                          ({"buffer_max_frames": 3}, "buffer_max_frames"),
                          ({"min_steps": 3, "steps": 2}, "min_steps"),
                          ({"fps_degrade_factor": 1.0}, "fps_degrade_factor"),
-                         ({"retry_after_s": 0}, "retry_after_s"), ({"max_batch": 2.5}, "max_batch")]:
+                         ({"retry_after_s": 0}, "retry_after_s"),
+                         ({"max_batch": 2.5}, "max_batch"),
+                         ({"batch_join_frames": 5}, "batch_join_frames")]:
         with pytest.raises(ValueError, match=name):
             EngineConfig(**kwargs)
