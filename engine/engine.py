@@ -412,8 +412,9 @@ class Engine:
         if c.chunk_frames is not None:
             s.chunk_frames = c.chunk_frames
         if c.steps is not None or c.fps is not None:
-            s.degrade.set_requested(steps=c.steps, fps=c.fps)
-            s.clock.set_fps(s.degrade.fps, now_ns)
+            with self._lock:  # metrics() reads both
+                s.degrade.set_requested(steps=c.steps, fps=c.fps)
+                s.clock.set_fps(s.degrade.fps, now_ns)
 
     def _account(self, s: Session, delta: int) -> None:
         """Count ``delta`` backend states more (or fewer) for ``s`` against the budget."""
@@ -518,6 +519,7 @@ class Engine:
             if error is not None:
                 self._fail(s, f"chunk generation failed: {error!r}")
                 continue
+            # "queue": from the moment the chunk fitted in the playout buffer to the batch start
             stages = {"queue": max(t_start - req.due_at_ns, 0) / 1e6, **res.stages_ms}
             if req.branch is None:
                 self._deliver(s, res.frames, stages, t_ready, gen_ms,
