@@ -19,8 +19,12 @@ import functools
 import torch
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
-from kernels.page_lists import AttentionShape, PaddedPages
-from kernels.reference import merge_query_blocks, split_query_blocks
+from kernels.page_lists import (
+    AttentionShape,
+    PaddedPages,
+    merge_query_blocks,
+    split_query_blocks,
+)
 
 # NOTE: the CUDA flex kernel tiles query blocks by 128 rows; query blocks are zero-padded to a
 # multiple of it there (padded rows are computed and dropped). CPU kernels take any size.

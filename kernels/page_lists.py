@@ -49,6 +49,30 @@ class PaddedPages:
     counts: torch.Tensor
 
 
+def split_query_blocks(q: torch.Tensor, shape: AttentionShape) -> torch.Tensor:
+    """``[B, H, Lq, D]`` -> ``[B * n_q_blocks, H, q_block_size, D]``, row ``b * n_q_blocks + j``."""
+    b, h, nqb, qbs, d = (
+        shape.batch,
+        shape.heads,
+        shape.n_q_blocks,
+        shape.q_block_size,
+        shape.head_dim,
+    )
+    return q.reshape(b, h, nqb, qbs, d).transpose(1, 2).reshape(b * nqb, h, qbs, d)
+
+
+def merge_query_blocks(out: torch.Tensor, shape: AttentionShape) -> torch.Tensor:
+    """Inverse of :func:`split_query_blocks`."""
+    b, h, nqb, qbs, d = (
+        shape.batch,
+        shape.heads,
+        shape.n_q_blocks,
+        shape.q_block_size,
+        shape.head_dim,
+    )
+    return out.reshape(b, nqb, h, qbs, d).transpose(1, 2).reshape(b, h, shape.q_len, d)
+
+
 def _fail(message: str) -> None:
     raise ValueError(message)
 

@@ -1,7 +1,9 @@
 """Reference backend: gather each query block's pages, then one masked SDPA call.
 
-This is the ground truth every other backend is tested against. It is also a reasonable CPU
-path: the gathered keys are only the listed pages, so its cost follows the sparsity.
+This is the ground truth every other backend is tested against, and on CPU the default: the
+gathered keys are only the listed pages, so its cost follows the sparsity, and it needs no
+compilation. (Gathering each batch row's union of pages once instead was measured: 1.5x
+faster with full lists, 1.5-2x slower with top-k lists, whose query blocks differ.)
 """
 
 from __future__ import annotations
@@ -9,31 +11,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels.page_lists import AttentionShape, PaddedPages
-
-
-def split_query_blocks(q: torch.Tensor, shape: AttentionShape) -> torch.Tensor:
-    """``[B, H, Lq, D]`` -> ``[B * n_q_blocks, H, q_block_size, D]``, row ``b * n_q_blocks + j``."""
-    b, h, nqb, qbs, d = (
-        shape.batch,
-        shape.heads,
-        shape.n_q_blocks,
-        shape.q_block_size,
-        shape.head_dim,
-    )
-    return q.reshape(b, h, nqb, qbs, d).transpose(1, 2).reshape(b * nqb, h, qbs, d)
-
-
-def merge_query_blocks(out: torch.Tensor, shape: AttentionShape) -> torch.Tensor:
-    """Inverse of :func:`split_query_blocks`."""
-    b, h, nqb, qbs, d = (
-        shape.batch,
-        shape.heads,
-        shape.n_q_blocks,
-        shape.q_block_size,
-        shape.head_dim,
-    )
-    return out.reshape(b, nqb, h, qbs, d).transpose(1, 2).reshape(b, h, shape.q_len, d)
+from kernels.page_lists import (
+    AttentionShape,
+    PaddedPages,
+    merge_query_blocks,
+    split_query_blocks,
+)
 
 
 def reference_paged_attention(
