@@ -168,7 +168,7 @@ class Engine:
                                     "states and all are in use", cfg.retry_after_s)
             self._live_states += 1
             session = Session(
-                uuid.uuid4().hex, prompt, seed, fps=fps, steps=cfg.steps,
+                uuid.uuid4().hex, prompt, seed, fps=fps,
                 chunk_frames=self.chunk_frames, created_ns=time.perf_counter_ns(),
                 degrade=DegradeController(
                     cfg.steps, fps, min_steps=cfg.min_steps, min_fps=cfg.min_fps,

@@ -74,7 +74,6 @@ class Session:
         seed: int,
         *,
         fps: int,
-        steps: int,
         chunk_frames: int,
         created_ns: int,
         degrade: DegradeController,
@@ -105,7 +104,6 @@ class Session:
         self.closed = False
         self.released = False
         self.num_states = 1  # backend states counted against the budget (reserved at admission)
-        self.steps_requested = steps
 
     @property
     def steps(self) -> int:
