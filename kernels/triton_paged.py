@@ -57,6 +57,7 @@ def _paged_attention_kernel(
     BLOCK_N: tl.constexpr,
     HAS_LENS: tl.constexpr,
     UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     head = tl.program_id(1).to(tl.int64)
@@ -105,14 +106,14 @@ def _paged_attention_kernel(
             if UPCAST:
                 kt = kt.to(tl.float32)
                 v = v.to(tl.float32)
-            scores = tl.dot(q, kt) * qk_scale
+            scores = tl.dot(q, kt, input_precision=DOT_PRECISION) * qk_scale
             scores = tl.where(n_ok[None, :], scores, float("-inf"))
             # every step has >= 1 valid key, so m_new is finite and exp2 never sees inf - inf
             m_new = tl.maximum(m_i, tl.max(scores, 1))
             p = tl.math.exp2(scores - m_new[:, None])
             alpha = tl.math.exp2(m_i - m_new)
             l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
             m_i = m_new
 
     # rows that saw no valid key (empty list) keep l_i == 0 and return zeros
@@ -166,6 +167,9 @@ def _launch(
         BLOCK_N=block_n,
         HAS_LENS=has_lens,
         UPCAST=_INTERPRETED,
+        # NOTE: fp32 inputs would silently use TF32 tensor cores on GPU (~1e-3 error); ask for
+        # IEEE fp32 so fp32 calls match the reference to 1e-5. bf16/fp16 ignore the choice.
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=4 if block_m * block_d <= 64 * 64 else 8,
         num_stages=2,
     )
