@@ -8,6 +8,8 @@ import time
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engine.api import (
     ActionCommand,
@@ -300,6 +302,25 @@ def test_capacity_refusal_and_release():
     assert not backend.live  # stop() freed every state
 
 
+def test_state_budget_follows_forks_and_adopts():
+    backend = EchoBackend(max_states=4)
+    with Engine(backend, cfg(max_sessions=3, max_fork=3, preview_chunks=1)) as engine:
+        a = engine.create_session("a").session_id
+        events_a = engine.events(a)
+        engine.submit(a, ForkCommand(1, k=3))  # 1 + 3 = 4 states: the whole budget
+        wait_event(events_a, "preview")
+        with pytest.raises(CapacityError, match="4 states"):
+            engine.create_session("b")
+        engine.submit(a, AdoptCommand(2, branch=2))  # back to 1 state
+        wait_event(events_a, "info")
+        b = engine.create_session("b").session_id
+        engine.submit(b, ForkCommand(1, k=2))  # 2 + 2 = 4 fits exactly
+        _, seen = wait_event(engine.events(b), "preview")
+        assert all(e.kind != "error" for e in seen)
+        assert len(backend.live) == 4
+    assert not backend.live
+
+
 def test_concurrent_submit_keeps_the_newest_action():
     backend = EchoBackend()
     with Engine(backend, cfg()) as engine:
@@ -369,3 +390,63 @@ def test_fork_adopt_rewind_through_the_engine():
     assert jumps[1][1] == jumps[1][0] - 4 + 1
     assert [f.index for f in stream] == list(range(len(stream)))
     assert not backend.num_states
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["open", "close", "fork", "adopt", "rewind", "act"]),
+                          st.integers(0, 3), st.integers(1, 3)), max_size=25))
+def test_random_session_and_branch_sequences_leak_no_state(ops):
+    """The engine's state budget keeps the backend from ever refusing, and every state comes
+    back, whatever the order of opens, forks, adopts, rewinds and closes."""
+    backend = EchoBackend(max_states=5)
+    engine = Engine(backend, cfg(max_sessions=3, max_fork=3, preview_chunks=1)).start()
+    sids, queues, seq = [], [], 0
+
+    def open_session(seed):
+        sid = engine.create_session("a", seed=seed).session_id
+        sids.append(sid)
+        queues.append(engine.events(sid))
+        return sid
+
+    try:
+        for op, pick, k in ops:
+            seq += 1
+            if op == "open":
+                try:
+                    open_session(pick)
+                except CapacityError:
+                    pass
+                continue
+            if not sids:
+                continue
+            sid = sids[pick % len(sids)]
+            command = {"fork": ForkCommand(seq, k), "adopt": AdoptCommand(seq, k - 1),
+                       "rewind": RewindCommand(seq, k), "act": ActionCommand(seq, 0.0)}.get(op)
+            try:
+                if op == "close":
+                    engine.close_session(sid)
+                    sids.remove(sid)
+                else:
+                    engine.submit(sid, command)
+            except SessionClosedError:
+                sids.remove(sid)
+            time.sleep(0.002)
+        for sid in list(sids):
+            try:
+                engine.close_session(sid)
+            except SessionClosedError:
+                pass
+        for events in queues:  # a fork may be refused for capacity; nothing may fail
+            _, seen = wait_event(events, "closed")
+            for event in seen:
+                assert event.payload.get("code") != "session_failed", event.payload
+        assert not backend.live
+        # the whole budget is available again: 3 sessions, then a fork filling the 5 states
+        sids.clear()
+        first = [open_session(seed) for seed in range(3)][0]
+        engine.submit(first, ForkCommand(seq + 1, 2))
+        event, seen = wait_event(engine.events(first), "preview")
+        assert all(e.kind != "error" for e in seen)
+    finally:
+        engine.stop()
+    assert not backend.live
