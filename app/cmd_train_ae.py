@@ -1,0 +1,32 @@
+"""``worldstream train-ae``: record simulator data if missing, then train the autoencoder."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from engine.training.data import ensure_dataset
+
+
+def register(sub) -> None:
+    p = sub.add_parser("train-ae", help="train the built-in autoencoder on simulator frames")
+    p.add_argument("--data", type=Path, default=Path("data"), help="dataset folder (recorded if missing)")
+    p.add_argument("--out", type=Path, default=Path("assets/builtin/vae"))
+    p.add_argument("--run-dir", type=Path, default=Path("runs/ae"), help="checkpoints (resume)")
+    p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from engine.training.train_ae import train_ae
+
+    if args.steps < 1 or args.batch < 1:
+        raise ValueError("--steps and --batch must be >= 1")
+    shards, heldout = ensure_dataset(args.data)
+    result = train_ae(shards, heldout, args.out, args.run_dir, steps=args.steps,
+                      batch=args.batch, lr=args.lr, seed=args.seed)
+    print(json.dumps(result))
+    return 0

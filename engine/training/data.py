@@ -1,0 +1,27 @@
+"""The built-in model's dataset: recorded simulator shards (see ``engine.worlds.recorder``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from engine.worlds.recorder import record_shard
+
+NUM_SHARDS = 6
+EPISODES_PER_SHARD = 64
+EPISODE_FRAMES = 64
+HELDOUT_SEED0 = 900_000  # evaluation seeds start here; training seeds stay below
+
+
+def ensure_dataset(root: Path, num_shards: int = NUM_SHARDS) -> tuple[list[Path], Path]:
+    """Record missing shards (deterministic seeds) and return (training shard dirs, held-out dir)."""
+    shards = []
+    for k in range(num_shards):
+        d = root / f"shard{k}"
+        if not (d / "switch.npy").exists():
+            seeds = list(range(k * EPISODES_PER_SHARD, (k + 1) * EPISODES_PER_SHARD))
+            record_shard(d, seeds, EPISODE_FRAMES)
+        shards.append(d)
+    held = root / "ae_heldout"
+    if not (held / "switch.npy").exists():
+        record_shard(held, list(range(HELDOUT_SEED0, HELDOUT_SEED0 + 16)), EPISODE_FRAMES)
+    return shards, held
