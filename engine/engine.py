@@ -93,10 +93,14 @@ class Engine:
         self.default_fps = config.fps or backend.default_fps
         if not config.min_fps <= self.default_fps <= config.max_fps:
             raise ValueError(f"fps {self.default_fps} outside [{config.min_fps}, {config.max_fps}]")
+        # NOTE: optional backend attribute (not in the WorldBackend contract yet): the chunk
+        # sizes it can generate; without it only its default size is used.
+        self.chunk_sizes = tuple(getattr(backend, "supported_chunk_frames",
+                                         (backend.chunk_frames,)))
         self.chunk_frames = config.chunk_frames or backend.chunk_frames
-        if not 1 <= self.chunk_frames <= MAX_CHUNK_FRAMES:
-            raise ValueError(f"chunk_frames must be in [1, {MAX_CHUNK_FRAMES}], "
-                             f"got {self.chunk_frames}")
+        if self.chunk_frames not in self.chunk_sizes:
+            raise ValueError(f"chunk_frames {self.chunk_frames} not supported by model "
+                             f"{backend.name!r} (supported: {list(self.chunk_sizes)})")
         self.rewind_chunks = min(config.rewind_chunks, backend.rewind_chunks)
         self._lock = threading.Lock()  # sessions dict, subscribers, stats, live-state count
         self._sessions: dict[str, Session] = {}
@@ -376,7 +380,10 @@ class Engine:
         weight = command.blend_weight
         if not isinstance(weight, int | float) or not 0.0 <= weight <= 1.0:
             raise _InvalidCommand("blend", f"blend weight must be in [0, 1], got {weight!r}")
-        self.backend.set_prompt(s.state, command.text, command.blend_text, float(weight))
+        try:
+            self.backend.set_prompt(s.state, command.text, command.blend_text, float(weight))
+        except ValueError as exc:  # e.g. a prompt the model's text encoder refuses
+            raise _InvalidCommand("text", str(exc)) from None
         s.prompt = command.text
         s.prompt_version += 1
 
@@ -392,6 +399,10 @@ class Engine:
             if value is not None and (not _is_int(value) or not low <= value <= high):
                 raise _InvalidCommand(name, f"{name} must be an int in [{low}, {high}], "
                                             f"got {value!r}")
+        if c.chunk_frames is not None and c.chunk_frames not in self.chunk_sizes:
+            raise _InvalidCommand("chunk_frames", f"model {self.model_name!r} generates chunks "
+                                                  f"of {list(self.chunk_sizes)} frames, "
+                                                  f"got {c.chunk_frames}", code="unsupported")
         if c.attention is not None and not isinstance(c.attention, str):
             raise _InvalidCommand("attention", f"attention must be a string, got {c.attention!r}")
         model_settings = {k: v for k, v in (("memory_frames", c.memory_frames),

@@ -45,6 +45,7 @@ class EchoBackend:
     width = height = 4
     default_fps = 30
     chunk_frames = 2
+    supported_chunk_frames = (2, 3)
     rewind_chunks = 4
 
     def __init__(self, max_states=8, delay_s=0.0, step_s=0.0):
@@ -185,11 +186,13 @@ def test_prompt_version_and_settings_match_the_conditioning():
         engine.submit(sid, SettingsCommand(3, steps=2, chunk_frames=3))
         engine.submit(sid, SettingsCommand(4, memory_frames=32))  # echo has no such setting
         engine.submit(sid, PromptCommand(5, 0.0, ""))
+        engine.submit(sid, SettingsCommand(6, chunk_frames=4))  # echo makes chunks of 2 or 3
         frames += collect(slot, 12)
         errors = [e.payload for e in drain_events(events) if e.kind == "error"]
         assert engine.num_sessions() == 1
     assert [(e["seq"], e["field"], e["code"]) for e in errors] == [
-        (2, "steps", "invalid"), (4, "memory_frames", "unsupported"), (5, "text", "invalid")]
+        (2, "steps", "invalid"), (4, "memory_frames", "unsupported"), (5, "text", "invalid"),
+        (6, "chunk_frames", "unsupported")]
     for frame in frames:  # the metadata says what the backend was really conditioned on
         assert frame.prompt_version == frame.rgb[0, 0, 2]
     assert frames[-1].prompt_version == 1
@@ -450,3 +453,10 @@ def test_random_session_and_branch_sequences_leak_no_state(ops):
     finally:
         engine.stop()
     assert not backend.live
+
+
+def test_config_must_fit_the_backend():
+    with pytest.raises(ValueError, match="chunk_frames 4 not supported"):
+        Engine(EchoBackend(), cfg(chunk_frames=4))
+    with pytest.raises(ValueError, match="fps 30 outside"):  # echo's default fps is 30
+        Engine(EchoBackend(), EngineConfig(max_fps=20))

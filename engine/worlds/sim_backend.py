@@ -69,6 +69,8 @@ class SimBackend:
     """
 
     name = "sim"
+    #: any chunk size the engine allows: the simulator steps frame by frame
+    supported_chunk_frames = (1, 2, 3, 4)
 
     def __init__(
         self,
