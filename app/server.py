@@ -1,0 +1,190 @@
+"""The FastAPI app of the playground: the HTTP routes of the wire protocol
+(``/work/shared/PROTOCOL.md``), the WebRTC offer route, the WebSocket fallback, the static JS/CSS
+of the page, and the Gradio UI mounted last (so it never shadows an API route).
+
+The app does not own the engine: the caller starts it before and stops it after serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+from fastapi import FastAPI, Request, WebSocket  # noqa: E402
+from fastapi.responses import JSONResponse, Response  # noqa: E402
+from fastapi.staticfiles import StaticFiles  # noqa: E402
+
+from engine.api import CapacityError, EngineAPI  # noqa: E402
+from streaming import messages as m  # noqa: E402
+from streaming.limits import Limits  # noqa: E402
+from streaming.sessions import (  # noqa: E402
+    BadTokenError,
+    SessionManager,
+    StreamSession,
+    UnknownSessionError,
+)
+from streaming.webrtc import WebRTCTransport, configure_vp8_bitrate, vp8_bitrate  # noqa: E402
+from streaming.websocket import WebSocketConnection  # noqa: E402
+
+STATIC_DIR = Path(__file__).parent / "static"
+
+
+class ApiError(Exception):
+    """An HTTP error reply ``{"error": message, "field": field?}`` (plus ``extra`` keys)."""
+
+    def __init__(self, status: int, message: str, field: str | None = None,
+                 headers: dict[str, str] | None = None, **extra: Any):
+        super().__init__(message)
+        self.status, self.message, self.field = status, message, field
+        self.headers, self.extra = headers, extra
+
+    def response(self) -> JSONResponse:
+        body: dict[str, Any] = {"error": self.message, **self.extra}
+        if self.field is not None:
+            body["field"] = self.field
+        return JSONResponse(body, status_code=self.status, headers=self.headers)
+
+
+def _bearer(request: Request) -> str | None:
+    header = request.headers.get("authorization", "")
+    if header.lower().startswith("bearer "):
+        return header[7:].strip()
+    return None
+
+
+async def _body(request: Request, model: type) -> Any:
+    raw = await request.body()
+    try:
+        return m.parse_body(model, raw)
+    except m.MessageError as err:
+        raise ApiError(413 if err.code == "too_large" else 400,
+                       f"{err.field}: {err.reason}", err.field) from None
+
+
+def create_app(engine: EngineAPI, limits: Limits | None = None, *, ui: bool = True,
+               reap_period_s: float = 5.0, recording_dir: str | Path | None = None) -> FastAPI:
+    """The playground app over a started ``engine``.
+
+    Args:
+        engine: implements ``engine.api.EngineAPI``; already started.
+        limits: session and traffic limits (defaults: ``Limits()``).
+        ui: mount the Gradio page at ``/`` (tests of the API alone pass False).
+        reap_period_s: how often idle sessions are looked for, s.
+        recording_dir: where MP4 recordings go (a fresh temporary folder by default).
+    """
+    limits = limits or Limits()
+    manager = SessionManager(engine, limits, recording_dir)
+    webrtc = WebRTCTransport(manager)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        async def reap() -> None:
+            while True:
+                await asyncio.sleep(reap_period_s)
+                manager.reap_idle()
+
+        reaper = asyncio.ensure_future(reap())
+        try:
+            yield
+        finally:
+            reaper.cancel()
+            manager.close_all()
+            await webrtc.close_all()
+
+    app = FastAPI(title="worldstream", lifespan=lifespan)
+    app.state.manager = manager
+    app.state.webrtc = webrtc
+    app.add_exception_handler(ApiError, lambda _request, err: err.response())
+
+    def authorized(session_id: str, token: str | None) -> StreamSession:
+        try:
+            session = manager.authenticate(session_id, token)
+        except UnknownSessionError:
+            raise ApiError(404, f"unknown session {session_id!r}", "session_id") from None
+        except BadTokenError as err:
+            raise ApiError(401, str(err), "authorization") from None
+        if not session.rate.allow():
+            raise ApiError(429, f"more than {limits.messages_per_s:g} requests/s",
+                           headers={"Retry-After": "1"})
+        return session
+
+    @app.get("/api/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "model": engine.model_name, "sessions": len(manager),
+                "capacity": manager.capacity}
+
+    @app.post("/api/sessions", status_code=201)
+    async def create_session(request: Request) -> dict[str, Any]:
+        body = await _body(request, m.CreateSessionRequest)
+        try:
+            session = manager.create(body.prompt, seed=body.seed, fps=body.fps)
+        except CapacityError as err:
+            raise ApiError(503, str(err), retry_after_s=err.retry_after_s,
+                           headers={"Retry-After": str(max(1, round(err.retry_after_s)))}
+                           ) from None
+        except ValueError as err:
+            raise ApiError(400, str(err), "prompt") from None
+        info = session.info
+        configure_vp8_bitrate(vp8_bitrate(info.width, info.height, info.fps))
+        return m.SessionCreated(session_id=info.session_id, token=session.token,
+                                width=info.width, height=info.height, fps=info.fps).model_dump()
+
+    @app.post("/api/sessions/{session_id}/offer")
+    async def offer(session_id: str, request: Request) -> dict[str, str]:
+        session = authorized(session_id, _bearer(request))
+        body = await _body(request, m.OfferRequest)
+        try:
+            answer = await webrtc.answer(session, body.sdp)
+        except ValueError as err:
+            raise ApiError(400, f"sdp: {err}", "sdp") from None
+        return {"sdp": answer.sdp, "type": answer.type}
+
+    @app.delete("/api/sessions/{session_id}", status_code=204)
+    async def delete_session(session_id: str, request: Request) -> Response:
+        authorized(session_id, _bearer(request))
+        manager.close(session_id)
+        return Response(status_code=204)
+
+    @app.get("/api/sessions/{session_id}/recording.mp4")
+    async def recording(session_id: str, request: Request, token: str | None = None) -> Response:
+        # a download link cannot set headers: the token may also come as ?token= (extension)
+        session = authorized(session_id, _bearer(request) or token)
+        path = session.recording_path
+        if path is None or not path.exists():
+            raise ApiError(404, "this session has no recording; send {\"type\":\"record\"}",
+                           "recording")
+        # read whole: the writer may still be appending (fragmented MP4, valid at any cut)
+        data = await asyncio.to_thread(path.read_bytes)
+        return Response(data, media_type="video/mp4", headers={
+            "Content-Disposition": f'attachment; filename="worldstream-{session_id}.mp4"'})
+
+    @app.get("/api/metrics")
+    async def metrics() -> dict[str, Any]:
+        sessions = {s.session_id: {"fps_target": s.info.fps, **s.telemetry.snapshot(),
+                                   "frames_sent": s.telemetry.frames_sent,
+                                   "recording": s.recorder is not None}
+                    for s in manager.sessions()}
+        return {"model": engine.model_name, "capacity": manager.capacity,
+                "sessions": sessions, "engine": engine.metrics()}
+
+    @app.websocket("/api/sessions/{session_id}/ws")
+    async def websocket(ws: WebSocket, session_id: str, token: str | None = None) -> None:
+        try:
+            session = authorized(session_id, token)
+        except ApiError as err:
+            await ws.send_denial_response(err.response())
+            return
+        await ws.accept()
+        await WebSocketConnection(manager, session, ws).serve()
+
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    if ui:
+        from app.ui import mount_ui
+
+        mount_ui(app, engine.model_name)
+    return app

@@ -1,0 +1,436 @@
+// worldstream playground page: owns the <video>, the transports (WebRTC, falling back to a
+// WebSocket), key capture, steering controls and the latency HUD. Wire protocol:
+// /work/shared/PROTOCOL.md + streaming/PROTOCOL_EXTENSIONS.md. Per-frame and per-key traffic
+// never goes through Gradio.
+(() => {
+  "use strict";
+  const KEY_OF_CODE = {
+    KeyW: "up", ArrowUp: "up", KeyS: "down", ArrowDown: "down",
+    KeyA: "left", ArrowLeft: "left", KeyD: "right", ArrowRight: "right",
+  };
+  const WEBRTC_TIMEOUT_MS = 6000;   // no frame presented by then: fall back to the WebSocket
+  const WS_CREDITS = 2;             // frames requested ahead over the WebSocket
+  const SAMPLES = 100;              // rolling window of latency samples
+  const CHART_POINTS = 120;
+
+  const $ = (id) => document.getElementById(id);
+  const S = {                       // page state, readable by tests as window.worldstream
+    session: null, transport: null, pc: null, dc: null, ws: null, seq: 0,
+    held: new Set(), sentAt: new Map(), frames: new Map(), rtpOrigin: null, misses: 0,
+    lastActionSeq: -1, a2p: [], presented: [], jitterMs: null, genMs: null, dropped: 0,
+    chart: [], jbLast: null, recording: false, statsTimer: null, connecting: false,
+  };
+  window.worldstream = S;
+
+  // ------------------------------------------------------------------ helpers
+  const log = (text, isError) => {
+    const el = $("ws-log");
+    el.textContent = text;
+    el.classList.toggle("ws-error", !!isError);
+  };
+  const pct = (values, p) => {
+    if (!values.length) return null;
+    const sorted = [...values].sort((a, b) => a - b);
+    return sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))];
+  };
+  const push = (arr, v, n) => { arr.push(v); if (arr.length > n) arr.shift(); };
+  const setBadge = (text, kind) => {
+    const b = $("ws-badge");
+    b.textContent = text;
+    b.dataset.kind = kind || "";
+  };
+
+  function send(msg) {
+    const text = JSON.stringify(msg);
+    if (S.dc && S.dc.readyState === "open") S.dc.send(text);
+    else if (S.ws && S.ws.readyState === WebSocket.OPEN) S.ws.send(text);
+    else return false;
+    return true;
+  }
+  const nextSeq = () => ++S.seq;
+
+  // ------------------------------------------------------------------ server messages
+  function onServerMessage(msg) {
+    switch (msg.type) {
+      case "frame":
+        S.frames.set(msg.rtp_ts, msg);
+        if (S.frames.size > 600) S.frames.delete(S.frames.keys().next().value);
+        break;
+      case "stats":
+        S.genMs = msg.gen_ms;
+        S.dropped = msg.dropped;
+        break;
+      case "pong":
+        S.rttMs = performance.now() - msg.t;
+        break;
+      case "error":
+        log(`rejected${msg.field ? " " + msg.field : ""}: ${msg.message} (${msg.code})`, true);
+        break;
+      case "preview":
+        showPreviews(msg);
+        break;
+      case "event":
+        onEvent(msg);
+        break;
+    }
+  }
+
+  function onEvent(msg) {
+    if (msg.kind === "recording") {
+      S.recording = msg.on;
+      $("ws-record").textContent = msg.on ? "■ Stop recording" : "● Record";
+      $("ws-record").classList.toggle("ws-rec-on", msg.on);
+      const a = $("ws-download");
+      if (!msg.on && msg.url) {
+        a.href = `${msg.url}?token=${encodeURIComponent(S.session.token)}`;
+        a.classList.remove("ws-disabled");
+        log("recording ready: Download MP4");
+      } else if (msg.on) {
+        log("recording…");
+      }
+    } else if (msg.kind === "degraded") {
+      log(`engine degraded: ${JSON.stringify(msg)}`);
+    } else if (msg.kind === "closed") {
+      log("session closed by the server; press Restart", true);
+    } else {
+      log(`${msg.kind}: ${msg.message || JSON.stringify(msg)}`);
+    }
+  }
+
+  function showPreviews(msg) {
+    const box = $("ws-previews");
+    if (msg.fork_id !== S.forkId || msg.fork_id == null) box.replaceChildren();
+    S.forkId = msg.fork_id;  // the engine sends one message per branch of a fork
+    for (const b of msg.branches) {
+      const img = document.createElement("img");
+      img.src = b.image;
+      img.title = `adopt future ${b.branch + 1}`;
+      img.alt = `future ${b.branch + 1}`;
+      img.addEventListener("click", () => {
+        send({ type: "adopt", seq: nextSeq(), branch: b.branch });
+        box.replaceChildren();
+        log(`adopted future ${b.branch + 1}`);
+      });
+      box.appendChild(img);
+    }
+  }
+
+  // ------------------------------------------------------------------ presentation + latency
+  // A frame was shown at `shownAt` (performance.now() clock). The first frame conditioned on a
+  // newer action gives one action-to-photon sample: shownAt - the time the action was sent.
+  function onPresented(meta, shownAt) {
+    push(S.presented, shownAt, 60);
+    if (meta.action_seq > S.lastActionSeq) {
+      S.lastActionSeq = meta.action_seq;
+      const sentAt = S.sentAt.get(meta.action_seq) ?? meta.action_t;
+      if (sentAt != null) push(S.a2p, shownAt - sentAt, SAMPLES);
+    }
+  }
+
+  // WebRTC: match each presented frame to its `frame` message by RTP timestamp. aiortc adds a
+  // random origin to the RTP clock (RFC 3550); the first presented frame is pts 0 (the stream's
+  // first keyframe), which gives the origin; a run of misses recalibrates.
+  function onVideoFrame(now, md) {
+    if (S.transport === "webrtc" && md.rtpTimestamp !== undefined) {
+      if (S.rtpOrigin === null) {
+        const first = S.frames.size ? Math.min(...S.frames.keys()) : 0;
+        S.rtpOrigin = (md.rtpTimestamp - first) >>> 0;
+      }
+      const meta = S.frames.get((md.rtpTimestamp - S.rtpOrigin) >>> 0);
+      if (meta) {
+        S.misses = 0;
+        onPresented(meta, md.expectedDisplayTime || now);
+      } else if (++S.misses > 30) {
+        S.rtpOrigin = null;
+        S.misses = 0;
+      }
+    }
+    $("ws-video").requestVideoFrameCallback(onVideoFrame);
+  }
+
+  // ------------------------------------------------------------------ HUD
+  function updateHud() {
+    const p = S.presented;
+    const fps = p.length > 1 ? (1000 * (p.length - 1)) / (p[p.length - 1] - p[0]) : 0;
+    $("hud-fps").textContent = fps ? fps.toFixed(1) : "–";
+    $("hud-gen").textContent = S.genMs != null ? S.genMs.toFixed(1) : "–";
+    const p50 = pct(S.a2p, 50), p95 = pct(S.a2p, 95);
+    $("hud-a2p").textContent = p50 != null ? `${p50.toFixed(0)} / ${p95.toFixed(0)}` : "–";
+    $("hud-jb").textContent = S.transport === "websocket" ? "n/a"
+      : S.jitterMs != null ? S.jitterMs.toFixed(0) : "–";
+    $("hud-drop").textContent = String(S.dropped ?? 0);
+    push(S.chart, { a2p: p50, jb: S.jitterMs, fps }, CHART_POINTS);
+    drawChart();
+  }
+
+  function drawChart() {
+    const c = $("hud-chart"), g = c.getContext("2d");
+    const w = c.width, h = c.height;
+    g.clearRect(0, 0, w, h);
+    const series = [["a2p", "#f59e0b", "a2p p50 ms"], ["jb", "#38bdf8", "jitter buf ms"]];
+    const top = Math.max(50, ...S.chart.flatMap((d) => [d.a2p || 0, d.jb || 0])) * 1.15;
+    g.strokeStyle = "#334155"; g.fillStyle = "#94a3b8"; g.font = "10px sans-serif";
+    for (const frac of [0.5, 1]) {
+      const y = h - frac * (h - 12);
+      g.beginPath(); g.moveTo(0, y); g.lineTo(w, y); g.stroke();
+      g.fillText(`${Math.round(top * frac)} ms`, 2, y + 10);
+    }
+    series.forEach(([key, colour, label], i) => {
+      g.strokeStyle = colour; g.lineWidth = 1.5; g.beginPath();
+      let started = false;
+      S.chart.forEach((d, x) => {
+        if (d[key] == null) return;
+        const px = (x / (CHART_POINTS - 1)) * w, py = h - (d[key] / top) * (h - 12);
+        if (started) g.lineTo(px, py); else { g.moveTo(px, py); started = true; }
+      });
+      g.stroke();
+      g.fillStyle = colour; g.fillText(label, w - 190 + i * 95, 10);
+    });
+  }
+
+  async function pollStats() {
+    if (S.transport === "webrtc" && S.pc) {
+      const report = await S.pc.getStats();
+      report.forEach((s) => {
+        if (s.type !== "inbound-rtp" || s.kind !== "video") return;
+        const last = S.jbLast;
+        if (last && s.jitterBufferEmittedCount > last.count) {
+          S.jitterMs = (1000 * (s.jitterBufferDelay - last.delay))
+            / (s.jitterBufferEmittedCount - last.count);
+        }
+        S.jbLast = { delay: s.jitterBufferDelay, count: s.jitterBufferEmittedCount };
+        if (s.codecId && report.get(s.codecId)) {
+          const codec = report.get(s.codecId).mimeType.split("/")[1];
+          setBadge(`WebRTC · ${codec}`, "webrtc");
+        }
+      });
+    }
+    send({ type: "ping", seq: nextSeq(), t: performance.now() });
+    updateHud();
+  }
+
+  // ------------------------------------------------------------------ keys
+  function sendKeys() {
+    const seq = nextSeq(), t = performance.now();
+    S.sentAt.set(seq, t);
+    if (S.sentAt.size > 500) S.sentAt.delete(S.sentAt.keys().next().value);
+    send({ type: "action", seq, t, keys: [...S.held] });
+    document.querySelectorAll(".ws-keys [data-key]").forEach((el) =>
+      el.classList.toggle("ws-held", S.held.has(el.dataset.key)));
+  }
+  const typing = () => {
+    const el = document.activeElement;
+    return el && (el.isContentEditable || ["INPUT", "TEXTAREA", "SELECT"].includes(el.tagName));
+  };
+  function onKey(e) {
+    const key = KEY_OF_CODE[e.code];
+    if (!key || typing() || e.ctrlKey || e.metaKey || e.altKey) return;
+    e.preventDefault();
+    if (e.repeat) return;
+    const down = e.type === "keydown";
+    if (down === S.held.has(key)) return;
+    if (down) S.held.add(key); else S.held.delete(key);
+    sendKeys();
+  }
+  function releaseAll() {
+    if (S.held.size) { S.held.clear(); sendKeys(); }
+  }
+
+  // ------------------------------------------------------------------ transports
+  async function api(method, path, body) {
+    const headers = { "Content-Type": "application/json" };
+    if (S.session) headers.Authorization = `Bearer ${S.session.token}`;
+    const r = await fetch(path, { method, headers, body: body && JSON.stringify(body) });
+    const data = r.status === 204 ? null : await r.json();
+    if (!r.ok) {
+      const err = new Error(`${r.status}: ${data.error}${data.field ? ` (${data.field})` : ""}`);
+      err.status = r.status; err.retryAfter = data.retry_after_s;
+      throw err;
+    }
+    return data;
+  }
+
+  function waitIce(pc) {
+    if (pc.iceGatheringState === "complete") return Promise.resolve();
+    return new Promise((resolve) => {
+      const done = () => { if (pc.iceGatheringState === "complete") resolve(); };
+      pc.addEventListener("icegatheringstatechange", done);
+      setTimeout(resolve, 2000);
+    });
+  }
+
+  async function startWebRTC() {
+    const pc = new RTCPeerConnection({ iceServers: [] });
+    S.pc = pc;
+    pc.addTransceiver("video", { direction: "recvonly" });
+    const dc = pc.createDataChannel("control", { ordered: true });
+    dc.onmessage = (e) => onServerMessage(JSON.parse(e.data));
+    dc.onopen = () => { S.dc = dc; sendKeys(); };
+    const video = $("ws-video");
+    const playing = new Promise((resolve, reject) => {
+      pc.ontrack = (e) => {
+        video.srcObject = e.streams[0] || new MediaStream([e.track]);
+        video.play().catch(() => {});
+        video.requestVideoFrameCallback(() => resolve());
+      };
+      pc.onconnectionstatechange = () => {
+        if (pc.connectionState === "failed") reject(new Error("WebRTC connection failed"));
+      };
+      setTimeout(() => reject(new Error("no WebRTC frame in time")), WEBRTC_TIMEOUT_MS);
+    });
+    await pc.setLocalDescription(await pc.createOffer());
+    await waitIce(pc);
+    const answer = await api("POST", `/api/sessions/${S.session.session_id}/offer`,
+      { sdp: pc.localDescription.sdp, type: "offer" });
+    await pc.setRemoteDescription(answer);
+    await playing;
+    S.transport = "webrtc";
+    video.requestVideoFrameCallback(onVideoFrame);
+    setBadge("WebRTC", "webrtc");
+  }
+
+  function startWebSocket() {
+    return new Promise((resolve, reject) => {
+      const proto = location.protocol === "https:" ? "wss" : "ws";
+      const { session_id, token } = S.session;
+      const ws = new WebSocket(`${proto}://${location.host}/api/sessions/${session_id}` +
+        `/ws?token=${encodeURIComponent(token)}`);
+      ws.binaryType = "arraybuffer";
+      S.ws = ws;
+      const canvas = $("ws-canvas"), g = canvas.getContext("2d");
+      ws.onopen = () => {
+        S.transport = "websocket";
+        $("ws-video").classList.add("ws-hidden");
+        canvas.classList.remove("ws-hidden");
+        setBadge("WebSocket (fallback)", "websocket");
+        for (let i = 0; i < WS_CREDITS; i++) ws.send('{"type":"next"}');
+        sendKeys();
+        resolve();
+      };
+      ws.onerror = () => reject(new Error("WebSocket failed"));
+      ws.onclose = () => { if (S.ws === ws) setBadge("disconnected", "off"); };
+      ws.onmessage = async (e) => {
+        if (typeof e.data === "string") { onServerMessage(JSON.parse(e.data)); return; }
+        const view = new DataView(e.data);
+        const size = view.getUint32(0);
+        const meta = JSON.parse(new TextDecoder().decode(new Uint8Array(e.data, 4, size)));
+        const bitmap = await createImageBitmap(new Blob([new Uint8Array(e.data, 4 + size)],
+          { type: "image/jpeg" }));
+        if (canvas.width !== bitmap.width) { canvas.width = bitmap.width; canvas.height = bitmap.height; }
+        requestAnimationFrame((now) => {
+          g.drawImage(bitmap, 0, 0);
+          onPresented(meta, now);
+          if (ws.readyState === WebSocket.OPEN) ws.send('{"type":"next"}');
+        });
+      };
+    });
+  }
+
+  function teardown() {
+    if (S.pc) S.pc.close();
+    if (S.ws) S.ws.close();
+    Object.assign(S, { pc: null, dc: null, ws: null, transport: null, rtpOrigin: null,
+      jbLast: null, jitterMs: null, lastActionSeq: -1 });
+    S.frames.clear();
+    $("ws-video").srcObject = null;
+  }
+
+  async function start() {
+    if (S.connecting) return;
+    S.connecting = true;
+    setBadge("connecting…", "");
+    try {
+      const prompt = $("ws-prompt").value.trim() || $("ws-root").dataset.defaultPrompt;
+      const seed = parseInt($("ws-seed").value, 10);
+      while (!S.session) {
+        try {
+          S.session = await api("POST", "/api/sessions",
+            { prompt, seed: Number.isFinite(seed) ? seed : undefined });
+        } catch (err) {
+          if (err.status !== 503) throw err;
+          log(`server full, retrying in ${err.retryAfter} s`, true);
+          await new Promise((r) => setTimeout(r, 1000 * (err.retryAfter || 5)));
+        }
+      }
+      $("ws-status").textContent = `${S.session.width}×${S.session.height} @ ${S.session.fps} fps`;
+      const pref = $("ws-transport").value;
+      if (pref !== "websocket") {
+        try {
+          await startWebRTC();
+        } catch (err) {
+          if (pref === "webrtc") throw err;
+          log(`WebRTC unavailable (${err.message}); using the WebSocket fallback`);
+          teardown();
+          await startWebSocket();
+        }
+      } else {
+        await startWebSocket();
+      }
+      if (!S.statsTimer) S.statsTimer = setInterval(pollStats, 1000);
+    } catch (err) {
+      setBadge("error", "off");
+      log(String(err.message || err), true);
+    } finally {
+      S.connecting = false;
+    }
+  }
+
+  async function restart() {
+    const old = S.session;
+    teardown();
+    S.session = old;
+    if (old) await api("DELETE", `/api/sessions/${old.session_id}`).catch(() => {});
+    S.session = null;
+    $("ws-download").classList.add("ws-disabled");
+    $("ws-previews").replaceChildren();
+    await start();
+  }
+
+  // ------------------------------------------------------------------ controls
+  function sendPrompt() {
+    const text = $("ws-prompt").value.trim();
+    if (!text) { log("the prompt is empty", true); return; }
+    const msg = { type: "prompt", seq: nextSeq(), t: performance.now(), text };
+    const blendText = $("ws-blend-text").value.trim();
+    const weight = parseFloat($("ws-blend").value);
+    if (blendText && weight > 0) msg.blend = { text: blendText, weight };
+    send(msg);
+    log(`prompt: ${text}${msg.blend ? ` + ${weight.toFixed(2)} × ${blendText}` : ""}`);
+  }
+
+  function mount(root) {
+    root.dataset.mounted = "1";
+    document.addEventListener("keydown", onKey, true);
+    document.addEventListener("keyup", onKey, true);
+    window.addEventListener("blur", releaseAll);
+    const stage = $("ws-stage");
+    stage.addEventListener("click", () => stage.focus());
+    $("ws-prompt-send").onclick = sendPrompt;
+    $("ws-prompt").addEventListener("keydown", (e) => { if (e.key === "Enter") sendPrompt(); });
+    $("ws-blend").addEventListener("input", () => {
+      $("ws-blend-value").textContent = parseFloat($("ws-blend").value).toFixed(2);
+    });
+    $("ws-blend").addEventListener("change", sendPrompt);
+    $("ws-apply").onclick = () => send({ type: "settings", seq: nextSeq(),
+      steps: parseInt($("ws-steps").value, 10) });
+    $("ws-restart").onclick = restart;
+    $("ws-transport").onchange = restart;
+    $("ws-rewind").onclick = () => send({ type: "rewind", seq: nextSeq(), chunks: 2 });
+    $("ws-fork").onclick = () => { send({ type: "fork", seq: nextSeq(), k: 4 });
+      log("generating 4 futures…"); };
+    $("ws-record").onclick = () => send({ type: "record", seq: nextSeq(), on: !S.recording });
+    window.addEventListener("beforeunload", () => {
+      if (S.session) {
+        fetch(`/api/sessions/${S.session.session_id}`, { method: "DELETE", keepalive: true,
+          headers: { Authorization: `Bearer ${S.session.token}` } });
+      }
+    });
+    start();
+  }
+
+  // Gradio renders the page after this script runs: mount once the player markup exists.
+  const waitForRoot = setInterval(() => {
+    const root = document.getElementById("ws-root");
+    if (root && !root.dataset.mounted) { clearInterval(waitForRoot); mount(root); }
+  }, 100);
+})();

@@ -1,0 +1,97 @@
+"""The playground page: Gradio Blocks for the frame of the page, and one ``gr.HTML`` block whose
+markup the page's own JS (``app/static/play.js``) owns: the <video>, the transports, key
+capture, steering controls and the latency HUD. Per-frame and per-key traffic goes over the
+WebRTC data channel or the WebSocket, never through Gradio events."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+import gradio as gr  # noqa: E402
+from fastapi import FastAPI  # noqa: E402
+
+from engine.worlds.scenes import SCENES  # noqa: E402
+
+DEFAULT_PROMPT = SCENES["meadow"]["prompts"][0]
+
+_HEAD = ('<link rel="stylesheet" href="/static/play.css">'
+         '<script src="/static/play.js" defer></script>')
+
+
+def _player_html() -> str:
+    examples = "".join(f'<option value="{scene["prompts"][0]}">'
+                       for scene in SCENES.values())
+    return f"""
+<div id="ws-root" data-default-prompt="{DEFAULT_PROMPT}">
+  <div class="ws-stage-col">
+    <div id="ws-stage" class="ws-stage" tabindex="0" title="click, then steer with WASD / arrows">
+      <video id="ws-video" autoplay muted playsinline></video>
+      <canvas id="ws-canvas" class="ws-hidden"></canvas>
+      <span id="ws-badge" class="ws-badge">connecting…</span>
+      <span id="ws-focus" class="ws-focus">click to steer · WASD / arrows</span>
+    </div>
+    <div class="ws-keys" aria-label="held keys">
+      <span data-key="up">▲</span><span data-key="left">◀</span>
+      <span data-key="down">▼</span><span data-key="right">▶</span>
+      <span id="ws-status" class="ws-status"></span>
+    </div>
+    <div id="ws-hud" class="ws-hud">
+      <div><b id="hud-fps">–</b><small>fps</small></div>
+      <div><b id="hud-gen">–</b><small>gen ms / chunk</small></div>
+      <div><b id="hud-a2p">–</b><small>action→photon p50 / p95 ms</small></div>
+      <div><b id="hud-jb">–</b><small>jitter buffer ms</small></div>
+      <div><b id="hud-drop">–</b><small>dropped</small></div>
+      <canvas id="hud-chart" width="560" height="90"></canvas>
+    </div>
+  </div>
+  <div class="ws-side">
+    <fieldset><legend>Scene prompt</legend>
+      <input id="ws-prompt" list="ws-examples" maxlength="400" value="{DEFAULT_PROMPT}">
+      <datalist id="ws-examples">{examples}</datalist>
+      <label>blend with <input id="ws-blend-text" list="ws-examples" maxlength="400"
+        placeholder="second prompt (optional)"></label>
+      <label class="ws-row">weight <input id="ws-blend" type="range" min="0" max="1"
+        step="0.05" value="0"><output id="ws-blend-value">0.00</output></label>
+      <button id="ws-prompt-send" class="ws-primary">Switch prompt</button>
+    </fieldset>
+    <fieldset><legend>Session</legend>
+      <label class="ws-row">seed <input id="ws-seed" type="number" min="0" value="0"></label>
+      <label class="ws-row">steps <select id="ws-steps"><option>1</option><option>2</option>
+        <option>3</option><option selected>4</option></select></label>
+      <label class="ws-row">transport <select id="ws-transport"><option value="auto">auto
+        </option><option value="webrtc">WebRTC</option><option value="websocket">WebSocket
+        </option></select></label>
+      <div class="ws-buttons">
+        <button id="ws-apply">Apply steps</button>
+        <button id="ws-restart">Restart</button>
+        <button id="ws-rewind">Rewind 2 chunks</button>
+      </div>
+    </fieldset>
+    <fieldset><legend>Futures</legend>
+      <div class="ws-buttons"><button id="ws-fork">Preview 4 futures</button></div>
+      <div id="ws-previews" class="ws-previews"></div>
+    </fieldset>
+    <fieldset><legend>Recording</legend>
+      <div class="ws-buttons"><button id="ws-record">● Record</button>
+        <a id="ws-download" class="ws-disabled" download>Download MP4</a></div>
+    </fieldset>
+    <div id="ws-log" class="ws-log" role="status"></div>
+  </div>
+</div>"""
+
+
+def build_blocks(model_name: str) -> gr.Blocks:
+    with gr.Blocks(title="worldstream") as blocks:
+        gr.Markdown(f"## worldstream · live world model `{model_name}`\n"
+                    "Click the video and hold **WASD** or the **arrow keys** to move; type a "
+                    "scene prompt to change the world.")
+        gr.HTML(_player_html(), js_on_load=None)
+    return blocks
+
+
+def mount_ui(app: FastAPI, model_name: str) -> FastAPI:
+    """Mount the page at ``/`` (call after every API route is registered)."""
+    return gr.mount_gradio_app(app, build_blocks(model_name), path="/", head=_HEAD,
+                               footer_links=[])

@@ -1,0 +1,171 @@
+"""WebRTC transport (aiortc): a paced video track per session fed from a bounded frame slot,
+and the ``control`` data channel carrying steering up and per-frame metadata down."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Callable
+from fractions import Fraction
+from typing import Any
+
+import av
+from aiortc import (
+    MediaStreamTrack,
+    RTCConfiguration,
+    RTCPeerConnection,
+    RTCRtpSender,
+    RTCSessionDescription,
+)
+from aiortc.codecs import vpx
+from aiortc.mediastreams import MediaStreamError
+
+from engine.api import Frame, FrameSlot
+from streaming.control import ControlChannel
+from streaming.frames import pad_even
+from streaming.pacing import VIDEO_CLOCK_HZ, Pacer, SlotClosedError
+from streaming.sessions import SessionManager, StreamSession
+
+#: frames the track's slot holds: a chunk arrives as a burst of frames, the slot absorbs it and
+#: drops the oldest when the client falls behind, so delay never exceeds this many frames
+TRACK_SLOT_FRAMES = 8
+_TIME_BASE = Fraction(1, VIDEO_CLOCK_HZ)
+
+
+def vp8_bitrate(width: int, height: int, fps: int) -> int:
+    """Target VP8 bitrate, bit/s: 0.3 bit per pixel per frame, at least 1 Mbit/s (generated
+    frames are noisy and small frames need a floor), at most 10 Mbit/s."""
+    return int(min(10_000_000, max(1_000_000, 0.3 * width * height * fps)))
+
+
+def configure_vp8_bitrate(bitrate: int) -> None:
+    """Raise aiortc's VP8 start bitrate (500 kbit/s) and ceiling (1.5 Mbit/s).
+
+    NOTE: aiortc has no public bitrate setting. Its encoder reads these two module constants:
+    ``DEFAULT_BITRATE`` when an encoder is created, ``MAX_BITRATE`` to clamp the receiver's REMB
+    estimates. Setting them is the least invasive lever: no private attribute of the sender, no
+    patched function, congestion control (REMB) keeps working between ``MIN_BITRATE`` and the
+    new ceiling. It is process-wide, which fits: one server streams one model at one size."""
+    vpx.DEFAULT_BITRATE = bitrate
+    vpx.MAX_BITRATE = max(bitrate * 2, vpx.MAX_BITRATE)
+
+
+class FrameTrack(MediaStreamTrack):
+    """A video track whose ``recv()`` returns the session's frames paced by a
+    :class:`~streaming.pacing.Pacer` (bounded drop-oldest slot, 90 kHz pts from 0).
+    ``on_frame(frame, pts)`` runs just before each frame is returned, so the ``frame``
+    metadata message leaves before the frame."""
+
+    kind = "video"
+
+    def __init__(self, slot: FrameSlot, fps: int,
+                 on_frame: Callable[[Frame, int], None] | None = None):
+        super().__init__()
+        self.slot = slot
+        self._pacer = Pacer(slot, fps)
+        self._on_frame = on_frame
+
+    async def recv(self) -> av.VideoFrame:
+        try:
+            frame, pts = await self._pacer.next(lambda: self.readyState == "live")
+        except SlotClosedError as err:
+            raise MediaStreamError(str(err)) from None
+        if self._on_frame is not None:
+            self._on_frame(frame, pts)
+        video_frame = av.VideoFrame.from_ndarray(pad_even(frame.rgb), format="rgb24")
+        video_frame.pts, video_frame.time_base = pts, _TIME_BASE
+        return video_frame
+
+    def stop(self) -> None:
+        self.slot.close()
+        super().stop()
+
+
+def _prefer_vp8(transceiver: Any) -> None:
+    codecs = RTCRtpSender.getCapabilities("video").codecs
+    vp8 = [c for c in codecs if c.mimeType.lower() == "video/vp8"]
+    others = [c for c in codecs if c.mimeType.lower() != "video/vp8"]
+    transceiver.setCodecPreferences(vp8 + others)
+
+
+class WebRTCTransport:
+    """Answers offers and owns the peer connections. ``ice_servers``: none by default (the
+    playground serves loopback/LAN; aiortc would otherwise contact a public STUN server)."""
+
+    def __init__(self, manager: SessionManager, ice_servers: list | None = None):
+        self.manager = manager
+        self._ice_servers = ice_servers or []
+        self._pcs: set[RTCPeerConnection] = set()
+
+    async def answer(self, session: StreamSession, sdp: str) -> RTCSessionDescription:
+        """Negotiate a peer connection for ``session`` from the client's offer; raises
+        ValueError when the offer has no video m-line."""
+        pc = RTCPeerConnection(RTCConfiguration(iceServers=self._ice_servers))
+        self._pcs.add(pc)
+        loop = asyncio.get_running_loop()
+        session.closers.append(lambda: loop.call_soon_threadsafe(self._close_soon, pc))
+        channels: list[Any] = []
+        control = ControlChannel(self.manager, session, self._sender(channels))
+        track = FrameTrack(self.manager.engine.subscribe(session.session_id, TRACK_SLOT_FRAMES),
+                           session.info.fps, on_frame=lambda f, pts: self._send_now(
+                               channels, control.frame_message(f, pts)))
+
+        @pc.on("datachannel")
+        def on_datachannel(channel: Any) -> None:
+            if channel.label != "control":
+                return
+            channels.append(channel)
+            pump = asyncio.ensure_future(control.pump(
+                lambda: (len(track.slot), track.slot.dropped)))
+
+            @channel.on("message")
+            async def on_message(raw: Any) -> None:
+                await control.handle_text(raw)
+
+            channel.on("close", pump.cancel)
+
+        @pc.on("connectionstatechange")
+        async def on_state() -> None:
+            if pc.connectionState in ("failed", "closed"):
+                await self._close(pc)
+
+        try:
+            await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
+            video = [t for t in pc.getTransceivers() if t.kind == "video"]
+            if not video:
+                raise ValueError("the offer has no video m-line")
+            _prefer_vp8(video[0])
+            pc.addTrack(track)  # attaches to the offered recvonly transceiver
+            await pc.setLocalDescription(await pc.createAnswer())
+        except Exception:
+            await self._close(pc)
+            raise
+        return pc.localDescription
+
+    @staticmethod
+    def _sender(channels: list[Any]):
+        async def send(message: dict[str, Any]) -> None:
+            WebRTCTransport._send_now(channels, message)
+        return send
+
+    @staticmethod
+    def _send_now(channels: list[Any], message: dict[str, Any]) -> None:
+        for channel in channels:
+            if channel.readyState == "open":
+                channel.send(json.dumps(message))
+
+    def _close_soon(self, pc: RTCPeerConnection) -> None:
+        asyncio.ensure_future(self._close(pc))
+
+    async def _close(self, pc: RTCPeerConnection) -> None:
+        if pc in self._pcs:
+            self._pcs.discard(pc)
+            for sender in pc.getSenders():
+                if sender.track is not None:
+                    sender.track.stop()
+            with contextlib.suppress(Exception):
+                await pc.close()
+
+    async def close_all(self) -> None:
+        await asyncio.gather(*(self._close(pc) for pc in list(self._pcs)))

@@ -1,0 +1,106 @@
+"""WebSocket fallback transport (for networks where UDP fails): JSON control messages as text,
+frames as binary ``[4-byte big-endian header length][JSON frame header][JPEG]``, pull-based
+flow control (one frame per ``{"type":"next"}`` credit), paced like the video track."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import struct
+from typing import Any
+
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+
+from streaming import messages as m
+from streaming.control import ControlChannel
+from streaming.frames import encode_jpeg
+from streaming.pacing import Pacer, SlotClosedError
+from streaming.sessions import SessionManager, StreamSession
+
+#: frames the connection's slot holds (drop-oldest), as for the video track
+WS_SLOT_FRAMES = 8
+#: the most ``next`` credits a client can bank: asking far ahead would defeat flow control
+MAX_CREDITS = 4
+JPEG_QUALITY = 85
+
+
+def pack_frame(header: dict[str, Any], jpeg: bytes) -> bytes:
+    """One binary frame message: ``>I`` header length, UTF-8 JSON header, JPEG bytes."""
+    head = json.dumps(header).encode()
+    return struct.pack(">I", len(head)) + head + jpeg
+
+
+def unpack_frame(data: bytes) -> tuple[dict[str, Any], bytes]:
+    """Inverse of :func:`pack_frame`; raises ValueError on a truncated message."""
+    if len(data) < 4:
+        raise ValueError("frame message shorter than its 4-byte header length")
+    (size,) = struct.unpack(">I", data[:4])
+    if len(data) < 4 + size:
+        raise ValueError(f"frame header of {size} bytes is truncated")
+    return json.loads(data[4:4 + size]), data[4 + size:]
+
+
+class WebSocketConnection:
+    """Serves one accepted WebSocket for ``session`` until the client leaves or the session
+    closes."""
+
+    def __init__(self, manager: SessionManager, session: StreamSession, ws: WebSocket):
+        self.manager, self.session, self.ws = manager, session, ws
+        self._send_lock = asyncio.Lock()
+        self._credits = asyncio.Semaphore(0)
+        self._banked = 0
+        self.control = ControlChannel(manager, session, self._send_json)
+        self.slot = manager.engine.subscribe(session.session_id, WS_SLOT_FRAMES)
+
+    async def _send_json(self, message: dict[str, Any]) -> None:
+        async with self._send_lock:
+            await self.ws.send_text(json.dumps(message))
+
+    async def _send_frames(self) -> None:
+        pacer = Pacer(self.slot, self.session.info.fps)
+        while True:
+            await self._credits.acquire()
+            self._banked -= 1
+            frame, pts = await pacer.next()
+            header = self.control.frame_message(frame, pts)
+            jpeg = await asyncio.to_thread(encode_jpeg, frame.rgb, JPEG_QUALITY)
+            async with self._send_lock:
+                await self.ws.send_bytes(pack_frame(header, jpeg))
+
+    async def _receive(self) -> None:
+        while True:
+            message = await self.ws.receive()
+            if message["type"] == "websocket.disconnect":
+                return
+            if message.get("text") is None:
+                await self._send_json(m.MessageError(
+                    "malformed", "message", "binary messages are not accepted").to_message())
+                continue
+            result = await self.control.handle_text(message["text"])
+            if isinstance(result, m.NextMessage) and self._banked < MAX_CREDITS:
+                self._banked += 1
+                self._credits.release()
+
+    async def serve(self) -> None:
+        closer_loop = asyncio.get_running_loop()
+        receive = asyncio.ensure_future(self._receive())
+        send = asyncio.ensure_future(self._send_frames())
+        pump = asyncio.ensure_future(self.control.pump(lambda: (len(self.slot),
+                                                                self.slot.dropped)))
+        self.session.closers.append(
+            lambda: closer_loop.call_soon_threadsafe(self.slot.close))
+        try:
+            done, _ = await asyncio.wait({receive, send, pump},
+                                         return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                if not isinstance(task.exception(), SlotClosedError | WebSocketDisconnect |
+                                  type(None)):
+                    raise task.exception()
+        finally:
+            for task in (receive, send, pump):
+                task.cancel()
+            self.slot.close()
+            if self.ws.application_state == WebSocketState.CONNECTED:
+                with contextlib.suppress(Exception):
+                    await self.ws.close()

@@ -1,0 +1,150 @@
+"""Shared fixtures of the streaming/app tests: a tiny in-test engine (``FakeEngine``) for unit
+tests, the real ``Engine`` over the ``sim`` backend for integration tests, and a live server."""
+
+from __future__ import annotations
+
+import os
+import queue
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+from engine import api  # noqa: E402
+
+
+class FakeEngine:
+    """EngineAPI over a counter: frame n of a session is a flat image of value ``n % 256``,
+    produced at ``fps`` by one thread; commands are recorded in ``submitted``."""
+
+    model_name = "fake"
+
+    def __init__(self, capacity: int = 8, fps: int = 30, size: tuple[int, int] = (48, 64)):
+        self.capacity, self.fps, self.size = capacity, fps, size
+        self.submitted: list[tuple[str, api.Command]] = []
+        self._sessions: dict[str, dict] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> FakeEngine:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(1 / self.fps):
+            with self._lock:
+                for sid, s in self._sessions.items():
+                    rgb = np.full((*self.size, 3), s["n"] % 256, np.uint8)
+                    frame = api.Frame(sid, s["n"], rgb, s["action_seq"], 0, s["n"] // 2,
+                                      {"denoise": 1.0}, time.perf_counter_ns(), s["action_t"])
+                    for slot in s["slots"]:
+                        slot.put(frame)
+                    s["n"] += 1
+
+    def create_session(self, prompt, seed=None, fps=None):
+        with self._lock:
+            if len(self._sessions) >= self.capacity:
+                raise api.CapacityError("fake engine full", 7.0)
+            sid = f"s{len(self.submitted)}-{time.perf_counter_ns()}"
+            self._sessions[sid] = {"n": 0, "slots": [], "events": queue.Queue(),
+                                   "action_seq": -1, "action_t": None}
+        return api.SessionInfo(sid, self.size[1], self.size[0], fps or self.fps)
+
+    def _get(self, sid):
+        if sid not in self._sessions:
+            raise api.SessionClosedError(sid)
+        return self._sessions[sid]
+
+    def submit(self, sid, command):
+        with self._lock:
+            s = self._get(sid)
+            self.submitted.append((sid, command))
+            if isinstance(command, api.ActionCommand):
+                s["action_seq"], s["action_t"] = command.seq, command.t_ms
+            if isinstance(command, api.RewindCommand) and command.chunks > 8:
+                s["events"].put(api.Event("error", {"seq": command.seq, "code": "invalid",
+                                                    "field": "chunks", "message": "too far"}))
+
+    def subscribe(self, sid, maxlen=8):
+        slot = api.FrameSlot(maxlen)
+        with self._lock:
+            self._get(sid)["slots"].append(slot)
+        return slot
+
+    def events(self, sid):
+        with self._lock:
+            return self._get(sid)["events"]
+
+    def close_session(self, sid):
+        with self._lock:
+            s = self._sessions.pop(sid, None)
+        if s is None:
+            raise api.SessionClosedError(sid)
+        for slot in s["slots"]:
+            slot.close()
+
+    def num_sessions(self):
+        return len(self._sessions)
+
+    def metrics(self):
+        return {"sessions": len(self._sessions)}
+
+
+@pytest.fixture
+def fake_engine():
+    engine = FakeEngine().start()
+    yield engine
+    engine.stop()
+
+
+@pytest.fixture(scope="module")
+def sim_engine():
+    """The real engine streaming the ground-truth simulator (deterministic motion)."""
+    from engine.config import EngineConfig
+    from engine.engine import Engine
+    from engine.registry import load_backend
+
+    engine = Engine(load_backend("sim"), EngineConfig(max_sessions=4)).start()
+    yield engine
+    engine.stop()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LiveServer:
+    """uvicorn serving ``app`` on a free loopback port in a thread."""
+
+    def __init__(self, app):
+        import uvicorn
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port,
+                                                     log_level="warning", lifespan="on"))
+        self._thread = threading.Thread(target=self._server.run, daemon=True)
+
+    def __enter__(self) -> LiveServer:
+        self._thread.start()
+        deadline = time.monotonic() + 30
+        while not self._server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError("the test server did not start")
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._server.should_exit = True
+        self._thread.join(10)
