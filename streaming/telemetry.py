@@ -27,7 +27,8 @@ class StreamTelemetry:
             self._queue_ms.append(queue_ms)
             if chunk_index != self._last_chunk:
                 self._last_chunk = chunk_index
-                self._gen_ms.append(float(sum(stages_ms.values())))
+                # "queue" is time spent waiting for the engine thread, not generating
+                self._gen_ms.append(float(sum(v for k, v in stages_ms.items() if k != "queue")))
             self.frames_sent += 1
 
     def snapshot(self) -> dict[str, float | None]:

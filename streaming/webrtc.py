@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from collections import deque
 from collections.abc import Callable
 from fractions import Fraction
 from typing import Any
@@ -31,6 +32,8 @@ from streaming.sessions import SessionManager, StreamSession
 #: drops the oldest when the client falls behind, so delay never exceeds this many frames
 TRACK_SLOT_FRAMES = 8
 _TIME_BASE = Fraction(1, VIDEO_CLOCK_HZ)
+#: frame messages kept for a data channel that is not open yet (a few seconds of video)
+EARLY_FRAME_MESSAGES = 256
 
 
 def vp8_bitrate(width: int, height: int, fps: int) -> int:
@@ -106,16 +109,26 @@ class WebRTCTransport:
         loop = asyncio.get_running_loop()
         session.closers.append(lambda: loop.call_soon_threadsafe(self._close_soon, pc))
         channels: list[Any] = []
+        # frame messages of frames sent before the data channel opens (video often starts
+        # first): delivered when it opens, so every frame keeps its metadata
+        early: deque[dict[str, Any]] = deque(maxlen=EARLY_FRAME_MESSAGES)
         control = ControlChannel(self.manager, session, self._sender(channels))
+
+        def on_frame(frame: Frame, pts: int) -> None:
+            message = control.frame_message(frame, pts)
+            if not self._send_now(channels, message):
+                early.append(message)
+
         track = FrameTrack(self.manager.engine.subscribe(session.session_id, TRACK_SLOT_FRAMES),
-                           session.info.fps, on_frame=lambda f, pts: self._send_now(
-                               channels, control.frame_message(f, pts)))
+                           session.info.fps, on_frame=on_frame)
 
         @pc.on("datachannel")
         def on_datachannel(channel: Any) -> None:
             if channel.label != "control":
                 return
             channels.append(channel)
+            while early:
+                self._send_now(channels, early.popleft())
             pump = asyncio.ensure_future(control.pump(
                 lambda: (len(track.slot), track.slot.dropped)))
 
@@ -150,10 +163,14 @@ class WebRTCTransport:
         return send
 
     @staticmethod
-    def _send_now(channels: list[Any], message: dict[str, Any]) -> None:
+    def _send_now(channels: list[Any], message: dict[str, Any]) -> bool:
+        """Send on every open channel; False when none is open."""
+        sent = False
         for channel in channels:
             if channel.readyState == "open":
                 channel.send(json.dumps(message))
+                sent = True
+        return sent
 
     def _close_soon(self, pc: RTCPeerConnection) -> None:
         asyncio.ensure_future(self._close(pc))

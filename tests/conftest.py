@@ -114,8 +114,39 @@ def sim_engine():
     from engine.registry import load_backend
 
     engine = Engine(load_backend("sim"), EngineConfig(max_sessions=4)).start()
+    # warm up (the first session loads the text encoder, ~10 s here) so tests time only streaming
+    info = engine.create_session("a green meadow with ponds", seed=0)
+    assert engine.subscribe(info.session_id).get(timeout=60) is not None, "engine made no frame"
+    engine.close_session(info.session_id)
     yield engine
     engine.stop()
+
+
+def phase_shift(a: np.ndarray, b: np.ndarray, mask: np.ndarray) -> tuple[float, float]:
+    """``(dx, dy)`` in pixels such that ``b(x, y) ~ a(x - dx, y - dy)``: phase correlation of two
+    ``(H, W, 3)`` frames, ``mask`` pixels (the centred player sprite) replaced by the mean, a flat
+    Tukey window against edge effects, a parabolic sub-pixel peak."""
+    from scipy.signal.windows import tukey
+
+    def prep(rgb):
+        grey = rgb.astype(np.float64).mean(axis=2)
+        grey[mask] = grey[~mask].mean()
+        grey -= grey.mean()
+        return grey * np.outer(tukey(grey.shape[0], 0.25), tukey(grey.shape[1], 0.25))
+
+    fa, fb = np.fft.fft2(prep(a)), np.fft.fft2(prep(b))
+    cross = fb * np.conj(fa)
+    corr = np.real(np.fft.ifft2(cross / (np.abs(cross) + 1e-9)))
+    py, px = np.unravel_index(np.argmax(corr), corr.shape)
+    h, w = corr.shape
+
+    def refine(c_minus, c0, c_plus):
+        denom = c_minus - 2 * c0 + c_plus
+        return 0.0 if denom == 0 else 0.5 * (c_minus - c_plus) / denom
+
+    dx = px + refine(corr[py, (px - 1) % w], corr[py, px], corr[py, (px + 1) % w])
+    dy = py + refine(corr[(py - 1) % h, px], corr[py, px], corr[(py + 1) % h, px])
+    return (dx - w if dx > w / 2 else dx), (dy - h if dy > h / 2 else dy)
 
 
 def free_port() -> int:

@@ -1,0 +1,142 @@
+"""WebRTC end to end over loopback: a headless aiortc client against the real server, the real
+engine and the ``sim`` backend (deterministic ground-truth motion)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from fractions import Fraction
+
+import httpx
+import numpy as np
+import pytest
+from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+
+from app.server import create_app
+from engine.api import Frame, FrameSlot
+from engine.worlds.actions import keys_to_action
+from engine.worlds.simulator import WorldSimulator, player_mask
+from streaming.pacing import Pacer
+from streaming.webrtc import FrameTrack, vp8_bitrate
+from tests.conftest import LiveServer, phase_shift
+
+FPS = 20
+TICK = 90_000 // FPS
+
+
+def test_phase_shift_recovers_known_shifts():
+    frame = WorldSimulator(seed=3).render()
+    for dx, dy in ((-3, 0), (2, 1), (0, 0)):
+        got = phase_shift(frame, np.roll(frame, (dy, dx), axis=(0, 1)), player_mask())
+        assert abs(got[0] - dx) < 0.3 and abs(got[1] - dy) < 0.3, (dx, dy, got)
+
+
+def test_phase_shift_on_ground_truth_hold_right():
+    """Holding right moves the camera right: the content shifts left (dx < 0)."""
+    sim = WorldSimulator(seed=5)
+    frames = [sim.step(keys_to_action(["right"])) for _ in range(20)]
+    dx, dy = phase_shift(frames[-2], frames[-1], player_mask())
+    assert -3.5 < dx < -2.5 and abs(dy) < 0.3
+
+
+def test_vp8_bitrate_is_raised_and_bounded():
+    assert vp8_bitrate(128, 128, 20) == 1_000_000           # floor above aiortc's 500 kbit/s
+    assert vp8_bitrate(832, 480, 16) == int(0.3 * 832 * 480 * 16)
+    assert vp8_bitrate(3840, 2160, 60) == 10_000_000
+
+
+def _frame(i: int, shape=(47, 63)) -> Frame:
+    return Frame("s", i, np.full((*shape, 3), i, np.uint8), -1, 0, i)
+
+
+def test_pacer_schedule_is_absolute_and_skips_stalls():
+    now = [10.0]
+    slot = FrameSlot(8)
+    pacer = Pacer(slot, 20, clock=lambda: now[0])
+
+    async def take():
+        return await pacer.next()
+
+    slot.put(_frame(0))
+    assert asyncio.run(take())[1] == 0              # pts 0 at the first frame
+    slot.put(_frame(1))
+    now[0] = 10.05
+    assert asyncio.run(take())[1] == TICK           # on time: the next tick
+    now[0] = 10.31                                  # engine stalled for 5 ticks
+    slot.put(_frame(2))
+    assert asyncio.run(take())[1] == 6 * TICK       # missed ticks skipped, no burst
+
+
+def test_track_pads_odd_frames_to_even_and_stamps_90khz():
+    slot = FrameSlot(4)
+    seen = []
+    track = FrameTrack(slot, 20, on_frame=lambda f, pts: seen.append((f.index, pts)))
+    slot.put(_frame(7))
+    video_frame = asyncio.run(track.recv())
+    assert (video_frame.width, video_frame.height) == (64, 48)
+    assert video_frame.pts == 0 and video_frame.time_base == Fraction(1, 90_000)
+    assert seen == [(7, 0)]
+    track.stop()
+
+
+async def _play(url: str, hold_after: int, total: int):
+    """Negotiate like the page does, take ``total`` frames, send "hold right" after
+    ``hold_after``. Returns (frames as (pts, rgb), frame messages, codec name)."""
+    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+        created = (await http.post("/api/sessions", json={"prompt": "a green meadow with ponds",
+                                                          "seed": 11, "fps": FPS})).json()
+        pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        pc.addTransceiver("video", direction="recvonly")
+        channel = pc.createDataChannel("control", ordered=True)
+        metas: list[dict] = []
+        channel.on("message", lambda raw: metas.append(json.loads(raw)))
+        got_track: asyncio.Future = asyncio.get_running_loop().create_future()
+        pc.on("track", lambda track: got_track.set_result(track))
+        await pc.setLocalDescription(await pc.createOffer())
+        r = await http.post(f"/api/sessions/{created['session_id']}/offer",
+                            json={"sdp": pc.localDescription.sdp, "type": "offer"},
+                            headers={"Authorization": f"Bearer {created['token']}"})
+        assert r.status_code == 200, r.text
+        answer = r.json()
+        assert answer["type"] == "answer"
+        codec = "VP8" if "VP8" in answer["sdp"].split("m=video")[1].split("a=rtpmap")[1] else "?"
+        await pc.setRemoteDescription(RTCSessionDescription(**answer))
+        track = await asyncio.wait_for(got_track, 20)
+        frames = []
+        for i in range(total):
+            if i == hold_after:
+                channel.send(json.dumps({"type": "action", "seq": 1, "t": time.time() * 1e3,
+                                         "keys": ["right"]}))
+            frame = await asyncio.wait_for(track.recv(), 30 if i == 0 else 10)
+            frames.append((frame.pts, frame.to_ndarray(format="rgb24")))
+        await pc.close()
+        await http.delete(f"/api/sessions/{created['session_id']}",
+                          headers={"Authorization": f"Bearer {created['token']}"})
+    return frames, [m for m in metas if m["type"] == "frame"], codec
+
+
+@pytest.mark.slow
+def test_webrtc_stream_follows_hold_right(sim_engine):
+    with LiveServer(create_app(sim_engine, ui=False)) as server:
+        frames, metas, codec = asyncio.run(_play(server.url, hold_after=30, total=75))
+    assert codec == "VP8"
+    pts = [p for p, _ in frames]
+    assert all(b > a for a, b in zip(pts, pts[1:], strict=False)), "pts must increase"
+    assert all((b - a) % TICK == 0 for a, b in zip(pts, pts[1:], strict=False))
+    assert frames[0][1].shape == (128, 128, 3)
+    # RTP timestamps start at 0 behind aiortc's random origin: the first frame is pts 0, and
+    # every frame received has its `frame` message under the same rtp_ts
+    origin = pts[0]
+    sent = {m["rtp_ts"] for m in metas}
+    assert all(((p - origin) % 2**32) in sent for p in pts)
+    mask = player_mask()
+    idle = [phase_shift(a, b, mask)[0] for (_, a), (_, b) in zip(frames[5:29], frames[6:30],
+                                                                   strict=False)]
+    moving = [phase_shift(a, b, mask) for (_, a), (_, b) in zip(frames[-20:-1], frames[-19:],
+                                                                 strict=False)]
+    assert np.median(np.abs(idle)) < 0.5, idle
+    assert np.median([dx for dx, _ in moving]) < -2.0, moving   # content moves left
+    assert np.median(np.abs([dy for _, dy in moving])) < 0.5
+    assert metas[-1]["action_seq"] == 1 and metas[0]["action_seq"] == -1
+    assert all(m["index"] > n["index"] for n, m in zip(metas, metas[1:], strict=False))
