@@ -9,6 +9,14 @@ import sys
 SUITES = {
     "attention": "bench.attention",
     "gpu_attention": "bench.gpu_attention",
+    "quick": "bench.quick",
+    "engine": "bench.engine",
+    "baselines": "bench.baselines",
+    "e2e": "bench.e2e",
+    "soak": "bench.soak",
+    "scale": "bench.scale",
+    "report": "bench.report",
+    "analyse": "bench.analyse",
 }
 
 

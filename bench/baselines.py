@@ -1,0 +1,175 @@
+"""``python -m bench baselines``: the engine's design choices against their alternatives, side
+by side in one run, each as a ratio (> 1: the engine's way is faster).
+
+* ``kv_cache_vs_recompute`` — KV-cached streaming (window = the whole context) vs the naive
+  baseline that re-runs the dense block-causal forward over the whole context at every
+  denoising step (no cache); same model, same context length, decode included in both.
+* ``sparse_vs_dense`` — long memory attended as sink/window + top-k selected older pages vs
+  the same memory attended densely (every page, every chunk).
+* ``bf16_vs_fp32`` — the same stream in bf16 vs fp32 weights and KV pool.
+* ``batched_vs_one_by_one`` — two sessions generated in one batched call vs one after the
+  other (= aggregate fps of two batched sessions / fps of one session).
+* ``chunked_vs_frame_by_frame`` — chunks of 2 frames vs 1 frame at the same context length.
+
+All are measured below the engine thread (``bench.harness``: steady-state wall time per
+``generate`` call after the memory is full), so scheduling cannot blur them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+from bench import harness
+from bench.harness import Models, make_generator, naive_recompute_ms, time_stream
+
+
+def kv_cache_vs_recompute(models: Models, *, context_frames: int, steps: int,
+                          chunk_frames: int = 2, chunks: int = 4, naive_repeats: int = 2) -> dict:
+    """Per-chunk ms with the KV cache (window of ``context_frames``) and without."""
+    if context_frames % chunk_frames:
+        raise ValueError("context_frames must be a multiple of chunk_frames")
+    w = context_frames // chunk_frames
+    gen = make_generator(models, chunk_frames, window_chunks=w, memory_chunks=w, max_states=1)
+    cached = time_stream(gen, steps=steps, chunks=chunks)
+    naive = naive_recompute_ms(models, context_frames=context_frames, chunk_frames=chunk_frames,
+                               steps=steps, repeats=naive_repeats)
+    return {"context_frames": context_frames, "cached_chunk_ms": cached["chunk_ms"],
+            "cached_stages_ms": cached["stages_ms"], "naive_chunk_ms": naive["chunk_ms"],
+            "naive_model_ms": naive["model_ms"],
+            "speedup": naive["chunk_ms"] / cached["chunk_ms"]}
+
+
+def sparse_vs_dense(models: Models, *, memory_frames: int, steps: int, window_chunks: int = 3,
+                    topk_pages: int = 8, chunk_frames: int = 2, chunks: int = 4) -> dict:
+    """Per-chunk ms attending ``memory_frames`` densely vs window + top-k older pages."""
+    m = memory_frames // chunk_frames
+    if m <= window_chunks:
+        raise ValueError("memory_frames must exceed the window for sparse memory to matter")
+    dense = time_stream(make_generator(models, chunk_frames, window_chunks=m, memory_chunks=m,
+                                       max_states=1), steps=steps, chunks=chunks)
+    sparse = time_stream(make_generator(models, chunk_frames, window_chunks=window_chunks,
+                                        memory_chunks=m, topk_pages=topk_pages, sink=True,
+                                        max_states=1), steps=steps, chunks=chunks)
+    return {"memory_frames": memory_frames, "window_chunks": window_chunks,
+            "topk_pages": topk_pages, "dense_chunk_ms": dense["chunk_ms"],
+            "sparse_chunk_ms": sparse["chunk_ms"],
+            "speed": dense["chunk_ms"] / sparse["chunk_ms"]}
+
+
+def bf16_vs_fp32(models: Models, *, steps: int, chunks: int = 4, **config) -> dict:
+    """fp32 vs bf16 autocast (matmuls, convolutions and attention in bf16; weights and the KV
+    pool stay fp32). NOTE: autocast, because ``GeneratorConfig(dtype=bfloat16)`` fails in
+    ``WorldDiT.forward`` (the text embedding enters ``text_proj`` as fp32)."""
+    fp32 = time_stream(make_generator(models, max_states=1, **config), steps=steps,
+                       chunks=chunks)["chunk_ms"]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        bf16 = time_stream(make_generator(models, max_states=1, **config), steps=steps,
+                           chunks=chunks)["chunk_ms"]
+    return {"fp32_chunk_ms": fp32, "bf16_chunk_ms": bf16, "mode": "autocast",
+            "speed": fp32 / bf16}
+
+
+def batched_vs_one_by_one(models: Models, *, steps: int, sessions: int = 2, chunks: int = 4,
+                          **config) -> dict:
+    """Aggregate fps of ``sessions`` streams in one batch / fps of one stream."""
+    gen = make_generator(models, max_states=sessions, **config)
+    one = time_stream(gen, sessions=1, steps=steps, chunks=chunks)
+    batched = time_stream(gen, sessions=sessions, steps=steps, chunks=chunks)
+    return {"sessions": sessions, "one_fps": one["fps"], "batched_aggregate_fps": batched["fps"],
+            "one_chunk_ms": one["chunk_ms"], "batched_chunk_ms": batched["chunk_ms"],
+            "aggregate_ratio": batched["fps"] / one["fps"]}
+
+
+def chunked_vs_frame_by_frame(models: Models, *, steps: int, context_frames: int = 6,
+                              chunk_frames: int = 2, chunks: int = 4) -> dict:
+    """fps with chunks of ``chunk_frames`` vs 1 frame, both attending ``context_frames``."""
+    fps = {}
+    for f in (1, chunk_frames):
+        w = context_frames // f
+        fps[f] = time_stream(make_generator(models, f, window_chunks=w, memory_chunks=w,
+                                            max_states=1), steps=steps, chunks=chunks)["fps"]
+    return {"frame_fps": fps[1], "chunked_fps": fps[chunk_frames], "chunk_frames": chunk_frames,
+            "speed": fps[chunk_frames] / fps[1]}
+
+
+def run(models: Models, *, steps: int, context_frames: int, memory_frames: int,
+        chunks: int = 4, naive_repeats: int = 2) -> dict:
+    """Every baseline of this module; ``ratios`` gathers the headline ratio of each."""
+    out = {
+        "kv_cache_vs_recompute": kv_cache_vs_recompute(
+            models, context_frames=context_frames, steps=steps, chunks=chunks,
+            naive_repeats=naive_repeats),
+        "sparse_vs_dense": sparse_vs_dense(models, memory_frames=memory_frames, steps=steps,
+                                           chunks=chunks),
+        "bf16_vs_fp32": bf16_vs_fp32(models, steps=steps, chunks=chunks),
+        "batched_vs_one_by_one": batched_vs_one_by_one(models, steps=steps, chunks=chunks),
+        "chunked_vs_frame_by_frame": chunked_vs_frame_by_frame(models, steps=steps,
+                                                               chunks=chunks),
+    }
+    out["ratios"] = {
+        f"KV cache vs recompute ({context_frames} frames)":
+            out["kv_cache_vs_recompute"]["speedup"],
+        f"sparse top-k vs dense ({memory_frames} frames)": out["sparse_vs_dense"]["speed"],
+        "bf16 vs fp32": out["bf16_vs_fp32"]["speed"],
+        "2 sessions batched vs one by one": out["batched_vs_one_by_one"]["aggregate_ratio"],
+        "chunks of 2 vs frame by frame": out["chunked_vs_frame_by_frame"]["speed"],
+    }
+    return out
+
+
+def _markdown(payload: dict) -> str:
+    from bench.results import context_md, table
+
+    r = payload["baselines"]
+    kv, sp = r["kv_cache_vs_recompute"], r["sparse_vs_dense"]
+    bf, bt, ch = r["bf16_vs_fp32"], r["batched_vs_one_by_one"], r["chunked_vs_frame_by_frame"]
+    rows = [
+        ["KV cache vs naive recompute", f"{kv['context_frames']} frames of context",
+         f"{kv['cached_chunk_ms']:.0f} ms/chunk", f"{kv['naive_chunk_ms']:.0f} ms/chunk",
+         kv["speedup"]],
+        ["top-k sparse vs dense memory", f"{sp['memory_frames']} frames, window "
+         f"{sp['window_chunks']} chunks + top-{sp['topk_pages']} pages",
+         f"{sp['sparse_chunk_ms']:.0f} ms/chunk", f"{sp['dense_chunk_ms']:.0f} ms/chunk",
+         sp["speed"]],
+        ["bf16 (autocast) vs fp32", "default window", f"{bf['bf16_chunk_ms']:.0f} ms/chunk",
+         f"{bf['fp32_chunk_ms']:.0f} ms/chunk", bf["speed"]],
+        ["2 sessions batched vs one by one", "aggregate fps",
+         f"{bt['batched_aggregate_fps']:.1f} fps", f"{bt['one_fps']:.1f} fps",
+         bt["aggregate_ratio"]],
+        ["chunks of 2 vs frame by frame", "fps, same context",
+         f"{ch['chunked_fps']:.1f} fps", f"{ch['frame_fps']:.1f} fps", ch["speed"]],
+    ]
+    return ("# Baselines: the engine vs the alternatives\n\n" + context_md(payload) + "\n"
+            + table(["comparison", "case", "engine", "alternative", "ratio (x)"], rows, 2))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench baselines", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    harness.add_common_args(parser)
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--context-frames", type=int, default=64)
+    parser.add_argument("--memory-frames", type=int, default=64)
+    parser.add_argument("--chunks", type=int, default=4, help="timed chunks per measurement")
+    args = parser.parse_args(argv)
+    harness.apply_common_args(args)
+
+    from bench import plots, results
+    from bench.common import hardware_info
+
+    models = harness.load_models(args.weights, smoke=args.smoke)
+    base = run(models, steps=args.steps, context_frames=args.context_frames,
+               memory_frames=args.memory_frames, chunks=args.chunks)
+    payload = results.stamp_payload("baselines", {
+        "hardware": hardware_info(), "model": models.describe(),
+        "settings": {"steps": args.steps, "context_frames": args.context_frames,
+                     "memory_frames": args.memory_frames, "threads": args.threads},
+        "baselines": base}, argv)
+    folder = results.save("baselines", payload, _markdown(payload),
+                          {"ratios": plots.ratio_bars(base["ratios"], "engine vs alternatives")})
+    results.print_json(payload, args.json)
+    print(f"report: {folder / 'result.md'}", file=sys.stderr)
+    return 0

@@ -1,0 +1,335 @@
+"""``python -m bench e2e``: action-to-photon latency through the real server, WebRTC and codec.
+
+A headless aiortc client (``PROTOCOL.md``: one recvonly video transceiver, a ``control`` data
+channel) opens a session, replays an action script (``--script``: a JSON list of
+``{"t_s": float, "keys": [...]}``; default: a seeded random script, a key change every
+0.3-1.0 s) and receives the video. Each decoded video frame is matched to its ``frame``
+metadata message by RTP timestamp (aiortc's receiver rebases timestamps on the first packet it
+gets, so the constant offset is found as the one that matches most frames), which names the
+newest action the frame was conditioned on. Reported: action-to-photon p50/p95/p99 (client
+send -> decoded frame received; "photon" = the headless client has the decoded picture), fps
+received, dropped frames (generated indices never received), inter-frame jitter, and the
+per-stage ms of the path (queue, denoise, cache fill, decode from the engine; server queue from
+the server; encode + transport = frame arrival - its metadata arrival).
+
+Without ``--url`` the suite serves the app in-process (``--model builtin|sim``) on a loopback
+port. The session is also written as a latency-lab export (``bench.analyse`` format).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from bench import harness
+from bench.stats import match_actions, summarize
+
+RTP_MOD = 2**32
+
+
+def random_script(seconds: float, seed: int = 0) -> list[dict]:
+    """Key changes at random moments (every 0.3-1.0 s) for ``seconds``."""
+    from bench.streams import KEY_SETS
+
+    rng = random.Random(seed)
+    t, script = 0.5, []
+    while t < seconds:
+        script.append({"t_s": round(t, 3), "keys": rng.choice(KEY_SETS)})
+        t += rng.uniform(0.3, 1.0)
+    return script
+
+
+def rtp_offset(received_pts: list[int], sent_rtp: list[int]) -> int | None:
+    """The offset ``c`` with ``(pts - c) mod 2**32`` in ``sent_rtp`` for the most received
+    frames (ties: the smallest ``c``); None when nothing was received or sent."""
+    if not received_pts or not sent_rtp:
+        return None
+    sent = set(sent_rtp)
+    best, best_hits = None, -1
+    for c in sorted({(received_pts[0] - r) % RTP_MOD for r in sent_rtp}):
+        hits = sum(((p - c) % RTP_MOD) in sent for p in received_pts)
+        if hits > best_hits:
+            best, best_hits = c, hits
+    return best
+
+
+def jitter_ms(arrivals_ms: list[float], fps: float) -> dict:
+    """Inter-arrival jitter: ``std`` of the intervals and p95 of |interval - 1/fps|, ms."""
+    if len(arrivals_ms) < 3:
+        return {"std_ms": None, "p95_abs_dev_ms": None}
+    d = np.diff(np.asarray(arrivals_ms))
+    return {"std_ms": float(d.std()),
+            "p95_abs_dev_ms": float(np.percentile(np.abs(d - 1000.0 / fps), 95))}
+
+
+@dataclass
+class ClientLog:
+    """Everything the client saw, on its own ``perf_counter`` clock (ms)."""
+
+    actions: list[dict] = field(default_factory=list)       # seq, t_ms, keys
+    messages: list[dict] = field(default_factory=list)      # frame messages + "t_recv_ms"
+    frames: list[tuple[int, float]] = field(default_factory=list)  # (pts, t_recv_ms)
+    errors: list[dict] = field(default_factory=list)
+
+
+def _now_ms() -> float:
+    return time.perf_counter_ns() / 1e6
+
+
+async def run_client(url: str, script: list[dict], *, seconds: float, fps: int | None,
+                     prompt: str, seed: int = 0) -> tuple[ClientLog, dict]:
+    """Open a session at ``url``, stream for ``seconds`` while replaying ``script``, close.
+    Returns the log and the session's creation reply. Raises RuntimeError on HTTP errors or
+    when the data channel never opens."""
+    import httpx
+    from aiortc import RTCPeerConnection, RTCSessionDescription
+    from aiortc.mediastreams import MediaStreamError
+
+    log = ClientLog()
+    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+        body = {"prompt": prompt, "seed": seed, **({"fps": fps} if fps else {})}
+        reply = await http.post("/api/sessions", json=body)
+        if reply.status_code != 201:
+            raise RuntimeError(f"POST /api/sessions: {reply.status_code} {reply.text}")
+        session = reply.json()
+        auth = {"Authorization": f"Bearer {session['token']}"}
+        pc = RTCPeerConnection()
+        pc.addTransceiver("video", direction="recvonly")
+        channel = pc.createDataChannel("control", ordered=True)
+        opened = asyncio.Event()
+        readers: list[asyncio.Task] = []
+        channel.on("open", opened.set)
+
+        @channel.on("message")
+        def on_message(raw):
+            t = _now_ms()
+            msg = json.loads(raw)
+            if msg.get("type") == "frame":
+                log.messages.append({**msg, "t_recv_ms": t})
+            elif msg.get("type") == "error":
+                log.errors.append(msg)
+
+        async def read(track):
+            while True:
+                try:
+                    frame = await track.recv()
+                except MediaStreamError:
+                    return
+                log.frames.append((int(frame.pts), _now_ms()))
+
+        @pc.on("track")
+        def on_track(track):
+            if track.kind == "video":
+                readers.append(asyncio.ensure_future(read(track)))
+
+        try:
+            await pc.setLocalDescription(await pc.createOffer())
+            answer = await http.post(f"/api/sessions/{session['session_id']}/offer", headers=auth,
+                                     json={"sdp": pc.localDescription.sdp, "type": "offer"})
+            if answer.status_code != 200:
+                raise RuntimeError(f"offer: {answer.status_code} {answer.text}")
+            await pc.setRemoteDescription(RTCSessionDescription(**answer.json()))
+            await asyncio.wait_for(opened.wait(), 30)
+            start = time.monotonic()
+            for seq, step in enumerate(sorted(script, key=lambda s: s["t_s"]), start=1):
+                if step["t_s"] >= seconds:
+                    break
+                await asyncio.sleep(max(0.0, start + step["t_s"] - time.monotonic()))
+                t = _now_ms()
+                channel.send(json.dumps({"type": "action", "seq": seq, "t": t,
+                                         "keys": list(step["keys"])}))
+                log.actions.append({"seq": seq, "t_ms": t, "keys": list(step["keys"])})
+            await asyncio.sleep(max(0.0, start + seconds - time.monotonic()))
+        finally:
+            await http.delete(f"/api/sessions/{session['session_id']}", headers=auth)
+            for task in readers:
+                task.cancel()
+            await pc.close()
+    return log, session
+
+
+def analyse_log(log: ClientLog, fps: float, warmup_s: float = 1.0) -> dict:
+    """Figures of one client log (see the module docstring); frames received in the first
+    ``warmup_s`` after the first frame are left out of fps and jitter (stream start-up)."""
+    offset = rtp_offset([p for p, _ in log.frames], [m["rtp_ts"] for m in log.messages])
+    by_rtp = {m["rtp_ts"]: m for m in log.messages}
+    matched = []  # (t_recv_ms, message)
+    for pts, t in log.frames:
+        msg = by_rtp.get((pts - offset) % RTP_MOD) if offset is not None else None
+        if msg is not None:
+            matched.append((t, msg))
+    seqs = [a["seq"] for a in log.actions]
+    lat = match_actions(seqs, [a["t_ms"] for a in log.actions],
+                        [m["action_seq"] for _, m in matched], [t for t, _ in matched])
+    t_frames = [t for _, t in log.frames]
+    steady = [t for t in t_frames if t_frames and t >= t_frames[0] + warmup_s * 1e3]
+    span_s = (steady[-1] - steady[0]) / 1e3 if len(steady) > 1 else 0.0
+    received = {m["index"] for _, m in matched}
+    # frames after the last one received may still be in flight when the session closes
+    indices = sorted(i for i in {m["index"] for m in log.messages}
+                     if received and i <= max(received))
+    generated = range(indices[0], indices[-1] + 1) if indices else range(0)
+    stages: dict[str, list[float]] = {}
+    for t, m in matched:
+        for k, v in m.get("stages_ms", {}).items():
+            stages.setdefault(k, []).append(v)
+        if m.get("queue_ms") is not None:
+            stages.setdefault("server_queue", []).append(m["queue_ms"])
+        stages.setdefault("encode_transport", []).append(t - m["t_recv_ms"])
+    return {
+        "action_to_photon_ms": summarize(lat[~np.isnan(lat)]),
+        "actions_sent": len(seqs), "actions_unanswered": int(np.isnan(lat).sum()),
+        "frames_received": len(log.frames), "frames_matched": len(matched),
+        "fps": (len(steady) - 1) / span_s if span_s > 0 else 0.0,
+        "dropped_frames": len([i for i in generated if i not in received]),
+        "frames_generated": len(generated),
+        "jitter": jitter_ms(steady, fps),
+        "stages_ms": {k: float(np.median(v)) for k, v in stages.items()},
+        "errors": log.errors,
+    }
+
+
+def to_export(log: ClientLog) -> list[dict]:
+    """The log as a latency-lab export (``bench.analyse`` format)."""
+    offset = rtp_offset([p for p, _ in log.frames], [m["rtp_ts"] for m in log.messages])
+    by_rtp = {m["rtp_ts"]: m for m in log.messages}
+    frames = [(t, by_rtp.get((p - offset) % RTP_MOD)) for p, t in log.frames]
+    frames = [(t, m) for t, m in frames if m is not None]
+    out = []
+    for a in log.actions:
+        hit = next(((t, m) for t, m in frames if m["action_seq"] >= a["seq"] and t >= a["t_ms"]),
+                   None)
+        out.append({"action_seq": a["seq"], "t_action_ms": a["t_ms"], "keys": a["keys"],
+                    "t_photon_ms": hit[0] if hit else None,
+                    "frame_index": hit[1]["index"] if hit else None,
+                    "stages_ms": hit[1].get("stages_ms") if hit else None})
+    return out
+
+
+class _Server:
+    """The app served in-process on a loopback port (uvicorn in a thread)."""
+
+    def __init__(self, engine):
+        import socket
+
+        import uvicorn
+
+        from app.server import create_app
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._server = uvicorn.Server(uvicorn.Config(
+            create_app(engine, ui=False), host="127.0.0.1", port=self.port, log_level="warning"))
+        self._thread = threading.Thread(target=self._server.run, daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        deadline = time.monotonic() + 30
+        while not self._server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError("the benchmark server did not start")
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc):
+        self._server.should_exit = True
+        self._thread.join(10)
+
+
+def _markdown(payload: dict) -> str:
+    from bench.results import context_md, table
+
+    r = payload["e2e"]
+    lat = r["action_to_photon_ms"]
+    rows = [["action-to-photon p50 / p95 / p99 (ms)",
+             f"{lat['p50'] or 0:.0f} / {lat['p95'] or 0:.0f} / {lat['p99'] or 0:.0f}"],
+            ["actions sent / measured", f"{r['actions_sent']} / {lat['count']}"],
+            ["fps received", r["fps"]], ["frames received", r["frames_received"]],
+            ["dropped frames", f"{r['dropped_frames']} of {r['frames_generated']}"],
+            ["jitter std (ms)", r["jitter"]["std_ms"]],
+            ["jitter p95 |dev| (ms)", r["jitter"]["p95_abs_dev_ms"]]]
+    rows += [[f"stage {k} (ms, p50)", v] for k, v in r["stages_ms"].items()]
+    return ("# End to end: headless WebRTC client\n\n" + context_md(payload) + "\n"
+            + table(["figure", "value"], rows))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench e2e", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    harness.add_common_args(parser)
+    parser.add_argument("--url", default=None, help="a running server (default: serve here)")
+    parser.add_argument("--model", choices=("builtin", "sim"), default="builtin",
+                        help="backend of the in-process server")
+    parser.add_argument("--seconds", type=float, default=None, help="default 20 (4 smoke)")
+    parser.add_argument("--fps", type=int, default=None, help="session fps (server default)")
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--script", default=None, help="action script JSON")
+    parser.add_argument("--prompt", default=harness.PROMPT)
+    parser.add_argument("--export", default=None,
+                        help="latency-lab export path (default results/e2e/session.json)")
+    args = parser.parse_args(argv)
+    harness.apply_common_args(args)
+    import os
+
+    os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+    from bench import plots, results
+    from bench.common import hardware_info
+
+    seconds = args.seconds or (4.0 if args.smoke else 20.0)
+    script = (json.loads(open(args.script).read()) if args.script
+              else random_script(seconds))
+    model, server_settings = None, {"url": args.url}
+    if args.url:
+        log, session = asyncio.run(run_client(args.url, script, seconds=seconds, fps=args.fps,
+                                              prompt=args.prompt))
+    else:
+        from engine.config import EngineConfig
+        from engine.engine import Engine
+
+        if args.model == "sim":
+            from engine.registry import load_backend
+
+            backend = load_backend("sim")
+            model = {"name": "sim (ground-truth simulator)", "weights": "none",
+                     "resolution": f"{backend.width}x{backend.height}"}
+        else:
+            models = harness.load_models(args.weights, smoke=args.smoke)
+            backend = harness.make_generator(models, max_states=4)
+            model = models.describe()
+        engine = Engine(backend, EngineConfig(steps=args.steps)).start()
+        try:
+            with _Server(engine) as server:
+                server_settings = {"url": "in-process " + server.url, "backend": args.model,
+                                   "engine": "EngineConfig defaults (degradation on)"}
+                log, session = asyncio.run(run_client(server.url, script, seconds=seconds,
+                                                      fps=args.fps, prompt=args.prompt))
+        finally:
+            engine.stop()
+    figures = analyse_log(log, session["fps"])
+    payload = results.stamp_payload("e2e", {
+        "hardware": hardware_info(), "model": model or {"name": "remote server"},
+        "settings": {"seconds": seconds, "fps": session["fps"], "steps": args.steps,
+                     "actions": len(log.actions), "threads": args.threads, **server_settings,
+                     "resolution": f"{session['width']}x{session['height']}"},
+        "e2e": figures}, argv)
+    export = to_export(log)
+    lat = [e["t_photon_ms"] - e["t_action_ms"] for e in export if e["t_photon_ms"] is not None]
+    folder = results.save("e2e", payload, _markdown(payload), {
+        "action_to_photon": plots.latency_histogram(lat, "action-to-photon (headless WebRTC)"),
+        "stages": plots.stage_bars(figures["stages_ms"], "path of a frame (p50 ms)")})
+    export_path = args.export or str(folder / "session.json")
+    with open(export_path, "w") as f:
+        json.dump(export, f, indent=1)
+    print(f"report: {folder / 'result.md'}; export: {export_path}", file=sys.stderr)
+    results.print_json(payload, args.json)
+    return 0

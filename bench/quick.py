@@ -1,0 +1,121 @@
+"""``python -m bench quick --json out.json``: the headline numbers in one short run (<= 3 min on
+the 2-core dev CPU), printed as one JSON object.
+
+* ``fps``, ``ttff_ms``, ``action_to_frame_ms_p50/p95/p99``, ``stages_ms`` — one session of the
+  real engine thread (product streaming defaults: chunks of 2 frames, window of 3 chunks),
+  random keys pressed at random moments, target ``--fps`` (default 60: above what a CPU
+  reaches, so ``fps`` is the sustained throughput; degradation off so steps stay as set).
+  Time to first frame: median of 3 fresh sessions on the idle engine after a warm-up one.
+* ``batched_2_sessions_aggregate_ratio`` — the same with two concurrent sessions (the engine
+  batches them): aggregate fps / the one session's fps, measured back to back.
+* ``speedup_vs_recompute`` — KV-cached streaming vs recomputing the whole context
+  (``--context-frames``, default 64) at every step without a cache (``bench.baselines``).
+* ``sparse_vs_dense_speed`` — top-k sparse memory vs dense attention over the same
+  ``--memory-frames`` (default 64) of memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from bench import baselines, harness
+from bench.harness import Models, make_generator
+from bench.streams import bench_engine_config, measure_ttff, run_streams
+
+
+def run_quick(models: Models, *, seconds: float, fps: int, steps: int, context_frames: int,
+              memory_frames: int, chunks: int = 3, naive_repeats: int = 1) -> dict:
+    """Every measurement of the quick suite (see the module docstring); returns the flat
+    headline keys plus ``details``."""
+    from engine.engine import Engine
+
+    gen = make_generator(models, max_states=4)
+    config = bench_engine_config(fps=fps, steps=steps)
+    with Engine(gen, config) as engine:
+        measure_ttff(engine, repeats=1, fps=fps)  # warm-up (loads the text encoder)
+        ttff = measure_ttff(engine, fps=fps)
+        one = run_streams(engine, sessions=1, seconds=seconds, fps=fps, seed=1)
+        two = run_streams(engine, sessions=2, seconds=seconds, fps=fps, seed=2)
+    s = one.sessions[0].summary()
+    lat = s["action_to_frame_ms"]
+    kv = baselines.kv_cache_vs_recompute(models, context_frames=context_frames, steps=steps,
+                                         chunks=chunks, naive_repeats=naive_repeats)
+    sparse = baselines.sparse_vs_dense(models, memory_frames=memory_frames, steps=steps,
+                                       chunks=chunks)
+    return {
+        "fps": s["fps"], "ttff_ms": ttff["p50"],
+        "action_to_frame_ms_p50": lat["p50"], "action_to_frame_ms_p95": lat["p95"],
+        "action_to_frame_ms_p99": lat["p99"], "actions_measured": lat["count"],
+        "stages_ms": s["stages_ms"],
+        "speedup_vs_recompute": kv["speedup"],
+        "sparse_vs_dense_speed": sparse["speed"],
+        "batched_2_sessions_aggregate_ratio": two.aggregate_fps() / s["fps"] if s["fps"] else None,
+        "details": {"one_session": s, "two_sessions": [r.summary() for r in two.sessions],
+                    "two_sessions_aggregate_fps": two.aggregate_fps(),
+                    "engine_mean_batch_size_two_sessions": two.mean_batch_size,
+                    "ttff_ms": ttff,
+                    "kv_cache_vs_recompute": kv, "sparse_vs_dense": sparse},
+    }
+
+
+def _markdown(payload: dict) -> str:
+    from bench.results import context_md, table
+
+    rows = [[k, payload[k]] for k in (
+        "fps", "ttff_ms", "action_to_frame_ms_p50", "action_to_frame_ms_p95",
+        "action_to_frame_ms_p99", "speedup_vs_recompute", "sparse_vs_dense_speed",
+        "batched_2_sessions_aggregate_ratio")]
+    rows += [[f"stage {k} (ms, p50)", v] for k, v in payload["stages_ms"].items()]
+    return ("# Quick benchmark\n\n" + context_md(payload) + "\n"
+            + table(["figure", "value"], rows, 2))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench quick", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    harness.add_common_args(parser)
+    parser.add_argument("--seconds", type=float, default=None,
+                        help="length of each engine stream (default 15; 1.5 with --smoke)")
+    parser.add_argument("--fps", type=int, default=60, help="target fps of the streams")
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--context-frames", type=int, default=None, help="default 64 (8 smoke)")
+    parser.add_argument("--memory-frames", type=int, default=None, help="default 64 (16 smoke)")
+    parser.add_argument("--no-save", action="store_true", help="do not write results/quick/")
+    args = parser.parse_args(argv)
+    harness.apply_common_args(args)
+
+    from bench import plots, results
+    from bench.common import hardware_info
+
+    smoke = args.smoke
+    seconds = args.seconds or (1.5 if smoke else 15.0)
+    context = args.context_frames or (8 if smoke else 64)
+    memory = args.memory_frames or (16 if smoke else 64)
+    models = harness.load_models(args.weights, smoke=smoke)
+    figures = run_quick(models, seconds=seconds, fps=args.fps, steps=args.steps,
+                        context_frames=context, memory_frames=memory,
+                        chunks=2 if smoke else 3)
+    model = models.describe()
+    payload = results.stamp_payload("quick", {
+        **{k: v for k, v in figures.items() if k != "details"},
+        "weights": models.weights, "resolution": model["resolution"],
+        "hardware": hardware_info(), "model": model,
+        "settings": {"chunk_frames": model["trained_chunk_frames"], "steps": args.steps,
+                     "window_chunks": 3, "target_fps": args.fps, "seconds": seconds,
+                     "context_frames": context, "memory_frames": memory,
+                     "threads": args.threads, "smoke": smoke},
+        "details": figures["details"]}, argv)
+    if not args.no_save:
+        lat = payload["details"]["one_session"]["action_to_frame_ms"]
+        folder = results.save("quick", payload, _markdown(payload), {
+            "ratios": plots.ratio_bars({
+                "KV cache vs recompute": payload["speedup_vs_recompute"],
+                "sparse vs dense memory": payload["sparse_vs_dense_speed"],
+                "2 sessions batched (aggregate)": payload["batched_2_sessions_aggregate_ratio"]
+                or 0.0}, "quick: ratios"),
+            "stages": plots.stage_bars(payload["stages_ms"], f"one chunk ({lat['count']} "
+                                       "actions measured)")})
+        print(f"report: {folder / 'result.md'}", file=sys.stderr)
+    results.print_json(payload, args.json)
+    return 0
