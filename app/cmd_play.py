@@ -22,6 +22,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
+def play_config(max_sessions: int):
+    """The engine settings of an interactive session.
+
+    NOTE: every frame generated ahead of the playout clock was conditioned on older keys, so
+    the engine's look-ahead adds straight to action-to-photon latency: keep one chunk of
+    slack (the smallest buffer the engine accepts), not the default two."""
+    from engine.config import EngineConfig
+
+    return EngineConfig(max_sessions=max_sessions, buffer_max_frames=4, batch_join_frames=0)
+
+
 def run(args: argparse.Namespace) -> int:
     """Load the backend, start the engine, serve until interrupted. Raises FileNotFoundError
     (missing weights, with a hint) and ValueError (bad arguments) for the CLI to report."""
@@ -32,7 +43,6 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from app.server import create_app
-    from engine.config import EngineConfig
     from engine.engine import Engine
     from engine.registry import BackendUnavailableError, load_backend
     from streaming.limits import Limits
@@ -43,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
         raise FileNotFoundError(
             f"{err}\nto play without the trained model, stream the ground-truth simulator: "
             f"`worldstream play --model sim`") from None
-    engine = Engine(backend, EngineConfig(max_sessions=args.max_sessions)).start()
+    engine = Engine(backend, play_config(args.max_sessions)).start()
     try:
         app = create_app(engine, Limits(max_sessions=args.max_sessions))
         print(f"worldstream: serving {args.model!r} on http://{args.host}:{args.port}", flush=True)

@@ -23,6 +23,10 @@ class Pacer:
     """Takes frames from ``slot`` (oldest first; the slot is bounded and drops its oldest, so
     delay stays under its length) at most ``fps`` per second.
 
+    The first take skips to the newest frame held: frames generated before the client was
+    ready (negotiation) would otherwise stay queued ahead of every later frame, a standing
+    delay of up to the slot's length. ``skipped`` counts them.
+
     pts 0 is the first frame; frame tick n is due at ``start + n / fps`` (absolute, so waiting
     errors never add up); when the engine stalls, the ticks missed are skipped instead of being
     caught up in a burst. ``next()`` returns ``(frame, pts)`` with pts on the 90 kHz clock.
@@ -34,6 +38,7 @@ class Pacer:
         self.slot, self.fps, self._clock = slot, fps, clock
         self._start: float | None = None
         self._next_tick = 0
+        self.skipped = 0
 
     def pts_of_tick(self, tick: int) -> int:
         return round(tick * VIDEO_CLOCK_HZ / self.fps)
@@ -56,6 +61,9 @@ class Pacer:
         frame = await self._take(is_live)
         now = self._clock()
         if self._start is None:
+            while (newer := self.slot.get_nowait()) is not None:
+                frame = newer
+                self.skipped += 1
             self._start = now
         tick = max(self._next_tick, math.floor((now - self._start) * self.fps + 1e-6))
         self._next_tick = tick + 1

@@ -109,11 +109,11 @@ def fake_engine():
 @pytest.fixture(scope="module")
 def sim_engine():
     """The real engine streaming the ground-truth simulator (deterministic motion)."""
-    from engine.config import EngineConfig
+    from app.cmd_play import play_config
     from engine.engine import Engine
     from engine.registry import load_backend
 
-    engine = Engine(load_backend("sim"), EngineConfig(max_sessions=4)).start()
+    engine = Engine(load_backend("sim"), play_config(max_sessions=4)).start()
     # warm up (the first session loads the text encoder, ~10 s here) so tests time only streaming
     info = engine.create_session("a green meadow with ponds", seed=0)
     assert engine.subscribe(info.session_id).get(timeout=60) is not None, "engine made no frame"

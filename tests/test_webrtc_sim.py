@@ -68,6 +68,15 @@ def test_pacer_schedule_is_absolute_and_skips_stalls():
     assert asyncio.run(take())[1] == 6 * TICK       # missed ticks skipped, no burst
 
 
+def test_pacer_first_take_skips_the_backlog():
+    slot = FrameSlot(8)
+    for i in range(5):                              # queued while the client negotiated
+        slot.put(_frame(i))
+    pacer = Pacer(slot, 20, clock=lambda: 0.0)
+    frame, pts = asyncio.run(pacer.next())
+    assert (frame.index, pts, pacer.skipped, len(slot)) == (4, 0, 4, 0)
+
+
 def test_track_pads_odd_frames_to_even_and_stamps_90khz():
     slot = FrameSlot(4)
     seen = []
