@@ -171,14 +171,23 @@ class WorldGenerator:
         self._live = 0
 
     # -- state lifecycle ------------------------------------------------------------------
-    def new_state(self, prompt: str, seed: int) -> WorldState:
-        """A stream that starts from simulator frames of the prompt's nearest scene."""
-        emb = torch.as_tensor(text_encoder.embed(prompt))
+    def new_state(self, prompt: str, seed: int, start_frames: np.ndarray | None = None
+                  ) -> WorldState:
+        """A stream that starts from ``start_frames`` (``(chunk_frames, H, W, 3)`` uint8), by
+        default simulator frames of the prompt's nearest scene at world ``seed``."""
+        emb = torch.as_tensor(np.array(text_encoder.embed(prompt)))
+        if start_frames is not None and start_frames.shape != (self.chunk_frames, self.height,
+                                                               self.width, 3):
+            raise ValueError(f"start_frames must be ({self.chunk_frames}, {self.height}, "
+                             f"{self.width}, 3) uint8, got {start_frames.shape}")
         with self._lock:
             if self._live >= self.max_states:
                 raise CapacityError(f"all {self.max_states} model states are in use", 5.0)
-            sim = WorldSimulator(seed, text_encoder.scene_for_prompt(prompt))
-            frames = np.stack([sim.step(IDLE) for _ in range(self.chunk_frames)])
+            if start_frames is None:
+                sim = WorldSimulator(seed, text_encoder.scene_for_prompt(prompt))
+                frames = np.stack([sim.step(IDLE) for _ in range(self.chunk_frames)])
+            else:
+                frames = start_frames
             table = PageTable(self.allocator, pages_per_chunk=self.chunk_frames,
                               window_chunks=self.config.window_chunks, sink=self.config.sink,
                               max_chunks=self.config.memory_chunks)
@@ -186,9 +195,23 @@ class WorldGenerator:
             return WorldState(table, prompt, emb, torch.Generator().manual_seed(seed),
                               start_frames=frames)
 
+    @torch.no_grad()
+    def observe(self, state: WorldState, frames: np.ndarray, actions: list[int]) -> None:
+        """Append real frames (``(chunk_frames, H, W, 3)`` uint8, with the actions that
+        produced them) to the state's context instead of generating them: teacher forcing,
+        and restoring a session from its recent frames."""
+        with self._lock:
+            self._prepare(state)
+            x = frames_to_tensor(frames).to(self.device, self.config.dtype)
+            latents = self.model.normalize(self.ae.encoder(x).float())
+            rec = _ChunkRecord(latents, state.history[-1].latents[-1], list(actions),
+                               state.position)
+            self._cache_fill_chunks(state, [rec], replace=False)
+            self._trim_history(state)
+
     def set_prompt(self, state: WorldState, text: str, blend_text: str | None = None,
                    blend_weight: float = 0.0) -> None:
-        emb = torch.as_tensor(text_encoder.embed_blend(text, blend_text, blend_weight))
+        emb = torch.as_tensor(np.array(text_encoder.embed_blend(text, blend_text, blend_weight)))
         with self._lock:
             state.prompt, state.text = text, emb
             state.needs_recache = self.config.recache and bool(state.history)
@@ -221,9 +244,10 @@ class WorldGenerator:
 
     # -- generation -----------------------------------------------------------------------
     @torch.no_grad()
-    def generate(self, jobs: list[ChunkJob]) -> list[ChunkResult]:
+    def generate(self, jobs: list[ChunkJob], decode: bool = True) -> list[ChunkResult]:
         """One chunk per job; jobs are batched by (frames, steps). Per-job failures (pool
-        exhausted, bad actions) come back as ``ChunkResult.error``."""
+        exhausted, bad actions) come back as ``ChunkResult.error``. ``decode=False`` skips the
+        autoencoder (frames None; the latents are in ``state.history``), for evaluation."""
         results: list[ChunkResult | None] = [None] * len(jobs)
         with self._lock:
             groups: dict[tuple[int, int], list[int]] = {}
@@ -235,7 +259,7 @@ class WorldGenerator:
                 except Exception as err:  # isolate this job's failure
                     results[i] = ChunkResult(None, error=err)
             for idx in groups.values():
-                for i, res in zip(idx, self._generate_group([jobs[i] for i in idx])):
+                for i, res in zip(idx, self._generate_group([jobs[i] for i in idx], decode)):
                     results[i] = res
         return results
 
@@ -316,7 +340,18 @@ class WorldGenerator:
         self.model(latents, prev, prev_sigma, sigma, actions, txt, pos,
                    self._context(pages, contexts))
 
-    def _generate_group(self, jobs: list[ChunkJob]) -> list[ChunkResult]:
+    def _trim_history(self, state: WorldState) -> None:
+        while len(state.history) > self.config.memory_chunks + (1 if self.config.sink else 0):
+            state.history.popleft()
+
+    def decode_latents(self, latents: torch.Tensor) -> np.ndarray:
+        """Model-space latents ``(N, C, h, w)`` -> ``(N, H, W, 3)`` uint8 frames."""
+        with torch.no_grad():
+            flat = self.model.denormalize(latents.to(self.device).float())
+            return tensor_to_frames(self.ae.decoder(flat.to(self.config.dtype)).float()
+                                    .clamp(-1, 1)).cpu().numpy()
+
+    def _generate_group(self, jobs: list[ChunkJob], decode: bool = True) -> list[ChunkResult]:
         cfg, f = self.config, self.chunk_frames
         mc = self.model.config
         results: list[ChunkResult | None] = [None] * len(jobs)
@@ -356,12 +391,13 @@ class WorldGenerator:
         for s, r, p in zip(states, records, pages):
             s.table.append_chunk(p)
             s.history.append(r)
-            while len(s.history) > cfg.memory_chunks + (1 if cfg.sink else 0):
-                s.history.popleft()
+            self._trim_history(s)
         t2 = time.perf_counter()
-        flat = self.model.denormalize(x0.reshape(-1, *x0.shape[2:]).float())
-        rgb = tensor_to_frames(self.ae.decoder(flat.to(cfg.dtype)).float().clamp(-1, 1))
-        rgb = rgb.reshape(len(live), f, self.height, self.width, 3).cpu().numpy()
+        if not decode:
+            return [ChunkResult(None, {"denoise": (t1 - t0) * 1e3, "cache_fill": (t2 - t1) * 1e3})
+                    if res is None else res for res in results]
+        rgb = self.decode_latents(x0.reshape(-1, *x0.shape[2:]))
+        rgb = rgb.reshape(len(live), f, self.height, self.width, 3)
         t3 = time.perf_counter()
         stages = {"denoise": (t1 - t0) * 1e3, "cache_fill": (t2 - t1) * 1e3,
                   "decode": (t3 - t2) * 1e3}

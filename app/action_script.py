@@ -1,0 +1,68 @@
+"""Action scripts for ``worldstream generate``: timed key presses and prompt switches.
+
+File format (JSON)::
+
+    {"events": [{"frame": 0, "keys": ["right"]},
+                {"frame": 45, "keys": ["down", "right"]},
+                {"frame": 120, "prompt": "a sandy desert"},
+                {"frame": 150, "keys": []}]}
+
+``frame`` is the stream frame index at which the event is sent (at ``frame / fps`` seconds of
+playback); ``keys`` is the full set of held keys from then on (empty = idle); ``prompt``
+switches the scene prompt. An event has ``keys`` or ``prompt`` (or both).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+Key = Literal["up", "down", "left", "right"]
+_ROTATE = {"up": "right", "right": "down", "down": "left", "left": "up"}
+
+
+class ScriptEvent(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    frame: int = Field(ge=0)
+    keys: list[Key] | None = None
+    prompt: str | None = Field(default=None, min_length=1, max_length=500)
+
+    @model_validator(mode="after")
+    def _has_content(self):
+        if self.keys is None and self.prompt is None:
+            raise ValueError("an event needs 'keys' or 'prompt'")
+        return self
+
+
+class ActionScript(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    events: list[ScriptEvent]
+
+    def rotated(self, quarter_turns: int) -> ActionScript:
+        """The same script with every direction turned clockwise ``quarter_turns`` times."""
+        events = []
+        for e in self.events:
+            keys = e.keys
+            if keys is not None:
+                for _ in range(quarter_turns % 4):
+                    keys = [_ROTATE[k] for k in keys]
+            events.append(e.model_copy(update={"keys": keys}))
+        return ActionScript(events=events)
+
+
+def load_action_script(path: str | Path) -> ActionScript:
+    """Parse and validate a script; raises FileNotFoundError or ValueError (one line)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"action script not found: {path}")
+    try:
+        return ActionScript.model_validate(json.loads(path.read_text()))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: not valid JSON ({err})") from None
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ValueError(f"{path}: malformed action script at '{where}': {first['msg']}") from None

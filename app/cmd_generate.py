@@ -1,0 +1,106 @@
+"""``worldstream generate``: play action scripts against the engine and write one MP4 per
+session, then print a JSON summary."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from app.action_script import load_action_script
+
+DEFAULT_PROMPTS = ("a green meadow with ponds", "a snowy forest", "a sandy desert with an oasis",
+                   "a dark landscape at night")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("generate", help="generate videos from action scripts through the engine")
+    p.add_argument("--actions", type=Path, action="append", default=None,
+                   help="action script JSON (repeatable: one per session)")
+    p.add_argument("--prompt", action="append", default=None, help="scene prompt (repeatable)")
+    p.add_argument("--frames", type=int, default=240)
+    p.add_argument("--out", type=Path, default=Path("out.mp4"),
+                   help="output MP4; with --sessions N, OUT_0.mp4 ... OUT_{N-1}.mp4")
+    p.add_argument("--sessions", type=int, default=1)
+    p.add_argument("--fps", type=int, default=15)
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--model", default="builtin", help="builtin | sim")
+    p.set_defaults(func=run)
+
+
+def _outputs(out: Path, n: int) -> list[Path]:
+    return [out] if n == 1 else [out.with_name(f"{out.stem}_{i}{out.suffix}") for i in range(n)]
+
+
+def run(args) -> int:
+    from engine.api import ActionCommand, PromptCommand
+    from engine.config import EngineConfig
+    from engine.engine import Engine
+    from engine.registry import load_backend
+    from streaming.recording import Recorder
+
+    if args.frames < 1 or args.sessions < 1 or args.fps < 1:
+        raise ValueError("--frames, --sessions and --fps must be >= 1")
+    prompts = args.prompt or [DEFAULT_PROMPTS[0]]
+    if any(not p.strip() for p in prompts):
+        raise ValueError("--prompt must not be empty")
+    if args.sessions > 1 and len(prompts) == 1:
+        prompts = [prompts[0], *DEFAULT_PROMPTS[1:]]
+    scripts = [load_action_script(p) for p in (args.actions or [Path("assets/demo_actions.json")])]
+    # more sessions than scripts: each extra session plays the script turned by a quarter
+    scripts = [scripts[i] if i < len(scripts) else scripts[i % len(scripts)].rotated(i)
+               for i in range(args.sessions)]
+    backend = load_backend(args.model)
+    # offline job: keep the requested steps and fps (no degradation), never drop frames
+    config = EngineConfig(max_sessions=args.sessions, fps=args.fps, steps=args.steps,
+                          min_steps=args.steps, min_fps=args.fps, max_fps=max(60, args.fps))
+    outs = _outputs(args.out, args.sessions)
+    summary = []
+    with Engine(backend, config) as engine:
+        sids, counters, recorders = [], [], []
+        for i in range(args.sessions):
+            info = engine.create_session(prompts[i % len(prompts)], seed=args.seed + i,
+                                         fps=args.fps)
+            sids.append(info.session_id)
+            recorders.append(Recorder(engine.subscribe(info.session_id, args.frames + 64),
+                                      outs[i], args.fps).start())
+            counters.append(engine.subscribe(info.session_id, args.frames + 64))
+        pending = [list(s.events) for s in scripts]
+        got = [[] for _ in sids]
+        t0 = None  # the script's clock starts with the first frame (after model warm-up)
+        seq = 0
+        while any(len(g) < args.frames for g in got):
+            if t0 is None and any(got):
+                t0 = time.perf_counter()
+            now = 0.0 if t0 is None else time.perf_counter() - t0
+            for i, sid in enumerate(sids):
+                while pending[i] and pending[i][0].frame / args.fps <= now:
+                    e = pending[i].pop(0)
+                    seq += 1
+                    t_ms = time.time() * 1e3
+                    if e.keys is not None:
+                        engine.submit(sid, ActionCommand(seq, t_ms, frozenset(e.keys)))
+                    if e.prompt is not None:
+                        engine.submit(sid, PromptCommand(seq, t_ms, e.prompt))
+                while len(got[i]) < args.frames and (f := counters[i].get_nowait()) is not None:
+                    got[i].append(f)
+                while not engine.events(sid).empty():
+                    ev = engine.events(sid).get_nowait()
+                    if ev.kind in ("error", "closed"):
+                        raise RuntimeError(f"session {i} ended: {ev.payload}")
+            time.sleep(0.005)
+        wall = time.perf_counter() - t0
+        for i, sid in enumerate(sids):
+            while recorders[i].frames_written < args.frames and recorders[i].running:
+                time.sleep(0.01)
+            recorders[i].stop()
+            chunks = {f.chunk_index: f.stages_ms for f in got[i]}
+            gen_ms = [sum(v for k, v in st.items() if k != "queue") for st in chunks.values()]
+            summary.append({"out": str(outs[i]), "prompt": prompts[i % len(prompts)],
+                            "frames": recorders[i].frames_written,
+                            "fps": round(len(got[i]) / wall, 2),
+                            "ms_per_chunk": round(sum(gen_ms) / max(len(gen_ms), 1), 1)})
+    print(json.dumps({"model": args.model, "steps": args.steps, "target_fps": args.fps,
+                      "wall_s": round(wall, 2), "sessions": summary}))
+    return 0
