@@ -133,6 +133,16 @@ class WanState:
         return last.position + last.latents.shape[1]
 
 
+class _PoolDeviceContext(PagedAttentionContext):
+    """The generator's paged context with its CSR page lists on the pool's device
+    (``kernels.paged_attention`` refuses tensors on mixed devices; the base class builds them
+    on the CPU)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._csr = tuple(t.to(self.k_pool.device) for t in self._csr)
+
+
 class WanCausalBackend:
     """``engine.backend.WorldBackend`` over a causal Wan transformer, its VAE and a prompt
     encoder ``encode(prompt) -> (512, text_dim)`` (UMT5 states).
@@ -154,7 +164,8 @@ class WanCausalBackend:
         self.default_fps = cfg.fps
         self.max_states = cfg.max_states
         self.rewind_chunks = cfg.memory_chunks - cfg.window_chunks
-        self.chunk_frames = cfg.latent_frames * 2 ** list(vae.config.temperal_downsample).count(True)
+        temporal = 2 ** list(vae.config.temperal_downsample).count(True)  # 4 frames per latent
+        self.chunk_frames = cfg.latent_frames * temporal
         self.supported_chunk_frames = (self.chunk_frames,)
         spatial = 2 ** (len(vae.config.dim_mult) - 1)
         self.latent_shape = (vae.config.z_dim, cfg.latent_frames, cfg.height // spatial,
@@ -277,7 +288,7 @@ class WanCausalBackend:
                 except Exception as err:  # isolate this job's failure
                     results[i] = ChunkResult(None, error=err)
             for idx in groups.values():
-                for i, res in zip(idx, self._generate_group([jobs[i] for i in idx])):
+                for i, res in zip(idx, self._generate_group([jobs[i] for i in idx]), strict=True):
                     results[i] = res
         return results
 
@@ -292,9 +303,9 @@ class WanCausalBackend:
 
     def _context(self, pages, contexts) -> PagedAttentionContext:
         new = torch.tensor([p for ps in pages for p in ps], device=self.device)
-        always = [c + p for c, p in zip(contexts, pages)]
-        return PagedAttentionContext(self.k_pool, self.v_pool, new, always,
-                                     [[] for _ in pages], 0, self.attention_backend)
+        always = [c + p for c, p in zip(contexts, pages, strict=True)]
+        return _PoolDeviceContext(self.k_pool, self.v_pool, new, always,
+                                  [[] for _ in pages], 0, self.attention_backend)
 
     def _forward(self, x, sigma: float, texts, starts: list[int], ctx) -> torch.Tensor:
         """Flow prediction of a batch of chunks ``x`` ``(B, C, F, h, w)`` at noise ``sigma``
@@ -321,7 +332,7 @@ class WanCausalBackend:
             context = state.table.sink_pages() + window[:n * f]
             self._cache_fill(rec.latents[None].to(self.device), state.text[None],
                              [rec.position], [pages], [context])
-            for o, p in zip(old, pages):
+            for o, p in zip(old, pages, strict=True):
                 state.table.replace_page(o, p)
             window[n * f:(n + 1) * f] = pages
         state.needs_recache = False
@@ -344,7 +355,7 @@ class WanCausalBackend:
         noise = torch.stack([
             torch.randn(self.latent_shape, generator=(
                 torch.Generator().manual_seed(jobs[i].seed) if jobs[i].seed is not None
-                else s.rng)) for i, s in zip(live, states)]).to(self.device)
+                else s.rng)) for i, s in zip(live, states, strict=True)]).to(self.device)
         ctx = self._context(pages, contexts)
         texts = torch.stack([s.text for s in states])
         starts = [s.position for s in states]
@@ -356,7 +367,7 @@ class WanCausalBackend:
         x0 = denoise(predict_x0, noise, jobs[live[0]].steps, cfg.shift)
         t1 = time.perf_counter()
         self._cache_fill(x0, texts, starts, pages, contexts)
-        for s, lat, p, start in zip(states, x0, pages, starts):
+        for s, lat, p, start in zip(states, x0, pages, starts, strict=True):
             s.table.append_chunk(p)
             s.history.append(_WanChunk(lat.float(), start))
             while len(s.history) > cfg.memory_chunks + (1 if cfg.sink else 0):

@@ -67,12 +67,12 @@ def chunked_forward(runner, latents, chunk_t, text, chunk_frames, scramble=0):
         pages = [alloc.allocate(chunk_frames) for _ in range(b)]
         new = torch.tensor([p for ps in pages for p in ps])
         ctx = PagedAttentionContext(k_pool, v_pool, new, [hs + ps for hs, ps in
-                                                          zip(history, pages)],
+                                                          zip(history, pages, strict=True)],
                                     [[] for _ in range(b)], 0, "reference")
         outs.append(runner.forward_chunk(latents[:, :, start:start + chunk_frames],
                                          torch.full((b,), float(chunk_t[i])), text_proj,
                                          torch.full((b,), start), ctx))
-        for hs, ps in zip(history, pages):
+        for hs, ps in zip(history, pages, strict=True):
             hs.extend(ps)
     return torch.cat(outs, dim=2)
 

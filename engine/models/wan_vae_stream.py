@@ -48,9 +48,11 @@ def denormalize_latents(vae: AutoencoderKLWan, latents: torch.Tensor) -> torch.T
 
 def _stack(entries_per_row: list[list]) -> list:
     stacked = []
-    for column in zip(*entries_per_row):
+    for column in zip(*entries_per_row, strict=True):
         first = column[0]
-        stacked.append(torch.cat(column, dim=0) if isinstance(first, torch.Tensor) else first)
+        if isinstance(first, torch.Tensor) and len(column) > 1:
+            first = torch.cat(column, dim=0)
+        stacked.append(first)
     return stacked
 
 
