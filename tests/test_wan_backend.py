@@ -130,3 +130,34 @@ def test_actions_are_ignored():
     r1 = be.generate([ChunkJob(s1, [0] * 12, 2, 9)])[0]
     r2 = be.generate([ChunkJob(s2, [3] * 12, 2, 9)])[0]
     assert np.array_equal(r1.frames, r2.frames)
+
+
+def test_serves_through_the_engine():
+    """The engine's sessions, scheduler and frame slots drive the Wan backend unchanged
+    (12-frame chunks need a playout buffer of at least 12 frames)."""
+    import time
+
+    from engine.api import PromptCommand
+    from engine.config import EngineConfig
+    from engine.engine import Engine
+
+    be = make_backend()
+    config = EngineConfig(fps=60, max_sessions=1, buffer_max_frames=12, batch_join_frames=0,
+                          steps=1)
+    with Engine(be, config) as engine:
+        info = engine.create_session("a quiet harbour", seed=3)
+        assert (info.width, info.height) == (W, H)
+        slot = engine.subscribe(info.session_id, maxlen=1000)
+        frames, deadline, switched = [], time.monotonic() + 60, False
+        while len(frames) < 36 and time.monotonic() < deadline:
+            frame = slot.get(timeout=0.05)
+            if frame is not None:
+                frames.append(frame)
+            if len(frames) >= 12 and not switched:
+                engine.submit(info.session_id, PromptCommand(1, 0.0, "a storm at sea"))
+                switched = True
+    assert [f.index for f in frames] == list(range(36))
+    assert [f.chunk_index for f in frames] == [i // 12 for i in range(36)]
+    assert all(f.rgb.shape == (H, W, 3) for f in frames)
+    assert frames[-1].prompt_version == 1
+    assert {"denoise", "cache_fill", "decode"} <= set(frames[-1].stages_ms)
