@@ -17,6 +17,8 @@ def register(sub) -> None:
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--decoder-only", action="store_true",
+                   help="tune only the decoder of the weights in --out (latents stay valid)")
     p.set_defaults(func=run)
 
 
@@ -27,6 +29,7 @@ def run(args) -> int:
         raise ValueError("--steps and --batch must be >= 1")
     shards, heldout = ensure_dataset(args.data)
     result = train_ae(shards, heldout, args.out, args.run_dir, steps=args.steps,
-                      batch=args.batch, lr=args.lr, seed=args.seed)
+                      batch=args.batch, lr=args.lr, seed=args.seed,
+                      decoder_only=args.decoder_only)
     print(json.dumps(result))
     return 0

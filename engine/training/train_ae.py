@@ -48,12 +48,24 @@ def heldout_psnr(ae, frames: np.ndarray, device: torch.device) -> float:
 
 def train_ae(data_dirs: list[Path], heldout_dir: Path, out_dir: Path, run_dir: Path, *,
              steps: int = 2000, batch: int = 16, lr: float = 1e-3, seed: int = 0,
-             eval_every: int = 250) -> dict:
-    """Train (or resume) and return ``{"steps", "heldout_psnr_db", "wall_s"}``."""
+             eval_every: int = 250, decoder_only: bool = False) -> dict:
+    """Train (or resume) and return ``{"steps", "heldout_psnr_db", "wall_s"}``.
+
+    ``decoder_only``: start from the weights in ``out_dir`` and tune only the decoder, so the
+    latents a world model was trained on stay valid (GameNGen tuned its decoder the same way).
+    """
     device = pick_device()
     seed_everything(seed)
-    ae = build_autoencoder().to(device)
-    opt = torch.optim.AdamW(ae.parameters(), lr=lr, weight_decay=0.0)
+    if decoder_only:
+        from engine.models.loading import load_autoencoder
+
+        ae = load_autoencoder(out_dir).to(device).train()
+        ae.encoder.requires_grad_(False)
+        params = list(ae.decoder.parameters())
+    else:
+        ae = build_autoencoder().to(device)
+        params = list(ae.parameters())
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     sched = get_cosine_schedule_with_warmup(opt, 100, steps)
     ckpt_path = run_dir / "ae_checkpoint.pt"
     step, best, wall = 0, -1.0, 0.0
@@ -66,16 +78,23 @@ def train_ae(data_dirs: list[Path], heldout_dir: Path, out_dir: Path, run_dir: P
         rng = np.random.default_rng([seed, step])
     frames = _all_frames(data_dirs)
     held = np.asarray(load_shard(heldout_dir)["frames"][:, ::8].reshape(-1, 128, 128, 3))
+    if decoder_only and step == 0:
+        best = heldout_psnr(ae, held, device)  # only save what beats the starting weights
     bar = tqdm(total=steps, initial=step, desc="train-ae", unit="step")
     t0 = time.perf_counter()
     while step < steps:
         x = frames_to_tensor(_sample(frames, rng, batch)).to(device)
         with autocast(device):
-            y = ae.decoder(ae.encoder(x)).float()
+            if decoder_only:
+                with torch.no_grad():
+                    z = ae.encoder(x)
+                y = ae.decoder(z).float()
+            else:
+                y = ae.decoder(ae.encoder(x)).float()
         loss = (y - x).abs().mean() + ((y - x) ** 2).mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(ae.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         sched.step()
         step += 1

@@ -1,0 +1,1 @@
+"""Evaluation of the built-in model against the simulator's ground truth."""
