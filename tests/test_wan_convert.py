@@ -70,7 +70,8 @@ def test_hand_checked_names():
         assert torch.equal(conv[new], sd[orig])
 
 
-@pytest.mark.parametrize("prefix", ["", "model.", "generator.model.", "_fsdp_wrapped_module."])
+@pytest.mark.parametrize("prefix", ["", "model.", "generator.model.", "_fsdp_wrapped_module.",
+                                    "model._orig_mod."])
 def test_round_trip_and_strict_load(prefix):
     original = _synthetic(prefix)
     converted = original_to_diffusers(original)
@@ -81,6 +82,12 @@ def test_round_trip_and_strict_load(prefix):
     assert set(back) == {k[len(prefix):] for k in original}
     for k, v in back.items():
         assert torch.equal(v, original[prefix + k])
+
+
+def test_wrapper_names_inside_keys_are_removed():
+    sd = {k.replace("blocks.0.", "blocks.0._checkpoint_wrapped_module."): v
+          for k, v in _synthetic("model._fsdp_wrapped_module.").items()}
+    assert set(original_to_diffusers(sd)) == set(original_to_diffusers(_synthetic()))
 
 
 def test_unmatched_keys_are_listed():

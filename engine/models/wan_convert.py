@@ -10,8 +10,9 @@ in the order norm1 (self-attn), norm3 (cross-attn), norm2 (ffn); only the cross-
 has weights, so original ``norm3`` is diffusers ``norm2``.
 
 Training checkpoints store the generator under a key (``generator_ema``, ``generator``, ``model``
-or ``state_dict``) and its parameters with a ``model.`` / ``generator.`` prefix (plus
-``_fsdp_wrapped_module.`` / ``_orig_mod.`` from FSDP or torch.compile); both are removed here.
+or ``state_dict``) and its parameters with a ``model.`` / ``generator.`` prefix (and may carry
+``_fsdp_wrapped_module.`` / ``_orig_mod.`` from FSDP or torch.compile anywhere in a name); all
+of these are removed here.
 """
 
 from __future__ import annotations
@@ -54,7 +55,9 @@ _TOP_RENAMES: dict[str, str] = {
 _PARAM_RENAMES: dict[str, str] = {"head.modulation": "scale_shift_table"}
 _BLOCK_PARAM_RENAMES: dict[str, str] = {"modulation": "scale_shift_table"}
 
-_PREFIXES = ("_fsdp_wrapped_module.", "_orig_mod.", "module.", "generator.", "model.")
+_PREFIXES = ("module.", "generator.", "model.")
+#: wrapper names FSDP, activation checkpointing and torch.compile insert anywhere in a name
+_WRAPPERS = ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module.", "_orig_mod.")
 #: where training checkpoints keep the generator's weights, in order of preference
 #: (Self-Forcing's README runs inference with ``--use_ema``)
 _CONTAINER_KEYS = ("generator_ema", "generator", "model", "state_dict")
@@ -73,6 +76,8 @@ class KeyConversionError(ValueError):
 
 
 def _strip_prefixes(key: str) -> str:
+    for wrapper in _WRAPPERS:
+        key = key.replace(wrapper, "")
     changed = True
     while changed:
         changed = False
