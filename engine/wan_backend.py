@@ -61,7 +61,10 @@ class WanConfig:
     (>= window; the extra ones are rewind history). ``shift``: sampler shift (5, Self-Forcing).
     ``ctx_sigma``: noise level the cache fill labels the context with. ``max_states``: sessions +
     branches the pool is sized for. ``max_batch``: rows per forward the working-set estimate
-    assumes. ``dtype``/``device``: None picks bf16 on CUDA, fp32 on CPU.
+    assumes. ``recache``: recompute the window under a new prompt. ``text_cache``: projected
+    prompts kept (LRU). ``dtype``/``device``: None picks bf16 on CUDA, fp32 on CPU.
+    ``attention_backend``: ``kernels.paged_attention`` backend. ``fps``: default playback rate
+    (Wan generates 16 fps video).
     """
 
     height: int = 480
