@@ -49,12 +49,18 @@ def random_script(seconds: float, seed: int = 0) -> list[dict]:
 
 def rtp_offset(received_pts: list[int], sent_rtp: list[int]) -> int | None:
     """The offset ``c`` with ``(pts - c) mod 2**32`` in ``sent_rtp`` for the most received
-    frames (ties: the smallest ``c``); None when nothing was received or sent."""
+    frames; None when nothing was received or sent.
+
+    NOTE: on an evenly paced stream whose first frames were lost, shifts by whole frame
+    intervals match equally well; ties go to 0 (the first frame arrived, the usual case on
+    loopback), then to the smallest ``c``. Skipped ticks (engine stalls) break the tie.
+    """
     if not received_pts or not sent_rtp:
         return None
     sent = set(sent_rtp)
     best, best_hits = None, -1
-    for c in sorted({(received_pts[0] - r) % RTP_MOD for r in sent_rtp}):
+    candidates = {(received_pts[0] - r) % RTP_MOD for r in sent_rtp}
+    for c in sorted(candidates, key=lambda c: (c != 0, c)):
         hits = sum(((p - c) % RTP_MOD) in sent for p in received_pts)
         if hits > best_hits:
             best, best_hits = c, hits

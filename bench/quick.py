@@ -7,7 +7,9 @@ the 2-core dev CPU), printed as one JSON object.
   reaches, so ``fps`` is the sustained throughput; degradation off so steps stay as set).
   Time to first frame: median of 3 fresh sessions on the idle engine after a warm-up one.
 * ``batched_2_sessions_aggregate_ratio`` — the same with two concurrent sessions (the engine
-  batches them): aggregate fps / the one session's fps, measured back to back.
+  batches them): aggregate fps / the one session's fps (the one-session stream is run half
+  before and half after the two, so a drift in the machine's load cancels). ``details`` also
+  has the ratio below the engine thread (two states per ``generate`` call vs one).
 * ``speedup_vs_recompute`` — KV-cached streaming vs recomputing the whole context
   (``--context-frames``, default 64) at every step without a cache (``bench.baselines``).
 * ``sparse_vs_dense_speed`` — top-k sparse memory vs dense attention over the same
@@ -19,8 +21,11 @@ from __future__ import annotations
 import argparse
 import sys
 
+import numpy as np
+
 from bench import baselines, harness
 from bench.harness import Models, make_generator
+from bench.stats import summarize
 from bench.streams import bench_engine_config, measure_ttff, run_streams
 
 
@@ -31,14 +36,22 @@ def run_quick(models: Models, *, seconds: float, fps: int, steps: int, context_f
     from engine.engine import Engine
 
     gen = make_generator(models, max_states=4)
+    batched_generate = baselines.batched_vs_one_by_one(models, steps=steps, chunks=chunks)
     config = bench_engine_config(fps=fps, steps=steps)
     with Engine(gen, config) as engine:
         measure_ttff(engine, repeats=1, fps=fps)  # warm-up (loads the text encoder)
         ttff = measure_ttff(engine, fps=fps)
-        one = run_streams(engine, sessions=1, seconds=seconds, fps=fps, seed=1)
+        # one session before and after the two: drift of a shared CPU's load cancels out
+        one_a = run_streams(engine, sessions=1, seconds=seconds / 2, fps=fps, seed=1)
         two = run_streams(engine, sessions=2, seconds=seconds, fps=fps, seed=2)
-    s = one.sessions[0].summary()
-    lat = s["action_to_frame_ms"]
+        one_b = run_streams(engine, sessions=1, seconds=seconds / 2, fps=fps, seed=3)
+    halves = [one_a.sessions[0], one_b.sessions[0]]
+    summaries = [h.summary() for h in halves]
+    lat = summarize(np.concatenate([h.latencies_ms() for h in halves]))
+    s = {"fps": float(np.mean([x["fps"] for x in summaries])), "action_to_frame_ms": lat,
+         "stages_ms": {k: float(np.mean([x["stages_ms"][k] for x in summaries]))
+                       for k in summaries[0]["stages_ms"]},
+         "halves": summaries}
     kv = baselines.kv_cache_vs_recompute(models, context_frames=context_frames, steps=steps,
                                          chunks=chunks, naive_repeats=naive_repeats)
     sparse = baselines.sparse_vs_dense(models, memory_frames=memory_frames, steps=steps,
@@ -55,6 +68,7 @@ def run_quick(models: Models, *, seconds: float, fps: int, steps: int, context_f
                     "two_sessions_aggregate_fps": two.aggregate_fps(),
                     "engine_mean_batch_size_two_sessions": two.mean_batch_size,
                     "ttff_ms": ttff,
+                    "batched_vs_one_by_one_generate": batched_generate,
                     "kv_cache_vs_recompute": kv, "sparse_vs_dense": sparse},
     }
 
