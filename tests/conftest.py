@@ -106,7 +106,7 @@ def fake_engine():
     engine.stop()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def sim_engine():
     """The real engine streaming the ground-truth simulator (deterministic motion)."""
     from app.cmd_play import play_config

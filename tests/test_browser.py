@@ -88,6 +88,23 @@ def test_page_plays_steers_and_measures(sim_engine):
             assert float(page.inner_text("#hud-fps")) > 5
             page.wait_for_timeout(1500)  # let the chart draw a few points
             page.screenshot(path=str(SCREENSHOT), full_page=True)
+            page.close()
+            # where WebRTC is unavailable the page falls back to the WebSocket by itself
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.add_init_script("delete window.RTCPeerConnection")
+            page.goto(server.url, wait_until="domcontentloaded")
+            page.wait_for_function(
+                "document.getElementById('ws-badge')?.dataset.kind === 'websocket'",
+                timeout=30_000)
+            assert "WebSocket" in page.inner_text("#ws-badge")
+            page.click("#ws-stage")
+            page.keyboard.down("KeyD")
+            page.wait_for_timeout(500)
+            page.keyboard.up("KeyD")
+            page.wait_for_function(
+                "/^\\d+ \\/ \\d+$/.test(document.getElementById('hud-a2p').textContent)",
+                timeout=10_000)
+            page.screenshot(path=str(SCREENSHOT.with_name(SCREENSHOT.stem + "-websocket.png")))
         finally:
             browser.close()
     assert time.monotonic() - started < 120

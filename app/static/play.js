@@ -128,13 +128,16 @@
   }
 
   // WebRTC: match each presented frame to its `frame` message by RTP timestamp. aiortc adds a
-  // random origin to the RTP clock (RFC 3550); the first presented frame is pts 0 (the stream's
-  // first keyframe), which gives the origin; a run of misses recalibrates.
+  // random origin to the RTP clock (RFC 3550); the first frame presented is pts 0 (the stream's
+  // first keyframe; the callback is registered before any frame arrives), which gives the
+  // origin; a run of misses recalibrates.
   function onVideoFrame(now, md) {
-    if (S.transport === "webrtc" && md.rtpTimestamp !== undefined) {
+    if (S.onFirstFrame) { S.onFirstFrame(); S.onFirstFrame = null; }
+    if (S.pc && md.rtpTimestamp !== undefined) {
       if (S.rtpOrigin === null) {
-        const first = S.frames.size ? Math.min(...S.frames.keys()) : 0;
-        S.rtpOrigin = (md.rtpTimestamp - first) >>> 0;
+        // first frame: pts 0; after a run of misses: the newest frame message received
+        const pts = S.frames.size && S.recalibrating ? Math.max(...S.frames.keys()) : 0;
+        S.rtpOrigin = (md.rtpTimestamp - pts) >>> 0;
       }
       const meta = S.frames.get((md.rtpTimestamp - S.rtpOrigin) >>> 0);
       if (meta) {
@@ -142,6 +145,7 @@
         onPresented(meta, md.expectedDisplayTime || now);
       } else if (++S.misses > 30) {
         S.rtpOrigin = null;
+        S.recalibrating = true;
         S.misses = 0;
       }
     }
@@ -269,9 +273,10 @@
     const video = $("ws-video");
     const playing = new Promise((resolve, reject) => {
       pc.ontrack = (e) => {
+        S.onFirstFrame = resolve;
+        video.requestVideoFrameCallback(onVideoFrame);
         video.srcObject = e.streams[0] || new MediaStream([e.track]);
         video.play().catch(() => {});
-        video.requestVideoFrameCallback(() => resolve());
       };
       pc.onconnectionstatechange = () => {
         if (pc.connectionState === "failed") reject(new Error("WebRTC connection failed"));
@@ -285,7 +290,6 @@
     await pc.setRemoteDescription(answer);
     await playing;
     S.transport = "webrtc";
-    video.requestVideoFrameCallback(onVideoFrame);
     setBadge("WebRTC", "webrtc");
   }
 
@@ -330,6 +334,7 @@
     if (S.pc) S.pc.close();
     if (S.ws) S.ws.close();
     Object.assign(S, { pc: null, dc: null, ws: null, transport: null, rtpOrigin: null,
+      recalibrating: false, onFirstFrame: null,
       jbLast: null, jitterMs: null, lastActionSeq: -1 });
     S.frames.clear();
     $("ws-video").srcObject = null;
