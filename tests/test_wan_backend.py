@@ -161,3 +161,27 @@ def test_serves_through_the_engine():
     assert all(f.rgb.shape == (H, W, 3) for f in frames)
     assert frames[-1].prompt_version == 1
     assert {"denoise", "cache_fill", "decode"} <= set(frames[-1].stages_ms)
+
+
+def test_prompts_are_encoded_once_and_blended():
+    calls = []
+
+    def counting(prompt):
+        calls.append(prompt)
+        return fake_encoder(prompt)
+
+    cfg = WanConfig(height=H, width=W, window_chunks=2, memory_chunks=3, max_states=3,
+                    device="cpu", attention_backend="reference", text_cache=2)
+    be = WanCausalBackend(tiny_transformer(), tiny_vae(), counting, cfg)
+    a, b = be.new_state("sunny beach", 0), be.new_state(" sunny beach ", 1)
+    assert calls == ["sunny beach"] and a.text is b.text
+    be.set_prompt(a, "snowy peak", "sunny beach", 0.25)
+    want = 0.75 * be.model.project_text(fake_encoder("snowy peak")[None])[0] \
+        + 0.25 * be.model.project_text(fake_encoder("sunny beach")[None])[0]
+    torch.testing.assert_close(a.text, want)
+    assert calls == ["sunny beach", "snowy peak"]
+    # the blend used "sunny beach" last, so "desert" evicts "snowy peak" (least recent)
+    be.set_prompt(a, "desert")
+    be.set_prompt(a, "sunny beach")
+    be.set_prompt(a, "snowy peak")
+    assert calls == ["sunny beach", "snowy peak", "desert", "snowy peak"]
