@@ -139,6 +139,12 @@ class PagedAttentionContext:
                                        backend=self.backend)
 
 
+def _to(module: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
+    module = module.to(device).eval()
+    # diffusers warns on any dtype cast, even a no-op one: cast only when it changes something
+    return module if dtype == torch.float32 else module.to(dtype=dtype)
+
+
 class WorldGenerator:
     """``engine.backend.WorldBackend`` for a trained :class:`WorldDiT` + autoencoder."""
 
@@ -149,8 +155,8 @@ class WorldGenerator:
     def __init__(self, model: WorldDiT, autoencoder, config: GeneratorConfig | None = None):
         self.config = cfg = config or GeneratorConfig()
         self.device = torch.device(cfg.device)
-        self.model = model.to(self.device, cfg.dtype).eval()
-        self.ae = autoencoder.to(self.device, cfg.dtype).eval()
+        self.model = _to(model, self.device, cfg.dtype)
+        self.ae = _to(autoencoder, self.device, cfg.dtype)
         mc = model.config
         self.chunk_frames = mc.chunk_frames
         self.width = self.height = mc.latent_size * 8
