@@ -52,7 +52,8 @@ class Recorder:
         return self._thread.is_alive()
 
     def stop(self, timeout: float = 5.0) -> Path:
-        """Stop taking frames, finish the file, return its path (waits up to ``timeout`` s)."""
+        """Write the frames already queued, finish the file, return its path (waits up to
+        ``timeout`` s)."""
         self._stop.set()
         self._slot.close()
         self._thread.join(timeout)
@@ -63,9 +64,13 @@ class Recorder:
             with av.open(str(self.path), "w", format="mp4", options=_MP4_OPTIONS) as container:
                 stream = None
                 first_index = None
-                while not self._stop.is_set():
-                    frame = self._slot.get(timeout=0.1)
+                while True:
+                    # after stop(), frames already queued are still written, then the end
+                    frame = (self._slot.get_nowait() if self._stop.is_set()
+                             else self._slot.get(timeout=0.1))
                     if frame is None:
+                        if self._stop.is_set():
+                            break
                         continue
                     rgb = pad_even(frame.rgb)
                     if stream is None:
