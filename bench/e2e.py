@@ -84,6 +84,7 @@ class ClientLog:
     messages: list[dict] = field(default_factory=list)      # frame messages + "t_recv_ms"
     frames: list[tuple[int, float]] = field(default_factory=list)  # (pts, t_recv_ms)
     errors: list[dict] = field(default_factory=list)
+    first_photon_ms: float | None = None  # offer sent -> first decoded frame
 
 
 def _now_ms() -> float:
@@ -91,10 +92,11 @@ def _now_ms() -> float:
 
 
 async def run_client(url: str, script: list[dict], *, seconds: float, fps: int | None,
-                     prompt: str, seed: int = 0) -> tuple[ClientLog, dict]:
-    """Open a session at ``url``, stream for ``seconds`` while replaying ``script``, close.
-    Returns the log and the session's creation reply. Raises RuntimeError on HTTP errors or
-    when the data channel never opens."""
+                     prompt: str, seed: int = 0,
+                     first_frame_timeout_s: float = 120.0) -> tuple[ClientLog, dict]:
+    """Open a session at ``url``; once the first video frame is in, replay ``script`` and
+    stream for ``seconds``; close. Returns the log and the session's creation reply. Raises
+    RuntimeError on HTTP errors, or when no frame comes within ``first_frame_timeout_s``."""
     import httpx
     from aiortc import RTCPeerConnection, RTCSessionDescription
     from aiortc.mediastreams import MediaStreamError
@@ -137,6 +139,7 @@ async def run_client(url: str, script: list[dict], *, seconds: float, fps: int |
                 readers.append(asyncio.ensure_future(read(track)))
 
         try:
+            t_offer = _now_ms()
             await pc.setLocalDescription(await pc.createOffer())
             answer = await http.post(f"/api/sessions/{session['session_id']}/offer", headers=auth,
                                      json={"sdp": pc.localDescription.sdp, "type": "offer"})
@@ -144,6 +147,13 @@ async def run_client(url: str, script: list[dict], *, seconds: float, fps: int |
                 raise RuntimeError(f"offer: {answer.status_code} {answer.text}")
             await pc.setRemoteDescription(RTCSessionDescription(**answer.json()))
             await asyncio.wait_for(opened.wait(), 30)
+            # the script starts with the stream: start-up is time to first photon, not latency
+            deadline = time.monotonic() + first_frame_timeout_s
+            while not log.frames:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"no video frame within {first_frame_timeout_s} s")
+                await asyncio.sleep(0.01)
+            log.first_photon_ms = log.frames[0][1] - t_offer
             start = time.monotonic()
             for seq, step in enumerate(sorted(script, key=lambda s: s["t_s"]), start=1):
                 if step["t_s"] >= seconds:
@@ -199,6 +209,7 @@ def analyse_log(log: ClientLog, fps: float, warmup_s: float = 1.0) -> dict:
         "frames_generated": len(generated),
         "jitter": jitter_ms(steady, fps),
         "stages_ms": {k: float(np.median(v)) for k, v in stages.items()},
+        "first_photon_ms": log.first_photon_ms,
         "errors": log.errors,
     }
 
@@ -261,6 +272,7 @@ def _markdown(payload: dict) -> str:
              f"{lat['p50'] or 0:.0f} / {lat['p95'] or 0:.0f} / {lat['p99'] or 0:.0f}"],
             ["actions sent / measured", f"{r['actions_sent']} / {lat['count']}"],
             ["fps received", r["fps"]], ["frames received", r["frames_received"]],
+            ["time to first photon (ms, offer -> first frame)", r["first_photon_ms"]],
             ["dropped frames", f"{r['dropped_frames']} of {r['frames_generated']}"],
             ["jitter std (ms)", r["jitter"]["std_ms"]],
             ["jitter p95 |dev| (ms)", r["jitter"]["p95_abs_dev_ms"]]]
@@ -314,6 +326,9 @@ def main(argv: list[str] | None = None) -> int:
             model = models.describe()
         engine = Engine(backend, EngineConfig(steps=args.steps)).start()
         try:
+            from bench.streams import measure_ttff
+
+            measure_ttff(engine, repeats=1, timeout_s=300)  # loads the text encoder
             with _Server(engine) as server:
                 server_settings = {"url": "in-process " + server.url, "backend": args.model,
                                    "engine": "EngineConfig defaults (degradation on)"}

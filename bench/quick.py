@@ -45,6 +45,8 @@ def run_quick(models: Models, *, seconds: float, fps: int, steps: int, context_f
         one_a = run_streams(engine, sessions=1, seconds=seconds / 2, fps=fps, seed=1)
         two = run_streams(engine, sessions=2, seconds=seconds, fps=fps, seed=2)
         one_b = run_streams(engine, sessions=1, seconds=seconds / 2, fps=fps, seed=3)
+    if not (one_a.sessions and two.sessions and one_b.sessions):
+        raise RuntimeError("the engine refused a benchmark session")
     halves = [one_a.sessions[0], one_b.sessions[0]]
     summaries = [h.summary() for h in halves]
     lat = summarize(np.concatenate([h.latencies_ms() for h in halves]))

@@ -119,16 +119,32 @@ class StreamRun:
         return sum(s.steady_fps() for s in self.sessions)
 
 
+def create_session(engine: Engine, prompt: str, seed: int, fps: int | None,
+                   wait_s: float = 5.0):
+    """``engine.create_session``, retried for up to ``wait_s`` on CapacityError: the engine
+    thread returns a closed session's state budget asynchronously, so a session closed just
+    before may still hold it. Raises the last CapacityError after ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return engine.create_session(prompt, seed=seed, fps=fps)
+        except CapacityError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.05)
+
+
 def run_streams(engine: Engine, *, sessions: int = 1, seconds: float = 10.0,
                 action_rate_hz: float = 3.0, seed: int = 0, fps: int | None = None,
                 prompt: str = "grassy meadow with a river",
-                on_tick=None, tick_s: float = 1.0) -> StreamRun:
+                on_tick=None, tick_s: float = 1.0, admission_wait_s: float = 5.0) -> StreamRun:
     """Open ``sessions`` sessions on a started ``engine``, press random keys (a Poisson
     process of ``action_rate_hz`` per session) for ``seconds``, then close them.
 
-    Admission is tried for every session; a :class:`CapacityError` stops opening more and is
-    reported as ``refused_at``. ``on_tick(elapsed_s, runs)`` is called every ``tick_s`` (the
-    soak suite samples memory there). Raises RuntimeError when a session ends with an error.
+    Admission is tried for every session (each retried for ``admission_wait_s``, see
+    :func:`create_session`); a refusal stops opening more and is reported as ``refused_at``.
+    ``on_tick(elapsed_s, runs)`` is called every ``tick_s`` (the soak suite samples memory
+    there). Raises RuntimeError when a session ends with an error.
     """
     rng = random.Random(seed)
     before = engine.metrics()
@@ -137,7 +153,7 @@ def run_streams(engine: Engine, *, sessions: int = 1, seconds: float = 10.0,
     for i in range(sessions):
         t0 = time.perf_counter_ns()
         try:
-            info = engine.create_session(prompt, seed=seed + i, fps=fps)
+            info = create_session(engine, prompt, seed + i, fps, admission_wait_s)
         except CapacityError:
             refused_at = i + 1
             break
@@ -191,7 +207,7 @@ def measure_ttff(engine: Engine, *, repeats: int = 3, fps: int | None = None,
     values = []
     for i in range(repeats):
         t0 = time.perf_counter_ns()
-        info = engine.create_session(prompt, seed=1000 + i, fps=fps)
+        info = create_session(engine, prompt, 1000 + i, fps)
         slot = engine.subscribe(info.session_id)
         try:
             frame = slot.get(timeout=timeout_s)
