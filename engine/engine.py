@@ -101,6 +101,11 @@ class Engine:
         if self.chunk_frames not in self.chunk_sizes:
             raise ValueError(f"chunk_frames {self.chunk_frames} not supported by model "
                              f"{backend.name!r} (supported: {list(self.chunk_sizes)})")
+        largest = max(self.chunk_sizes)
+        if config.buffer_max_frames < largest + config.batch_join_frames:
+            raise ValueError(f"buffer_max_frames ({config.buffer_max_frames}) must hold a chunk "
+                             f"of {largest} frames plus batch_join_frames "
+                             f"({config.batch_join_frames})")
         self.rewind_chunks = min(config.rewind_chunks, backend.rewind_chunks)
         self._lock = threading.Lock()  # sessions dict, subscribers, stats, live-state count
         self._sessions: dict[str, Session] = {}

@@ -11,6 +11,16 @@ from engine.backend import WorldBackend
 _BACKENDS: dict[str, str] = {
     "sim": "engine.worlds.sim_backend:SimBackend",
     "builtin": "engine.generator:load_builtin_backend",
+    "wan-causal": "engine.wan_backend:load_wan_backend",
+}
+
+
+#: what to do when a model's files are missing
+_HINTS: dict[str, str] = {
+    "builtin": "train them with `worldstream train-ae` and `worldstream train-world`, or "
+               "restore the shipped assets/builtin from git",
+    "wan-causal": "pass --model-path DIR holding the diffusers-format Wan2.1-T2V-1.3B base "
+                  "(transformer/, vae/, text_encoder/, tokenizer/) and the causal checkpoint",
 }
 
 
@@ -53,6 +63,5 @@ def load_backend(name: str, **kwargs) -> WorldBackend:
         return factory(**kwargs)
     except FileNotFoundError as exc:
         raise BackendUnavailableError(
-            f"model {name!r}: weights not found ({exc.filename or exc}); train them with "
-            "`worldstream train_ae` and `worldstream train_world`, or restore the shipped assets/"
+            f"model {name!r}: weights not found ({exc.filename or exc}); {_HINTS.get(name, '')}"
         ) from exc

@@ -88,11 +88,20 @@ def test_config_validation_names_the_field():
     EngineConfig()
     for kwargs, name in [({"steps": 5}, "steps"), ({"max_sessions": 0}, "max_sessions"),
                          ({"chunk_frames": 6}, "chunk_frames"), ({"fps": 1}, "fps"),
-                         ({"buffer_max_frames": 3}, "buffer_max_frames"),
                          ({"min_steps": 3, "steps": 2}, "min_steps"),
                          ({"fps_degrade_factor": 1.0}, "fps_degrade_factor"),
                          ({"retry_after_s": 0}, "retry_after_s"),
-                         ({"max_batch": 2.5}, "max_batch"),
-                         ({"batch_join_frames": 5}, "batch_join_frames")]:
+                         ({"max_batch": 2.5}, "max_batch")]:
         with pytest.raises(ValueError, match=name):
             EngineConfig(**kwargs)
+
+
+def test_engine_refuses_a_buffer_smaller_than_the_models_chunk():
+    from engine.engine import Engine
+    from engine.worlds.sim_backend import SimBackend
+
+    backend = SimBackend(chunk_frames=4)
+    for kwargs in ({"buffer_max_frames": 3, "batch_join_frames": 0},
+                   {"buffer_max_frames": 8, "batch_join_frames": 5}):
+        with pytest.raises(ValueError, match="buffer_max_frames"):
+            Engine(backend, EngineConfig(chunk_frames=4, **kwargs))
