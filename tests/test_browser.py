@@ -86,6 +86,21 @@ def test_page_plays_steers_and_measures(sim_engine):
             p50, p95 = map(int, re.findall(r"\d+", page.inner_text("#hud-a2p")))
             assert 0 < p50 <= p95 < 5000
             assert float(page.inner_text("#hud-fps")) > 5
+            # preview futures: 4 thumbnails, clicking one adopts it
+            page.click("#ws-fork")
+            page.wait_for_function(
+                "document.querySelectorAll('#ws-previews img').length === 4", timeout=30_000)
+            page.click("#ws-previews img >> nth=1")
+            page.wait_for_function("!document.querySelector('#ws-previews img')")
+            # record a second, stop, download: an MP4 file
+            page.click("#ws-record")
+            page.wait_for_function("window.worldstream.recording === true")
+            page.wait_for_timeout(1000)
+            page.click("#ws-record")
+            page.wait_for_function(
+                "!document.getElementById('ws-download').classList.contains('ws-disabled')")
+            mp4 = page.request.get(server.url + page.get_attribute("#ws-download", "href"))
+            assert mp4.status == 200 and mp4.body()[4:8] == b"ftyp"
             page.wait_for_timeout(1500)  # let the chart draw a few points
             page.screenshot(path=str(SCREENSHOT), full_page=True)
             page.close()
