@@ -17,12 +17,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--model", default="builtin",
                         help="world backend: builtin (the trained model) or sim (the "
                              "ground-truth simulator)")
+    parser.add_argument("--model-path", default=None,
+                        help="model folder (wan-causal: the diffusers-format Wan2.1-T2V-1.3B "
+                             "base plus the causal checkpoint; builtin: default assets/builtin)")
+    parser.add_argument("--checkpoint", default=None,
+                        help="wan-causal: the causal checkpoint file (default DIR/causal.*)")
     parser.add_argument("--max-sessions", type=int, default=4,
                         help="sessions served at once; more get 503 (default 4)")
     parser.set_defaults(func=run)
 
 
-def play_config(max_sessions: int):
+def play_config(max_sessions: int, chunk_frames: int = 2):
     """The engine settings of an interactive session.
 
     NOTE: every frame generated ahead of the playout clock was conditioned on older keys, so
@@ -30,7 +35,8 @@ def play_config(max_sessions: int):
     slack (the smallest buffer the engine accepts), not the default two."""
     from engine.config import EngineConfig
 
-    return EngineConfig(max_sessions=max_sessions, buffer_max_frames=4, batch_join_frames=0)
+    return EngineConfig(max_sessions=max_sessions, buffer_max_frames=max(4, chunk_frames),
+                        batch_join_frames=0)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -47,13 +53,25 @@ def run(args: argparse.Namespace) -> int:
     from engine.registry import BackendUnavailableError, load_backend
     from streaming.limits import Limits
 
+    kwargs = {}
+    if args.model == "sim" and (args.model_path or args.checkpoint):
+        raise ValueError("--model sim takes no --model-path or --checkpoint")
+    if args.model_path is not None:
+        kwargs["model_path" if args.model == "wan-causal" else "path"] = args.model_path
+    if args.checkpoint is not None:
+        kwargs["checkpoint"] = args.checkpoint
     try:
-        backend = load_backend(args.model)
+        backend = load_backend(args.model, **kwargs)
     except BackendUnavailableError as err:
         raise FileNotFoundError(
             f"{err}\nto play without the trained model, stream the ground-truth simulator: "
             f"`worldstream play --model sim`") from None
-    engine = Engine(backend, play_config(args.max_sessions)).start()
+    # the scene-prompt encoder loads in seconds on an idle machine but far longer under load:
+    # load it before serving, so the first session does not stall
+    from engine.text import scene_for_prompt
+
+    scene_for_prompt("warm-up")
+    engine = Engine(backend, play_config(args.max_sessions, backend.chunk_frames)).start()
     try:
         app = create_app(engine, Limits(max_sessions=args.max_sessions))
         print(f"worldstream: serving {args.model!r} on http://{args.host}:{args.port}", flush=True)

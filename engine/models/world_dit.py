@@ -87,7 +87,8 @@ class WorldDiT(ModelMixin, ConfigMixin):
     Args (config): ``latent_channels`` (8), ``latent_size`` (16), ``patch_size`` (2), ``dim``,
     ``depth``, ``num_heads``, ``mlp_ratio``, ``num_actions`` (9), ``text_dim`` (384),
     ``chunk_frames`` (frames per chunk it was trained with), ``latent_mean``/``latent_std``
-    (per-channel autoencoder latent statistics; the model sees normalised latents).
+    (per-channel autoencoder latent statistics; the model sees normalised latents),
+    ``residual`` (the output is added to the previous frame, scaled by its clean fraction).
     """
 
     def normalize(self, z: torch.Tensor) -> torch.Tensor:
@@ -110,7 +111,9 @@ class WorldDiT(ModelMixin, ConfigMixin):
                  dim: int = 192, depth: int = 6, num_heads: int = 6, mlp_ratio: float = 3.0,
                  num_actions: int = 9, text_dim: int = 384, chunk_frames: int = 2,
                  latent_mean: tuple[float, ...] | None = None,
-                 latent_std: tuple[float, ...] | None = None):
+                 latent_std: tuple[float, ...] | None = None, residual: bool = False):
+        # residual: predict x0 as (1 - σ_prev)·prev + output, so an untrained network starts
+        # from "copy the previous frame" and learns the motion on top of it;
         # chunk_frames, latent_mean/std: how the model was trained (the engine reads them);
         # latents are normalised per channel as (z - mean) / std before entering the model
         super().__init__()
@@ -176,4 +179,7 @@ class WorldDiT(ModelMixin, ConfigMixin):
         p = cfg.patch_size
         g = hh // p
         x = x.reshape(b, t, g, g, p, p, c).permute(0, 1, 6, 2, 4, 3, 5)
-        return x.reshape(b, t, c, hh, ww)
+        x = x.reshape(b, t, c, hh, ww)
+        if cfg.residual:
+            x = x + (1 - prev_sigma.float())[..., None, None, None] * prev.float()
+        return x

@@ -82,8 +82,12 @@ def train_world(data: LatentDataset, out_dir: Path, run_dir: Path, *, steps: int
                 frames: int = 8, chunk_frames: int = 2, dim: int = 128, depth: int = 6,
                 num_heads: int = 4, lr: float = 3e-4, ctx_sigma_max: float = 0.15,
                 seed: int = 0, ckpt_every: int = 100, export_every: int = 500,
-                max_minutes: float | None = None) -> dict:
-    """Train or resume up to ``steps`` steps (or ``max_minutes`` of wall time this call)."""
+                max_minutes: float | None = None, residual: bool = False,
+                init_from: Path | None = None) -> dict:
+    """Train or resume up to ``steps`` steps (or ``max_minutes`` of wall time this call).
+
+    ``init_from``: a saved WorldDiT to warm-start a fresh run from (its output layer is zeroed
+    when switching to ``residual``, so training starts from "copy the previous frame")."""
     if frames % chunk_frames:
         raise ValueError(f"frames ({frames}) must be a multiple of chunk_frames ({chunk_frames})")
     device = pick_device()
@@ -91,7 +95,13 @@ def train_world(data: LatentDataset, out_dir: Path, run_dir: Path, *, steps: int
     mean, std = latent_stats(data)
     model = WorldDiT(dim=dim, depth=depth, num_heads=num_heads, chunk_frames=chunk_frames,
                      latent_channels=data.latents.shape[2], latent_mean=tuple(mean),
-                     latent_std=tuple(std)).to(device)
+                     latent_std=tuple(std), residual=residual).to(device)
+    if init_from is not None and not (run_dir / "world_checkpoint.pt").exists():
+        warm = WorldDiT.from_pretrained(init_from)
+        model.load_state_dict(warm.state_dict())
+        if residual and not warm.config.residual:
+            torch.nn.init.zeros_(model.out.weight)
+            torch.nn.init.zeros_(model.out.bias)
     ema = EMAModel(model.parameters(), decay=0.999)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     sched = get_constant_schedule_with_warmup(opt, 200)
