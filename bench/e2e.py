@@ -33,6 +33,20 @@ from bench import harness
 from bench.stats import match_actions, summarize
 
 RTP_MOD = 2**32
+#: RTP ticks a received timestamp may differ from the one sent: aiortc's encoder rounds the
+#: 90 kHz pts on the way (measured: 12000 sent arrives as 11999)
+RTP_TOLERANCE = 2
+
+
+def _nearest(sorted_rtp: np.ndarray, value: int) -> int | None:
+    """The sent timestamp within :data:`RTP_TOLERANCE` of ``value``, or None."""
+    i = int(np.searchsorted(sorted_rtp, value))
+    best = None
+    for j in (i - 1, i):
+        if 0 <= j < sorted_rtp.size and abs(int(sorted_rtp[j]) - value) <= RTP_TOLERANCE:
+            if best is None or abs(int(sorted_rtp[j]) - value) < abs(best - value):
+                best = int(sorted_rtp[j])
+    return best
 
 
 def random_script(seconds: float, seed: int = 0) -> list[dict]:
@@ -57,11 +71,11 @@ def rtp_offset(received_pts: list[int], sent_rtp: list[int]) -> int | None:
     """
     if not received_pts or not sent_rtp:
         return None
-    sent = set(sent_rtp)
+    sent = np.unique(np.asarray(sent_rtp, dtype=np.int64))
     best, best_hits = None, -1
     candidates = {(received_pts[0] - r) % RTP_MOD for r in sent_rtp}
     for c in sorted(candidates, key=lambda c: (c != 0, c)):
-        hits = sum(((p - c) % RTP_MOD) in sent for p in received_pts)
+        hits = sum(_nearest(sent, (p - c) % RTP_MOD) is not None for p in received_pts)
         if hits > best_hits:
             best, best_hits = c, hits
     return best
@@ -175,13 +189,7 @@ async def run_client(url: str, script: list[dict], *, seconds: float, fps: int |
 def analyse_log(log: ClientLog, fps: float, warmup_s: float = 1.0) -> dict:
     """Figures of one client log (see the module docstring); frames received in the first
     ``warmup_s`` after the first frame are left out of fps and jitter (stream start-up)."""
-    offset = rtp_offset([p for p, _ in log.frames], [m["rtp_ts"] for m in log.messages])
-    by_rtp = {m["rtp_ts"]: m for m in log.messages}
-    matched = []  # (t_recv_ms, message)
-    for pts, t in log.frames:
-        msg = by_rtp.get((pts - offset) % RTP_MOD) if offset is not None else None
-        if msg is not None:
-            matched.append((t, msg))
+    matched = match_frames(log)
     seqs = [a["seq"] for a in log.actions]
     lat = match_actions(seqs, [a["t_ms"] for a in log.actions],
                         [m["action_seq"] for _, m in matched], [t for t, _ in matched])
@@ -214,12 +222,25 @@ def analyse_log(log: ClientLog, fps: float, warmup_s: float = 1.0) -> dict:
     }
 
 
+def match_frames(log: ClientLog) -> list[tuple[float, dict]]:
+    """``(t_recv_ms, frame message)`` of every received frame whose metadata was received
+    (RTP timestamp after the offset of :func:`rtp_offset`, within :data:`RTP_TOLERANCE`)."""
+    offset = rtp_offset([p for p, _ in log.frames], [m["rtp_ts"] for m in log.messages])
+    if offset is None:
+        return []
+    by_rtp = {m["rtp_ts"]: m for m in log.messages}
+    sent = np.unique(np.asarray(list(by_rtp), dtype=np.int64))
+    matched = []
+    for pts, t in log.frames:
+        rtp = _nearest(sent, (pts - offset) % RTP_MOD)
+        if rtp is not None:
+            matched.append((t, by_rtp[rtp]))
+    return matched
+
+
 def to_export(log: ClientLog) -> list[dict]:
     """The log as a latency-lab export (``bench.analyse`` format)."""
-    offset = rtp_offset([p for p, _ in log.frames], [m["rtp_ts"] for m in log.messages])
-    by_rtp = {m["rtp_ts"]: m for m in log.messages}
-    frames = [(t, by_rtp.get((p - offset) % RTP_MOD)) for p, t in log.frames]
-    frames = [(t, m) for t, m in frames if m is not None]
+    frames = match_frames(log)
     out = []
     for a in log.actions:
         hit = next(((t, m) for t, m in frames if m["action_seq"] >= a["seq"] and t >= a["t_ms"]),
@@ -348,6 +369,9 @@ def main(argv: list[str] | None = None) -> int:
     folder = results.save("e2e", payload, _markdown(payload), {
         "action_to_photon": plots.latency_histogram(lat, "action-to-photon (headless WebRTC)"),
         "stages": plots.stage_bars(figures["stages_ms"], "path of a frame (p50 ms)")})
+    with open(folder / "client_log.json", "w") as f:  # raw observations, for re-analysis
+        json.dump({"actions": log.actions, "messages": log.messages, "frames": log.frames,
+                   "errors": log.errors, "first_photon_ms": log.first_photon_ms}, f)
     export_path = args.export or str(folder / "session.json")
     with open(export_path, "w") as f:
         json.dump(export, f, indent=1)
