@@ -31,12 +31,20 @@ def run(args) -> int:
     if not 1 <= args.steps <= 4:
         raise ValueError("--steps must be in [1, 4]")
     torch.manual_seed(0)
-    gen = load_builtin_backend(args.model_path or BUILTIN_DIR, ctx_sigma=args.ctx_sigma,
-                               window_chunks=args.window_chunks,
-                               memory_chunks=args.memory_chunks or max(args.window_chunks, 8),
-                               topk_pages=args.topk_pages, recache=not args.no_recache)
+    gen = load_builtin_backend(
+        args.model_path or BUILTIN_DIR,
+        ctx_sigma=args.ctx_sigma,
+        window_chunks=args.window_chunks,
+        memory_chunks=args.memory_chunks or max(args.window_chunks, 8),
+        topk_pages=args.topk_pages,
+        recache=not args.no_recache,
+    )
     result = evaluate(gen, quick=args.quick, steps=args.steps, drift_steps=args.drift_steps)
-    result["settings"] = {"ctx_sigma": args.ctx_sigma, "window_chunks": args.window_chunks,
-                          "topk_pages": args.topk_pages, "recache": not args.no_recache}
+    result["settings"] = {
+        "ctx_sigma": args.ctx_sigma,
+        "window_chunks": args.window_chunks,
+        "topk_pages": args.topk_pages,
+        "recache": not args.no_recache,
+    }
     print(json.dumps(result) if args.json else json.dumps(result, indent=2))
     return 0

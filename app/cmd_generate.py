@@ -9,18 +9,31 @@ from pathlib import Path
 
 from app.action_script import load_action_script
 
-DEFAULT_PROMPTS = ("a green meadow with ponds", "a snowy forest", "a sandy desert with an oasis",
-                   "a dark landscape at night")
+DEFAULT_PROMPTS = (
+    "a green meadow with ponds",
+    "a snowy forest",
+    "a sandy desert with an oasis",
+    "a dark landscape at night",
+)
 
 
 def register(sub) -> None:
     p = sub.add_parser("generate", help="generate videos from action scripts through the engine")
-    p.add_argument("--actions", type=Path, action="append", default=None,
-                   help="action script JSON (repeatable: one per session)")
+    p.add_argument(
+        "--actions",
+        type=Path,
+        action="append",
+        default=None,
+        help="action script JSON (repeatable: one per session)",
+    )
     p.add_argument("--prompt", action="append", default=None, help="scene prompt (repeatable)")
     p.add_argument("--frames", type=int, default=240)
-    p.add_argument("--out", type=Path, default=Path("out.mp4"),
-                   help="output MP4; with --sessions N, OUT_0.mp4 ... OUT_{N-1}.mp4")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=Path("out.mp4"),
+        help="output MP4; with --sessions N, OUT_0.mp4 ... OUT_{N-1}.mp4",
+    )
     p.add_argument("--sessions", type=int, default=1)
     p.add_argument("--fps", type=int, default=15)
     p.add_argument("--steps", type=int, default=4)
@@ -49,22 +62,34 @@ def run(args) -> int:
         prompts = [prompts[0], *DEFAULT_PROMPTS[1:]]
     scripts = [load_action_script(p) for p in (args.actions or [Path("assets/demo_actions.json")])]
     # more sessions than scripts: each extra session plays the script turned by a quarter
-    scripts = [scripts[i] if i < len(scripts) else scripts[i % len(scripts)].rotated(i)
-               for i in range(args.sessions)]
+    scripts = [
+        scripts[i] if i < len(scripts) else scripts[i % len(scripts)].rotated(i)
+        for i in range(args.sessions)
+    ]
     backend = load_backend(args.model)
     # offline job: keep the requested steps and fps (no degradation), never drop frames
-    config = EngineConfig(max_sessions=args.sessions, fps=args.fps, steps=args.steps,
-                          min_steps=args.steps, min_fps=args.fps, max_fps=max(60, args.fps))
+    config = EngineConfig(
+        max_sessions=args.sessions,
+        fps=args.fps,
+        steps=args.steps,
+        min_steps=args.steps,
+        min_fps=args.fps,
+        max_fps=max(60, args.fps),
+    )
     outs = _outputs(args.out, args.sessions)
     summary = []
     with Engine(backend, config) as engine:
         sids, counters, recorders = [], [], []
         for i in range(args.sessions):
-            info = engine.create_session(prompts[i % len(prompts)], seed=args.seed + i,
-                                         fps=args.fps)
+            info = engine.create_session(
+                prompts[i % len(prompts)], seed=args.seed + i, fps=args.fps
+            )
             sids.append(info.session_id)
-            recorders.append(Recorder(engine.subscribe(info.session_id, args.frames + 64),
-                                      outs[i], args.fps).start())
+            recorders.append(
+                Recorder(
+                    engine.subscribe(info.session_id, args.frames + 64), outs[i], args.fps
+                ).start()
+            )
             counters.append(engine.subscribe(info.session_id, args.frames + 64))
         pending = [list(s.events) for s in scripts]
         got = [[] for _ in sids]
@@ -91,16 +116,30 @@ def run(args) -> int:
                         raise RuntimeError(f"session {i} ended: {ev.payload}")
             time.sleep(0.005)
         wall = time.perf_counter() - t0
-        for i, sid in enumerate(sids):
+        for i in range(len(sids)):
             while recorders[i].frames_written < args.frames and recorders[i].running:
                 time.sleep(0.01)
             recorders[i].stop()
             chunks = {f.chunk_index: f.stages_ms for f in got[i]}
             gen_ms = [sum(v for k, v in st.items() if k != "queue") for st in chunks.values()]
-            summary.append({"out": str(outs[i]), "prompt": prompts[i % len(prompts)],
-                            "frames": recorders[i].frames_written,
-                            "fps": round(len(got[i]) / wall, 2),
-                            "ms_per_chunk": round(sum(gen_ms) / max(len(gen_ms), 1), 1)})
-    print(json.dumps({"model": args.model, "steps": args.steps, "target_fps": args.fps,
-                      "wall_s": round(wall, 2), "sessions": summary}))
+            summary.append(
+                {
+                    "out": str(outs[i]),
+                    "prompt": prompts[i % len(prompts)],
+                    "frames": recorders[i].frames_written,
+                    "fps": round(len(got[i]) / wall, 2),
+                    "ms_per_chunk": round(sum(gen_ms) / max(len(gen_ms), 1), 1),
+                }
+            )
+    print(
+        json.dumps(
+            {
+                "model": args.model,
+                "steps": args.steps,
+                "target_fps": args.fps,
+                "wall_s": round(wall, 2),
+                "sessions": summary,
+            }
+        )
+    )
     return 0

@@ -10,15 +10,20 @@ from engine.training.data import ensure_dataset
 
 def register(sub) -> None:
     p = sub.add_parser("train-ae", help="train the built-in autoencoder on simulator frames")
-    p.add_argument("--data", type=Path, default=Path("data"), help="dataset folder (recorded if missing)")
+    p.add_argument(
+        "--data", type=Path, default=Path("data"), help="dataset folder (recorded if missing)"
+    )
     p.add_argument("--out", type=Path, default=Path("assets/builtin/vae"))
     p.add_argument("--run-dir", type=Path, default=Path("runs/ae"), help="checkpoints (resume)")
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--decoder-only", action="store_true",
-                   help="tune only the decoder of the weights in --out (latents stay valid)")
+    p.add_argument(
+        "--decoder-only",
+        action="store_true",
+        help="tune only the decoder of the weights in --out (latents stay valid)",
+    )
     p.set_defaults(func=run)
 
 
@@ -28,8 +33,16 @@ def run(args) -> int:
     if args.steps < 1 or args.batch < 1:
         raise ValueError("--steps and --batch must be >= 1")
     shards, heldout = ensure_dataset(args.data)
-    result = train_ae(shards, heldout, args.out, args.run_dir, steps=args.steps,
-                      batch=args.batch, lr=args.lr, seed=args.seed,
-                      decoder_only=args.decoder_only)
+    result = train_ae(
+        shards,
+        heldout,
+        args.out,
+        args.run_dir,
+        steps=args.steps,
+        batch=args.batch,
+        lr=args.lr,
+        seed=args.seed,
+        decoder_only=args.decoder_only,
+    )
     print(json.dumps(result))
     return 0

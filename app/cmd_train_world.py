@@ -23,10 +23,17 @@ def register(sub) -> None:
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--residual", action="store_true",
-                   help="predict x0 on top of the previous frame (starts from copying it)")
-    p.add_argument("--init-from", type=Path, default=None,
-                   help="warm-start a fresh run from a saved model folder")
+    p.add_argument(
+        "--residual",
+        action="store_true",
+        help="predict x0 on top of the previous frame (starts from copying it)",
+    )
+    p.add_argument(
+        "--init-from",
+        type=Path,
+        default=None,
+        help="warm-start a fresh run from a saved model folder",
+    )
     p.set_defaults(func=run)
 
 
@@ -41,10 +48,22 @@ def run(args) -> int:
     shards, _ = ensure_dataset(args.data)
     ae = load_autoencoder(args.vae)
     data = encode_shards(ae, shards, cache=args.run_dir / "latents.pt")
-    result = train_world(data, args.out, args.run_dir, steps=args.steps, batch=args.batch,
-                         frames=args.frames, chunk_frames=args.chunk_frames, dim=args.dim,
-                         depth=args.depth, num_heads=args.heads, lr=args.lr, seed=args.seed,
-                         max_minutes=args.max_minutes, residual=args.residual,
-                         init_from=args.init_from)
+    result = train_world(
+        data,
+        args.out,
+        args.run_dir,
+        steps=args.steps,
+        batch=args.batch,
+        frames=args.frames,
+        chunk_frames=args.chunk_frames,
+        dim=args.dim,
+        depth=args.depth,
+        num_heads=args.heads,
+        lr=args.lr,
+        seed=args.seed,
+        max_minutes=args.max_minutes,
+        residual=args.residual,
+        init_from=args.init_from,
+    )
     print(json.dumps(result))
     return 0

@@ -163,6 +163,15 @@ def create_app(engine: EngineAPI, limits: Limits | None = None, *, ui: bool = Tr
         return Response(data, media_type="video/mp4", headers={
             "Content-Disposition": f'attachment; filename="worldstream-{session_id}.mp4"'})
 
+    @app.get("/api/sessions/{session_id}/frames.json")
+    async def frames(session_id: str, request: Request, token: str | None = None
+                     ) -> dict[str, Any]:
+        # latency lab: the session's frame log (bounded ring), token also as ?token= like the
+        # recording, so a plain link can download it
+        session = authorized(session_id, _bearer(request) or token)
+        return {"session_id": session_id, "fps": session.info.fps,
+                **session.framelog.snapshot()}
+
     @app.get("/api/metrics")
     async def metrics() -> dict[str, Any]:
         sessions = {s.session_id: {"fps_target": s.info.fps, **s.telemetry.snapshot(),

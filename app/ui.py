@@ -17,7 +17,31 @@ from engine.worlds.scenes import SCENES  # noqa: E402
 DEFAULT_PROMPT = SCENES["meadow"]["prompts"][0]
 
 _HEAD = ('<link rel="stylesheet" href="/static/play.css">'
-         '<script src="/static/play.js" defer></script>')
+         '<script src="/static/play.js" defer></script>'
+         '<script src="/static/latency_lab.js" defer></script>')
+
+
+def _lab_panel_html() -> str:
+    """The latency lab's results (behaviour: ``app/static/latency_lab.js``): progress, live
+    histogram of action-to-photon latency, p50/p95/count, CSV/JSON export."""
+    return """
+    <div id="lab-panel" class="lab-panel ws-hidden">
+      <div class="lab-head"><b>Latency session</b>
+        <span id="lab-progress">0 / 0</span><span id="lab-state" class="lab-state">idle</span>
+      </div>
+      <div class="lab-stats">
+        <div><b id="lab-p50">–</b><small>p50 ms</small></div>
+        <div><b id="lab-p95">–</b><small>p95 ms</small></div>
+        <div><b id="lab-n">0</b><small>samples</small></div>
+        <div><b id="lab-missed">0</b><small>unanswered</small></div>
+      </div>
+      <canvas id="lab-hist" width="560" height="140"></canvas>
+      <div class="lab-export">
+        <button id="lab-csv" disabled>Download CSV</button>
+        <button id="lab-json" disabled>Download JSON</button>
+        <small>JSON: <code>python -m bench analyse session.json</code></small>
+      </div>
+    </div>"""
 
 
 def _player_html() -> str:
@@ -31,6 +55,7 @@ def _player_html() -> str:
       <canvas id="ws-canvas" class="ws-hidden"></canvas>
       <span id="ws-badge" class="ws-badge">connecting…</span>
       <span id="ws-focus" class="ws-focus">click to steer · WASD / arrows</span>
+      <div id="lab-cue" class="lab-cue ws-hidden" aria-live="assertive"></div>
     </div>
     <div class="ws-keys" aria-label="held keys">
       <span data-key="up">▲</span><span data-key="left">◀</span>
@@ -45,6 +70,7 @@ def _player_html() -> str:
       <div><b id="hud-drop">–</b><small>dropped</small></div>
       <canvas id="hud-chart" width="560" height="90"></canvas>
     </div>
+    {_lab_panel_html()}
   </div>
   <div class="ws-side">
     <fieldset><legend>Scene prompt</legend>
@@ -72,6 +98,11 @@ def _player_html() -> str:
     <fieldset><legend>Futures</legend>
       <div class="ws-buttons"><button id="ws-fork">Preview 4 futures</button></div>
       <div id="ws-previews" class="ws-previews"></div>
+    </fieldset>
+    <fieldset><legend>Latency lab</legend>
+      <label class="ws-row">actions <select id="lab-count"><option>5</option><option>10</option>
+        <option selected>20</option><option>50</option></select></label>
+      <div class="ws-buttons"><button id="lab-toggle">⏱ Start latency session</button></div>
     </fieldset>
     <fieldset><legend>Recording</legend>
       <div class="ws-buttons"><button id="ws-record">● Record</button>

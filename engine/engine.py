@@ -38,7 +38,7 @@ from engine.backend import ChunkJob, ChunkResult, WorldBackend
 from engine.config import MAX_CHUNK_FRAMES, MAX_STEPS, EngineConfig
 from engine.scheduler import NS, BatchPlan, ChunkRequest, DegradeController, plan_batch
 from engine.session import Branch, Session
-from engine.text import MAX_PROMPT_CHARS
+from engine.text import check_prompt
 
 log = logging.getLogger(__name__)
 
@@ -55,14 +55,6 @@ class _InvalidCommand(ValueError):
         super().__init__(message)
         self.field = field
         self.code = code
-
-
-def _check_prompt(text: Any) -> str:
-    if not isinstance(text, str) or not text.strip():
-        raise ValueError("prompt must be a non-empty string")
-    if len(text) > MAX_PROMPT_CHARS:
-        raise ValueError(f"prompt is {len(text)} characters; the limit is {MAX_PROMPT_CHARS}")
-    return text
 
 
 def _is_int(value: Any) -> bool:
@@ -156,7 +148,7 @@ class Engine:
         """Admit a session; its backend state is made on the engine thread (a failure there
         ends the session with an error event). Raises CapacityError when ``max_sessions`` or
         the backend's state budget is reached, ValueError for a bad prompt, seed or fps."""
-        _check_prompt(prompt)
+        check_prompt(prompt)
         if seed is None:
             seed = random.randrange(2**31)
         if not _is_int(seed) or seed < 0:
@@ -374,12 +366,12 @@ class Engine:
 
     def _apply_prompt(self, s: Session, command: PromptCommand) -> None:
         try:
-            _check_prompt(command.text)
+            check_prompt(command.text)
         except ValueError as exc:
             raise _InvalidCommand("text", str(exc)) from None
         if command.blend_text is not None:
             try:
-                _check_prompt(command.blend_text)
+                check_prompt(command.blend_text)
             except ValueError as exc:
                 raise _InvalidCommand("blend", f"blend {exc}") from None
         weight = command.blend_weight

@@ -85,10 +85,10 @@ class GeneratorConfig:
 class _ChunkRecord:
     """What a retained chunk was computed from (for recache and rewind)."""
 
-    latents: torch.Tensor        # (F, C, h, w) model-space clean latents
-    prev: torch.Tensor | None    # (C, h, w) the frame fed to it, None for the first chunk
+    latents: torch.Tensor  # (F, C, h, w) model-space clean latents
+    prev: torch.Tensor | None  # (C, h, w) the frame fed to it, None for the first chunk
     actions: list[int]
-    position: int                # time index of its first frame
+    position: int  # time index of its first frame
 
 
 @dataclass
@@ -97,10 +97,10 @@ class WorldState:
 
     table: PageTable
     prompt: str
-    text: torch.Tensor                   # (384,) current (blended) prompt embedding
+    text: torch.Tensor  # (384,) current (blended) prompt embedding
     rng: torch.Generator
     history: deque = field(default_factory=deque)  # _ChunkRecord per retained chunk, newest last
-    start_frames: np.ndarray | None = None         # (F, H, W, 3) uint8, pending prefill
+    start_frames: np.ndarray | None = None  # (F, H, W, 3) uint8, pending prefill
     needs_recache: bool = False
     freed: bool = False
 
@@ -118,33 +118,52 @@ class PagedAttentionContext:
     older pages to pick ``topk`` from per layer.
     """
 
-    def __init__(self, k_pool, v_pool, new_pages: torch.Tensor, always: list[list[int]],
-                 candidates: list[list[int]], topk: int, backend: str):
+    def __init__(
+        self,
+        k_pool,
+        v_pool,
+        new_pages: torch.Tensor,
+        always: list[list[int]],
+        candidates: list[list[int]],
+        topk: int,
+        backend: str,
+    ):
         self.k_pool, self.v_pool = k_pool, v_pool
         self.new_pages = new_pages
         self.always, self.candidates, self.topk = always, candidates, topk
         self.backend = backend
         ptr, idx = pages_to_csr(always)
         dev = k_pool.device
-        self._csr = (torch.tensor(ptr, dtype=torch.int32, device=dev),
-                     torch.tensor(idx, dtype=torch.int32, device=dev))
+        self._csr = (
+            torch.tensor(ptr, dtype=torch.int32, device=dev),
+            torch.tensor(idx, dtype=torch.int32, device=dev),
+        )
 
     def attend(self, q, k, v, layer):
         b, h, lq, d = k.shape
         page = self.k_pool.shape[3]
+
         # write this chunk's keys/values into its pages: (B, H, F*page, D) -> (B*F, H, page, D)
         def to_pages(x):
             return x.reshape(b, h, lq // page, page, d).transpose(1, 2).reshape(-1, h, page, d)
+
         self.k_pool[layer].index_copy_(0, self.new_pages, to_pages(k).to(self.k_pool.dtype))
         self.v_pool[layer].index_copy_(0, self.new_pages, to_pages(v).to(self.v_pool.dtype))
         if self.topk and any(self.candidates):
-            ptr, idx = kernels.select_pages_topk(q, self.k_pool[layer], self.always,
-                                                 self.candidates, self.topk, lq)
+            ptr, idx = kernels.select_pages_topk(
+                q, self.k_pool[layer], self.always, self.candidates, self.topk, lq
+            )
         else:
             ptr, idx = self._csr
-        return kernels.paged_attention(q.to(self.k_pool.dtype), self.k_pool[layer],
-                                       self.v_pool[layer], ptr, idx, q_block_size=lq,
-                                       backend=self.backend)
+        return kernels.paged_attention(
+            q.to(self.k_pool.dtype),
+            self.k_pool[layer],
+            self.v_pool[layer],
+            ptr,
+            idx,
+            q_block_size=lq,
+            backend=self.backend,
+        )
 
 
 def _to(module: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
@@ -175,8 +194,9 @@ class WorldGenerator:
         head_dim = mc.dim // mc.num_heads
         page = model.tokens_per_frame
         # pages per state: sink + retained chunks + the chunk being generated + a recache copy
-        per_state = self.chunk_frames * ((1 if cfg.sink else 0) + cfg.memory_chunks + 1
-                                         + cfg.window_chunks)
+        per_state = self.chunk_frames * (
+            (1 if cfg.sink else 0) + cfg.memory_chunks + 1 + cfg.window_chunks
+        )
         num_pages = per_state * cfg.max_states
         self.allocator = PageAllocator(num_pages)
         shape = (mc.depth, num_pages, mc.num_heads, page, head_dim)
@@ -187,15 +207,22 @@ class WorldGenerator:
         self._live = 0
 
     # -- state lifecycle ------------------------------------------------------------------
-    def new_state(self, prompt: str, seed: int, start_frames: np.ndarray | None = None
-                  ) -> WorldState:
+    def new_state(
+        self, prompt: str, seed: int, start_frames: np.ndarray | None = None
+    ) -> WorldState:
         """A stream that starts from ``start_frames`` (``(chunk_frames, H, W, 3)`` uint8), by
         default simulator frames of the prompt's nearest scene at world ``seed``."""
         emb = torch.as_tensor(np.array(text_encoder.embed(prompt)))
-        if start_frames is not None and start_frames.shape != (self.chunk_frames, self.height,
-                                                               self.width, 3):
-            raise ValueError(f"start_frames must be ({self.chunk_frames}, {self.height}, "
-                             f"{self.width}, 3) uint8, got {start_frames.shape}")
+        if start_frames is not None and start_frames.shape != (
+            self.chunk_frames,
+            self.height,
+            self.width,
+            3,
+        ):
+            raise ValueError(
+                f"start_frames must be ({self.chunk_frames}, {self.height}, "
+                f"{self.width}, 3) uint8, got {start_frames.shape}"
+            )
         with self._lock:
             if self._live >= self.max_states:
                 raise CapacityError(f"all {self.max_states} model states are in use", 5.0)
@@ -204,12 +231,17 @@ class WorldGenerator:
                 frames = np.stack([sim.step(IDLE) for _ in range(self.chunk_frames)])
             else:
                 frames = start_frames
-            table = PageTable(self.allocator, pages_per_chunk=self.chunk_frames,
-                              window_chunks=self.config.window_chunks, sink=self.config.sink,
-                              max_chunks=self.config.memory_chunks)
+            table = PageTable(
+                self.allocator,
+                pages_per_chunk=self.chunk_frames,
+                window_chunks=self.config.window_chunks,
+                sink=self.config.sink,
+                max_chunks=self.config.memory_chunks,
+            )
             self._live += 1
-            return WorldState(table, prompt, emb, torch.Generator().manual_seed(seed),
-                              start_frames=frames)
+            return WorldState(
+                table, prompt, emb, torch.Generator().manual_seed(seed), start_frames=frames
+            )
 
     @torch.no_grad()
     def observe(self, state: WorldState, frames: np.ndarray, actions: list[int]) -> None:
@@ -220,13 +252,15 @@ class WorldGenerator:
             self._prepare(state)
             x = frames_to_tensor(frames).to(self.device, self.config.dtype)
             latents = self.model.normalize(self.ae.encoder(x).float())
-            rec = _ChunkRecord(latents, state.history[-1].latents[-1], list(actions),
-                               state.position)
+            rec = _ChunkRecord(
+                latents, state.history[-1].latents[-1], list(actions), state.position
+            )
             self._cache_fill_chunks(state, [rec], replace=False)
             self._trim_history(state)
 
-    def set_prompt(self, state: WorldState, text: str, blend_text: str | None = None,
-                   blend_weight: float = 0.0) -> None:
+    def set_prompt(
+        self, state: WorldState, text: str, blend_text: str | None = None, blend_weight: float = 0.0
+    ) -> None:
         emb = torch.as_tensor(np.array(text_encoder.embed_blend(text, blend_text, blend_weight)))
         with self._lock:
             state.prompt, state.text = text, emb
@@ -237,10 +271,18 @@ class WorldGenerator:
             if self._live >= self.max_states:
                 raise CapacityError(f"all {self.max_states} model states are in use", 5.0)
             self._live += 1
-            rng = torch.Generator().manual_seed(int(torch.randint(0, 2**62, (1,),
-                                                                  generator=state.rng)))
-            return WorldState(state.table.fork(), state.prompt, state.text, rng,
-                              deque(state.history), state.start_frames, state.needs_recache)
+            rng = torch.Generator().manual_seed(
+                int(torch.randint(0, 2**62, (1,), generator=state.rng))
+            )
+            return WorldState(
+                state.table.fork(),
+                state.prompt,
+                state.text,
+                rng,
+                deque(state.history),
+                state.start_frames,
+                state.needs_recache,
+            )
 
     def free(self, state: WorldState) -> None:
         with self._lock:
@@ -252,8 +294,9 @@ class WorldGenerator:
     def rewind(self, state: WorldState, chunks: int) -> None:
         with self._lock:
             if chunks >= len(state.history):
-                raise ValueError(f"cannot rewind {chunks} chunks; "
-                                 f"{max(len(state.history) - 1, 0)} are kept")
+                raise ValueError(
+                    f"cannot rewind {chunks} chunks; {max(len(state.history) - 1, 0)} are kept"
+                )
             state.table.rewind(chunks)
             for _ in range(chunks):
                 state.history.pop()
@@ -283,8 +326,9 @@ class WorldGenerator:
         if job.state.freed:
             raise ValueError("state was freed")
         if job.num_frames != self.chunk_frames:
-            raise ValueError(f"this model generates chunks of {self.chunk_frames} frames, "
-                             f"got {job.num_frames}")
+            raise ValueError(
+                f"this model generates chunks of {self.chunk_frames} frames, got {job.num_frames}"
+            )
         if any(not 0 <= a < self.model.config.num_actions for a in job.actions):
             raise ValueError(f"action ids must be in [0, {self.model.config.num_actions})")
 
@@ -293,16 +337,18 @@ class WorldGenerator:
         if state.start_frames is not None:
             x = frames_to_tensor(state.start_frames).to(self.device, self.config.dtype)
             latents = self.model.normalize(self.ae.encoder(x).float())
-            self._cache_fill_chunks(state, [_ChunkRecord(latents, None, [IDLE] * len(latents), 0)],
-                                    replace=False)
+            self._cache_fill_chunks(
+                state, [_ChunkRecord(latents, None, [IDLE] * len(latents), 0)], replace=False
+            )
             state.start_frames = None
         elif state.needs_recache:
-            window = list(state.history)[-self.config.window_chunks:]
+            window = list(state.history)[-self.config.window_chunks :]
             self._cache_fill_chunks(state, window, replace=True)
             state.needs_recache = False
 
-    def _cache_fill_chunks(self, state: WorldState, records: list[_ChunkRecord],
-                           replace: bool) -> None:
+    def _cache_fill_chunks(
+        self, state: WorldState, records: list[_ChunkRecord], replace: bool
+    ) -> None:
         """Cache-fill ``records`` one after the other under the state's current text; new
         pages are appended (prefill) or swapped in for the window's (recache, copy-on-write)."""
         table = state.table
@@ -312,15 +358,15 @@ class WorldGenerator:
             if pages is None:
                 raise CapacityError("KV page pool exhausted", 2.0)
             if replace:
-                old = window[n * self.chunk_frames:(n + 1) * self.chunk_frames]
-                context = table.sink_pages() + window[:n * self.chunk_frames]
+                old = window[n * self.chunk_frames : (n + 1) * self.chunk_frames]
+                context = table.sink_pages() + window[: n * self.chunk_frames]
             else:
                 context = table.attended_pages()
             self._forward_fill([state], [rec], [pages], [context])
             if replace:
                 for o, p in zip(old, pages):
                     table.replace_page(o, p)
-                window[n * self.chunk_frames:(n + 1) * self.chunk_frames] = pages
+                window[n * self.chunk_frames : (n + 1) * self.chunk_frames] = pages
             else:
                 table.append_chunk(pages)
                 state.history.append(rec)
@@ -329,32 +375,51 @@ class WorldGenerator:
         """Conditioning tensors for a batch of chunks (one record per state)."""
         f = self.chunk_frames
         mc = self.model.config
-        prev = torch.stack([r.prev if r.prev is not None else
-                            torch.zeros(mc.latent_channels, mc.latent_size, mc.latent_size)
-                            for r in records]).to(self.device)
+        prev = torch.stack(
+            [
+                r.prev
+                if r.prev is not None
+                else torch.zeros(mc.latent_channels, mc.latent_size, mc.latent_size)
+                for r in records
+            ]
+        ).to(self.device)
         prev = prev[:, None].expand(-1, f, -1, -1, -1).to(self.config.dtype)
-        prev_sigma = torch.tensor([[self.config.ctx_sigma if r.prev is not None else 1.0] * f
-                                   for r in records], device=self.device)
+        prev_sigma = torch.tensor(
+            [[self.config.ctx_sigma if r.prev is not None else 1.0] * f for r in records],
+            device=self.device,
+        )
         actions = torch.tensor([r.actions for r in records], device=self.device)
         txt = torch.stack([s.text for s in states]).to(self.device)[:, None].expand(-1, f, -1)
-        pos = torch.tensor([[r.position + i for i in range(f)] for r in records],
-                           device=self.device)
+        pos = torch.tensor(
+            [[r.position + i for i in range(f)] for r in records], device=self.device
+        )
         return prev, prev_sigma, actions, txt, pos
 
-    def _context(self, pages: list[list[int]], contexts: list[list[int]],
-                 candidates: list[list[int]] | None = None) -> PagedAttentionContext:
+    def _context(
+        self,
+        pages: list[list[int]],
+        contexts: list[list[int]],
+        candidates: list[list[int]] | None = None,
+    ) -> PagedAttentionContext:
         new = torch.tensor([p for ps in pages for p in ps], device=self.device)
         always = [c + p for c, p in zip(contexts, pages)]
-        return PagedAttentionContext(self.k_pool, self.v_pool, new, always,
-                                     candidates or [[] for _ in pages],
-                                     self.config.topk_pages, self.backend)
+        return PagedAttentionContext(
+            self.k_pool,
+            self.v_pool,
+            new,
+            always,
+            candidates or [[] for _ in pages],
+            self.config.topk_pages,
+            self.backend,
+        )
 
     def _forward_fill(self, states, records, pages, contexts) -> None:
         prev, prev_sigma, actions, txt, pos = self._inputs(states, records)
         latents = torch.stack([r.latents for r in records]).to(self.device, self.config.dtype)
         sigma = torch.full(actions.shape, self.config.ctx_sigma, device=self.device)
-        self.model(latents, prev, prev_sigma, sigma, actions, txt, pos,
-                   self._context(pages, contexts))
+        self.model(
+            latents, prev, prev_sigma, sigma, actions, txt, pos, self._context(pages, contexts)
+        )
 
     def _trim_history(self, state: WorldState) -> None:
         while len(state.history) > self.config.memory_chunks + (1 if self.config.sink else 0):
@@ -364,15 +429,18 @@ class WorldGenerator:
         """Model-space latents ``(N, C, h, w)`` -> ``(N, H, W, 3)`` uint8 frames."""
         with torch.no_grad():
             flat = self.model.denormalize(latents.to(self.device).float())
-            return tensor_to_frames(self.ae.decoder(flat.to(self.config.dtype)).float()
-                                    .clamp(-1, 1)).cpu().numpy()
+            return (
+                tensor_to_frames(self.ae.decoder(flat.to(self.config.dtype)).float().clamp(-1, 1))
+                .cpu()
+                .numpy()
+            )
 
     def _generate_group(self, jobs: list[ChunkJob], decode: bool = True) -> list[ChunkResult]:
         cfg, f = self.config, self.chunk_frames
         mc = self.model.config
         results: list[ChunkResult | None] = [None] * len(jobs)
         live, pages = [], []
-        for i, job in enumerate(jobs):
+        for i in range(len(jobs)):
             got = self.allocator.allocate(f)
             if got is None:
                 results[i] = ChunkResult(None, error=CapacityError("KV page pool exhausted", 2.0))
@@ -382,16 +450,26 @@ class WorldGenerator:
         if not live:
             return results
         states = [jobs[i].state for i in live]
-        records = [_ChunkRecord(None, s.history[-1].latents[-1], jobs[i].actions, s.position)
-                   for i, s in zip(live, states)]
+        records = [
+            _ChunkRecord(None, s.history[-1].latents[-1], jobs[i].actions, s.position)
+            for i, s in zip(live, states)
+        ]
         contexts = [s.table.attended_pages() for s in states]
         candidates = [s.table.older_pages() for s in states]
         prev, prev_sigma, actions, txt, pos = self._inputs(states, records)
-        noise = torch.stack([
-            torch.randn((f, mc.latent_channels, mc.latent_size, mc.latent_size),
-                        generator=(torch.Generator().manual_seed(jobs[i].seed)
-                                   if jobs[i].seed is not None else s.rng))
-            for i, s in zip(live, states)]).to(self.device)
+        noise = torch.stack(
+            [
+                torch.randn(
+                    (f, mc.latent_channels, mc.latent_size, mc.latent_size),
+                    generator=(
+                        torch.Generator().manual_seed(jobs[i].seed)
+                        if jobs[i].seed is not None
+                        else s.rng
+                    ),
+                )
+                for i, s in zip(live, states)
+            ]
+        ).to(self.device)
         ctx = self._context(pages, contexts, candidates)
 
         def predict_x0(x, sigma):
@@ -410,13 +488,20 @@ class WorldGenerator:
             self._trim_history(s)
         t2 = time.perf_counter()
         if not decode:
-            return [ChunkResult(None, {"denoise": (t1 - t0) * 1e3, "cache_fill": (t2 - t1) * 1e3})
-                    if res is None else res for res in results]
+            return [
+                ChunkResult(None, {"denoise": (t1 - t0) * 1e3, "cache_fill": (t2 - t1) * 1e3})
+                if res is None
+                else res
+                for res in results
+            ]
         rgb = self.decode_latents(x0.reshape(-1, *x0.shape[2:]))
         rgb = rgb.reshape(len(live), f, self.height, self.width, 3)
         t3 = time.perf_counter()
-        stages = {"denoise": (t1 - t0) * 1e3, "cache_fill": (t2 - t1) * 1e3,
-                  "decode": (t3 - t2) * 1e3}
+        stages = {
+            "denoise": (t1 - t0) * 1e3,
+            "cache_fill": (t2 - t1) * 1e3,
+            "decode": (t3 - t2) * 1e3,
+        }
         for n, i in enumerate(live):
             results[i] = ChunkResult(rgb[n], dict(stages))
         return results
@@ -426,5 +511,8 @@ def load_builtin_backend(path: str | Path = BUILTIN_DIR, **kwargs) -> WorldGener
     """The shipped built-in model (``assets/builtin/{transformer,vae}``) as a backend.
     ``kwargs`` go to :class:`GeneratorConfig`. FileNotFoundError names a missing weights file."""
     path = Path(path)
-    return WorldGenerator(load_world_model(path / "transformer"), load_autoencoder(path / "vae"),
-                          GeneratorConfig(**kwargs))
+    return WorldGenerator(
+        load_world_model(path / "transformer"),
+        load_autoencoder(path / "vae"),
+        GeneratorConfig(**kwargs),
+    )

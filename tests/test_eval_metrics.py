@@ -3,8 +3,7 @@
 import numpy as np
 import pytest
 
-from engine.evaluation.metrics import (SceneClassifier, image_shift, motion_class, psnr,
-                                       sharpness)
+from engine.evaluation.metrics import SceneClassifier, image_shift, motion_class, psnr, sharpness
 from engine.evaluation.run import action_hits, record
 from engine.worlds.scenes import SCENE_NAMES
 
@@ -33,21 +32,27 @@ def test_action_metric_scores_ground_truth_near_one(seed):
 def test_action_metric_rejects_frozen_video():
     ep = record(11, 64)
     frozen = np.repeat(ep.frames[:1], len(ep.frames), axis=0)
-    moving = [motion_class(*(-(ep.offsets[c * 2 + 1] - ep.offsets[c * 2 - 1]))) != (0, 0)
-              for c in range(1, 32)]
+    moving = [
+        motion_class(*(-(ep.offsets[c * 2 + 1] - ep.offsets[c * 2 - 1]))) != (0, 0)
+        for c in range(1, 32)
+    ]
     # a still picture only scores on the chunks where the camera was still
-    assert np.mean(action_hits(frozen, ep.offsets, 2)) == pytest.approx(1 - np.mean(moving),
-                                                                         abs=0.05)
+    assert np.mean(action_hits(frozen, ep.offsets, 2)) == pytest.approx(
+        1 - np.mean(moving), abs=0.05
+    )
 
 
 def test_sharpness_drops_with_blur():
     img = record(5, 4).frames[-1]
-    blurred = ((img[:-1, :-1].astype(int) + img[1:, :-1] + img[:-1, 1:] + img[1:, 1:]) // 4)
+    blurred = (img[:-1, :-1].astype(int) + img[1:, :-1] + img[:-1, 1:] + img[1:, 1:]) // 4
     assert sharpness(blurred.astype(np.uint8)) < 0.7 * sharpness(img)
 
 
 def test_scene_classifier_on_unseen_worlds():
     clf = SceneClassifier({s: record(500 + k, 24, s).frames for k, s in enumerate(SCENE_NAMES)})
-    correct = [clf.predict(f) == s for k, s in enumerate(SCENE_NAMES)
-               for f in record(600 + k, 24, s).frames[::3]]
+    correct = [
+        clf.predict(f) == s
+        for k, s in enumerate(SCENE_NAMES)
+        for f in record(600 + k, 24, s).frames[::3]
+    ]
     assert np.mean(correct) >= 0.9

@@ -30,7 +30,7 @@ def window_mask(num_chunks: int, window: int, sink: bool) -> torch.Tensor:
     j = torch.arange(num_chunks)[None, :]
     mask = (j <= i) & (j >= i - window)
     if sink:
-        mask |= (j == 0)
+        mask |= j == 0
     return mask.repeat_interleave(F, 0).repeat_interleave(F, 1)
 
 
@@ -67,23 +67,31 @@ def test_cached_generation_equals_dense_block_causal_forward(window, sink):
     mask = expand_frame_mask(window_mask(n_chunks, window, sink), m.tokens_per_frame)
     for last in range(1, n_chunks):
         seq = torch.cat(all_lat[:last]).clone()
-        noise = torch.randn((F, mc.latent_channels, 16, 16),
-                            generator=torch.Generator().manual_seed(100 + last - 1))
+        noise = torch.randn(
+            (F, mc.latent_channels, 16, 16), generator=torch.Generator().manual_seed(100 + last - 1)
+        )
         seq = torch.cat([seq, noise])[None]
         k = (last + 1) * F
         sigma = torch.full((1, k), gen.config.ctx_sigma)
         sigma[:, -F:] = 1.0
-        prev = torch.cat(all_prev[:last + 1])[None]
+        prev = torch.cat(all_prev[: last + 1])[None]
         prev_sigma = torch.full((1, k), gen.config.ctx_sigma)
         prev_sigma[:, :F] = 1.0
         with torch.no_grad():
-            out = m(seq, prev, prev_sigma, sigma, torch.cat(all_act[:last + 1])[None],
-                    text[:, :k], torch.cat(all_pos[:last + 1])[None],
-                    DenseContext(mask[:k * 64, :k * 64]))
+            out = m(
+                seq,
+                prev,
+                prev_sigma,
+                sigma,
+                torch.cat(all_act[: last + 1])[None],
+                text[:, :k],
+                torch.cat(all_pos[: last + 1])[None],
+                DenseContext(mask[: k * 64, : k * 64]),
+            )
         got = recs[last].latents
         assert torch.allclose(out[0, -F:], got, atol=1e-4), (last, (out[0, -F:] - got).abs().max())
     # the first run (bounded memory, eviction) produced the same chunks as the unbounded one
-    for a, b in zip(records, recs[-len(records):]):
+    for a, b in zip(records, recs[-len(records) :]):
         assert torch.allclose(a.latents, b.latents, atol=1e-5)
 
 
@@ -102,8 +110,9 @@ def test_batched_sessions_equal_one_at_a_time():
     states2 = [gen2.new_state(p, seed=i) for i, p in enumerate(prompts)]
     batched = [[] for _ in states2]
     for n in range(3):
-        res = gen2.generate([ChunkJob(s, [i, 8 - i], steps=2, seed=10 * i + n)
-                             for i, s in enumerate(states2)])
+        res = gen2.generate(
+            [ChunkJob(s, [i, 8 - i], steps=2, seed=10 * i + n) for i, s in enumerate(states2)]
+        )
         for i, r in enumerate(res):
             batched[i].append(r.frames)
     for a, b in zip(solo, batched):

@@ -31,6 +31,9 @@ def test_shipped_model_denoises_toward_the_truth():
             x[:, 2:] = (1 - sigma) * z[:, 2:] + sigma * noise[:, 2:]
             sig = torch.tensor([[0.05, 0.05, sigma, sigma]])
             pred = m(x, prev, prev_sig, sig, act, txt, pos, DenseContext(mask))
-            errors[sigma] = (((pred - z)[:, 2:]) ** 2).mean().item(), (((x - z)[:, 2:]) ** 2).mean().item()
+            errors[sigma] = (
+                (((pred - z)[:, 2:]) ** 2).mean().item(),
+                (((x - z)[:, 2:]) ** 2).mean().item(),
+            )
     for sigma, (after, before) in errors.items():
         assert after < 0.5 * before, (sigma, after, before)

@@ -43,10 +43,10 @@ def test_camera_accelerates_then_coasts_and_content_moves_against_it():
         dx, dy = image_shift(frames[i - 1], frames[i])
         speeds.append(-dx)
         assert abs(dy) < 0.6
-    assert speeds[0] < speeds[10]            # acceleration: not a copy of the keys
-    assert 2.0 <= max(speeds) <= 4.0         # a few pixels per frame
-    assert speeds[20] > 0.5                  # inertia: still moving after release
-    assert abs(speeds[-1]) < 0.6             # and then it stops
+    assert speeds[0] < speeds[10]  # acceleration: not a copy of the keys
+    assert 2.0 <= max(speeds) <= 4.0  # a few pixels per frame
+    assert speeds[20] > 0.5  # inertia: still moving after release
+    assert abs(speeds[-1]) < 0.6  # and then it stops
 
 
 def test_scenes_are_distinct_and_have_paraphrases():

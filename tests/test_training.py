@@ -36,11 +36,22 @@ def test_denoise_with_an_oracle_returns_the_data():
 
 def test_train_world_resumes_and_exports(tmp_path):
     g = torch.Generator().manual_seed(0)
-    data = LatentDataset(torch.randn(3, 12, 8, 16, 16, generator=g).half(),
-                         torch.randint(0, 9, (3, 12), generator=g),
-                         torch.randint(0, 2, (3, 12), generator=g), torch.randn(2, 384))
-    kw = dict(batch=2, frames=4, chunk_frames=2, dim=32, depth=1, num_heads=1,
-              ckpt_every=1, export_every=100)
+    data = LatentDataset(
+        torch.randn(3, 12, 8, 16, 16, generator=g).half(),
+        torch.randint(0, 9, (3, 12), generator=g),
+        torch.randint(0, 2, (3, 12), generator=g),
+        torch.randn(2, 384),
+    )
+    kw = dict(
+        batch=2,
+        frames=4,
+        chunk_frames=2,
+        dim=32,
+        depth=1,
+        num_heads=1,
+        ckpt_every=1,
+        export_every=100,
+    )
     first = train_world(data, tmp_path / "out", tmp_path / "run", steps=2, **kw)
     assert first["steps"] == 2
     again = train_world(data, tmp_path / "out", tmp_path / "run", steps=3, **kw)

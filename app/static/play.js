@@ -19,8 +19,11 @@
     held: new Set(), sentAt: new Map(), frames: new Map(), rtpOrigin: null, misses: 0,
     lastActionSeq: -1, a2p: [], presented: [], jitterMs: null, genMs: null, dropped: 0,
     chart: [], jbLast: null, recording: false, statsTimer: null, connecting: false,
+    // hooks for add-ons (latency_lab.js): action({seq, t, keys, cause}), presented(meta, at)
+    listeners: { action: [], presented: [] },
   };
   window.worldstream = S;
+  const emit = (kind, ...args) => S.listeners[kind].forEach((fn) => fn(...args));
 
   // ------------------------------------------------------------------ helpers
   const log = (text, isError) => {
@@ -53,6 +56,7 @@
   function onServerMessage(msg) {
     switch (msg.type) {
       case "frame":
+        msg.received_at = performance.now();
         S.frames.set(msg.rtp_ts, msg);
         if (S.frames.size > 600) S.frames.delete(S.frames.keys().next().value);
         break;
@@ -120,6 +124,7 @@
   // newer action gives one action-to-photon sample: shownAt - the time the action was sent.
   function onPresented(meta, shownAt) {
     push(S.presented, shownAt, 60);
+    emit("presented", meta, shownAt);
     if (meta.action_seq > S.lastActionSeq) {
       S.lastActionSeq = meta.action_seq;
       const sentAt = S.sentAt.get(meta.action_seq) ?? meta.action_t;
@@ -214,11 +219,13 @@
   }
 
   // ------------------------------------------------------------------ keys
-  function sendKeys() {
+  // cause: the key event behind the change, {key, down, t: event time}, when there is one
+  function sendKeys(cause) {
     const seq = nextSeq(), t = performance.now();
     S.sentAt.set(seq, t);
     if (S.sentAt.size > 500) S.sentAt.delete(S.sentAt.keys().next().value);
     send({ type: "action", seq, t, keys: [...S.held] });
+    emit("action", { seq, t, keys: [...S.held], cause });
     document.querySelectorAll(".ws-keys [data-key]").forEach((el) =>
       el.classList.toggle("ws-held", S.held.has(el.dataset.key)));
   }
@@ -234,7 +241,7 @@
     const down = e.type === "keydown";
     if (down === S.held.has(key)) return;
     if (down) S.held.add(key); else S.held.delete(key);
-    sendKeys();
+    sendKeys({ key, down, t: e.timeStamp });
   }
   function releaseAll() {
     if (S.held.size) { S.held.clear(); sendKeys(); }
@@ -318,6 +325,7 @@
         const view = new DataView(e.data);
         const size = view.getUint32(0);
         const meta = JSON.parse(new TextDecoder().decode(new Uint8Array(e.data, 4, size)));
+        meta.received_at = performance.now();
         const bitmap = await createImageBitmap(new Blob([new Uint8Array(e.data, 4 + size)],
           { type: "image/jpeg" }));
         if (canvas.width !== bitmap.width) { canvas.width = bitmap.width; canvas.height = bitmap.height; }

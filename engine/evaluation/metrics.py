@@ -48,8 +48,10 @@ def image_shift(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
 
 def motion_class(dx: float, dy: float, threshold: float = 0.5) -> tuple[int, int]:
     """Per-axis direction in {-1, 0, 1}: |d| below ``threshold`` pixels counts as still."""
-    return (int(np.sign(dx)) if abs(dx) >= threshold else 0,
-            int(np.sign(dy)) if abs(dy) >= threshold else 0)
+    return (
+        int(np.sign(dx)) if abs(dx) >= threshold else 0,
+        int(np.sign(dy)) if abs(dy) >= threshold else 0,
+    )
 
 
 def sharpness(rgb: np.ndarray) -> float:
@@ -72,9 +74,12 @@ class SceneClassifier:
 
     def __init__(self, frames_by_scene: dict[str, np.ndarray]):
         self.names = list(frames_by_scene)
-        self.centroids = np.stack([
-            np.mean([colour_features(f) for f in frames], axis=0)
-            for frames in frames_by_scene.values()])
+        self.centroids = np.stack(
+            [
+                np.mean([colour_features(f) for f in frames], axis=0)
+                for frames in frames_by_scene.values()
+            ]
+        )
 
     def predict(self, rgb: np.ndarray) -> str:
         d = np.linalg.norm(self.centroids - colour_features(rgb), axis=1)

@@ -22,8 +22,7 @@ import torch
 from tqdm import tqdm
 
 from engine.backend import ChunkJob
-from engine.evaluation.metrics import (SceneClassifier, image_shift, motion_class, psnr,
-                                       sharpness)
+from engine.evaluation.metrics import SceneClassifier, image_shift, motion_class, psnr, sharpness
 from engine.generator import WorldGenerator
 from engine.models.autoencoder import frames_to_tensor, tensor_to_frames
 from engine.training.data import HELDOUT_SEED0
@@ -36,15 +35,20 @@ FPS = 15
 
 @dataclass
 class Episode:
-    frames: np.ndarray      # (L, H, W, 3) uint8
-    actions: list[int]      # (L,) action that produced each frame
-    offsets: np.ndarray     # (L, 2) integer camera offset (x, y) of each frame
+    frames: np.ndarray  # (L, H, W, 3) uint8
+    actions: list[int]  # (L,) action that produced each frame
+    offsets: np.ndarray  # (L, 2) integer camera offset (x, y) of each frame
     scene: str
     prompt: str
 
 
-def record(seed: int, length: int, scene: str | None = None,
-           switch_at: int | None = None, switch_to: str | None = None) -> Episode:
+def record(
+    seed: int,
+    length: int,
+    scene: str | None = None,
+    switch_at: int | None = None,
+    switch_to: str | None = None,
+) -> Episode:
     """A held-out episode of human-like play (camera offsets kept for motion ground truth)."""
     rng = np.random.default_rng([seed, 7])
     scene = scene or SCENE_NAMES[int(rng.integers(len(SCENE_NAMES)))]
@@ -65,7 +69,7 @@ def record(seed: int, length: int, scene: str | None = None,
 def _chunks(ep: Episode, f: int, start: int = 1):
     """(index, actions) of each chunk after the first one."""
     for c in range(start, len(ep.actions) // f):
-        yield c, ep.actions[c * f:(c + 1) * f]
+        yield c, ep.actions[c * f : (c + 1) * f]
 
 
 def ae_psnr(gen: WorldGenerator, frames: np.ndarray) -> float:
@@ -88,15 +92,16 @@ def teacher_forced(gen: WorldGenerator, ep: Episode, steps: int, seed: int) -> l
             gen.free(branch)
             if res.error:
                 raise res.error
-            scores += [psnr(a, b) for a, b in zip(res.frames, ep.frames[c * f:(c + 1) * f])]
-            gen.observe(state, ep.frames[c * f:(c + 1) * f], acts)
+            scores += [psnr(a, b) for a, b in zip(res.frames, ep.frames[c * f : (c + 1) * f])]
+            gen.observe(state, ep.frames[c * f : (c + 1) * f], acts)
     finally:
         gen.free(state)
     return scores
 
 
-def rollout(gen: WorldGenerator, ep: Episode, steps: int, seed: int,
-            switch: tuple[int, str] | None = None) -> np.ndarray:
+def rollout(
+    gen: WorldGenerator, ep: Episode, steps: int, seed: int, switch: tuple[int, str] | None = None
+) -> np.ndarray:
     """Free rollout from the true first chunk with the episode's actions; ``switch`` =
     (chunk index, new prompt). Returns all frames, the true first chunk included."""
     f = gen.chunk_frames
@@ -135,8 +140,7 @@ def drift(gen: WorldGenerator, ep_seed: int, steps: int, length: int = 3000) -> 
     state = gen.new_state(ep.prompt, ep_seed, start_frames=ep.frames[:f])
     early, late = [], []
     try:
-        for c, acts in tqdm(list(_chunks(ep, f)), desc="drift rollout", unit="chunk",
-                            leave=False):
+        for c, acts in tqdm(list(_chunks(ep, f)), desc="drift rollout", unit="chunk", leave=False):
             (res,) = gen.generate([ChunkJob(state, acts, steps, seed=ep_seed + c)], decode=False)
             if res.error:
                 raise res.error
@@ -151,22 +155,26 @@ def drift(gen: WorldGenerator, ep_seed: int, steps: int, length: int = 3000) -> 
     s_real = np.mean([sharpness(x) for x in ep.frames[50:150]])
     c_early = np.mean(np.stack(early), axis=(0, 1, 2))
     c_late = np.mean(np.stack(late), axis=(0, 1, 2))
-    return {"sharpness": round(float(s_late / s_early), 3),
-            "colour": round(float(c_late.mean() / c_early.mean()), 3),
-            "colour_rgb": [round(float(x), 3) for x in c_late / c_early],
-            "sharpness_vs_real_50_150": round(float(s_early / s_real), 3)}
+    return {
+        "sharpness": round(float(s_late / s_early), 3),
+        "colour": round(float(c_late.mean() / c_early.mean()), 3),
+        "colour_rgb": [round(float(x), 3) for x in c_late / c_early],
+        "sharpness_vs_real_50_150": round(float(s_early / s_real), 3),
+    }
 
 
 def _scene_classifier(n_frames: int = 48) -> SceneClassifier:
     by_scene = {}
     for k, scene in enumerate(SCENE_NAMES):
-        by_scene[scene] = np.concatenate([record(1000 + 10 * k + j, n_frames, scene).frames
-                                          for j in range(2)])
+        by_scene[scene] = np.concatenate(
+            [record(1000 + 10 * k + j, n_frames, scene).frames for j in range(2)]
+        )
     return SceneClassifier(by_scene)
 
 
-def evaluate(gen: WorldGenerator, quick: bool = True, steps: int = 4,
-             drift_steps: int | None = None) -> dict:
+def evaluate(
+    gen: WorldGenerator, quick: bool = True, steps: int = 4, drift_steps: int | None = None
+) -> dict:
     """Run every metric; ``quick`` uses fewer episodes (<= 2 minutes on a 2-core CPU)."""
     t0 = time.perf_counter()
     f = gen.chunk_frames
@@ -177,12 +185,23 @@ def evaluate(gen: WorldGenerator, quick: bool = True, steps: int = 4,
     out["ae_psnr_db"] = round(np.mean([ae_psnr(gen, ep.frames) for ep in episodes]), 2)
     tf = [s for ep, sd in zip(episodes, seeds) for s in teacher_forced(gen, ep, steps, sd)]
     out["teacher_forced_psnr_db"] = round(float(np.mean(tf)), 2)
-    copy = [psnr(ep.frames[i], ep.frames[i - 1]) for ep in episodes
-            for i in range(f, len(ep.frames))]
+    copy = [
+        psnr(ep.frames[i], ep.frames[i - 1]) for ep in episodes for i in range(f, len(ep.frames))
+    ]
     out["copy_last_frame_psnr_db"] = round(float(np.mean(copy)), 2)  # the trivial baseline
     rolls = [rollout(gen, ep, steps, sd) for ep, sd in zip(episodes, seeds)]
-    out["rollout_psnr_db_16"] = round(float(np.mean(
-        [psnr(r[i], ep.frames[i]) for r, ep in zip(rolls, episodes) for i in range(f, f + 16)])), 2)
+    out["rollout_psnr_db_16"] = round(
+        float(
+            np.mean(
+                [
+                    psnr(r[i], ep.frames[i])
+                    for r, ep in zip(rolls, episodes)
+                    for i in range(f, f + 16)
+                ]
+            )
+        ),
+        2,
+    )
     hits = [h for r, ep in zip(rolls, episodes) for h in action_hits(r, ep.offsets, f)]
     truth = [h for ep in episodes for h in action_hits(ep.frames, ep.offsets, f)]
     out["action_accuracy"] = round(float(np.mean(hits)), 3)
@@ -195,8 +214,13 @@ def evaluate(gen: WorldGenerator, quick: bool = True, steps: int = 4,
     for i in range(n_sw):
         a, b = SCENE_NAMES[i % 4], SCENE_NAMES[(i + 1 + i // 4) % 4]
         sw_frame = switch_chunk * f
-        ep = record(HELDOUT_SEED0 + 200 + i, sw_frame + 2 * FPS + f, scene=a,
-                    switch_at=sw_frame, switch_to=b)
+        ep = record(
+            HELDOUT_SEED0 + 200 + i,
+            sw_frame + 2 * FPS + f,
+            scene=a,
+            switch_at=sw_frame,
+            switch_to=b,
+        )
         new_prompt = SCENES[b]["prompts"][i % len(SCENES[b]["prompts"])]
         frames = rollout(gen, ep, steps, HELDOUT_SEED0 + 200 + i, (switch_chunk, new_prompt))
         window = range(sw_frame + FPS, sw_frame + 2 * FPS)

@@ -21,8 +21,9 @@ import torch.nn.functional as F
 
 
 class AttentionContext(Protocol):
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
-        ...
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int
+    ) -> torch.Tensor: ...
 
 
 @dataclass
@@ -61,7 +62,8 @@ def teacher_forcing_frame_mask(num_frames: int, chunk_frames: int) -> torch.Tens
     return torch.cat([top, bottom], dim=0)
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int,
-           ctx: AttentionContext) -> torch.Tensor:
+def attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, ctx: AttentionContext
+) -> torch.Tensor:
     """The single attention call of the model: ``(B, H, Lq, D)`` -> ``(B, H, Lq, D)``."""
     return ctx.attend(q, k, v, layer)

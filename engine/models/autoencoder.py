@@ -40,13 +40,17 @@ def tensor_to_frames(x: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def encode(ae: AutoencoderTiny, frames: torch.Tensor, batch: int = 64) -> torch.Tensor:
     """``(N, 3, 128, 128)`` in [-1, 1] -> ``(N, 8, 16, 16)`` float32 latents."""
-    return torch.cat([ae.encoder(frames[i:i + batch]).float() for i in range(0, len(frames), batch)])
+    return torch.cat(
+        [ae.encoder(frames[i : i + batch]).float() for i in range(0, len(frames), batch)]
+    )
 
 
 @torch.no_grad()
 def decode(ae: AutoencoderTiny, latents: torch.Tensor, batch: int = 64) -> torch.Tensor:
     """``(N, 8, 16, 16)`` latents -> ``(N, 3, 128, 128)`` float32 in [-1, 1]."""
-    return torch.cat([ae.decoder(latents[i:i + batch]).float() for i in range(0, len(latents), batch)])
+    return torch.cat(
+        [ae.decoder(latents[i : i + batch]).float() for i in range(0, len(latents), batch)]
+    )
 
 
 def psnr_db(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -18,7 +18,8 @@ def _check(folder: Path) -> None:
         if not (folder / name).is_file():
             raise FileNotFoundError(
                 f"model file missing: {folder / name} (train it with `worldstream train-ae` / "
-                "`worldstream train-world`, or restore it from git)")
+                "`worldstream train-world`, or restore it from git)"
+            )
 
 
 def _load(cls, folder: Path):

@@ -35,7 +35,9 @@ def _rope_cos_sin(positions: torch.Tensor, head_dim: int) -> tuple[torch.Tensor,
     """cos/sin tables ``(B, 1, L, head_dim)`` for integer positions ``(B, L)``; angles in float64
     so that large stream positions keep full precision."""
     half = head_dim // 2
-    inv = 1.0 / (10000.0 ** (torch.arange(half, device=positions.device, dtype=torch.float64) / half))
+    inv = 1.0 / (
+        10000.0 ** (torch.arange(half, device=positions.device, dtype=torch.float64) / half)
+    )
     ang = positions.to(torch.float64)[..., None] * inv
     ang = torch.cat([ang, ang], dim=-1)[:, None]
     return ang.cos().float(), ang.sin().float()
@@ -59,8 +61,9 @@ class WorldDiTBlock(nn.Module):
         self.proj = nn.Linear(dim, dim)
         self.norm2 = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
         hidden = int(dim * mlp_ratio)
-        self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(approximate="tanh"),
-                                 nn.Linear(hidden, dim))
+        self.mlp = nn.Sequential(
+            nn.Linear(dim, hidden), nn.GELU(approximate="tanh"), nn.Linear(hidden, dim)
+        )
         self.ada = nn.Linear(dim, 6 * dim)
         nn.init.zeros_(self.ada.weight)
         nn.init.zeros_(self.ada.bias)
@@ -107,11 +110,22 @@ class WorldDiT(ModelMixin, ConfigMixin):
         return mean[:, None, None], std[:, None, None]
 
     @register_to_config
-    def __init__(self, latent_channels: int = 8, latent_size: int = 16, patch_size: int = 2,
-                 dim: int = 192, depth: int = 6, num_heads: int = 6, mlp_ratio: float = 3.0,
-                 num_actions: int = 9, text_dim: int = 384, chunk_frames: int = 2,
-                 latent_mean: tuple[float, ...] | None = None,
-                 latent_std: tuple[float, ...] | None = None, residual: bool = False):
+    def __init__(
+        self,
+        latent_channels: int = 8,
+        latent_size: int = 16,
+        patch_size: int = 2,
+        dim: int = 192,
+        depth: int = 6,
+        num_heads: int = 6,
+        mlp_ratio: float = 3.0,
+        num_actions: int = 9,
+        text_dim: int = 384,
+        chunk_frames: int = 2,
+        latent_mean: tuple[float, ...] | None = None,
+        latent_std: tuple[float, ...] | None = None,
+        residual: bool = False,
+    ):
         # residual: predict x0 as (1 - σ_prev)·prev + output, so an untrained network starts
         # from "copy the previous frame" and learns the motion on top of it;
         # chunk_frames, latent_mean/std: how the model was trained (the engine reads them);
@@ -121,8 +135,13 @@ class WorldDiT(ModelMixin, ConfigMixin):
         self.tokens_per_frame = grid * grid
         # 1. patch stem over [noisy latent ; previous frame ; previous frame's σ as a plane]
         #    (overlapping 4x4 patches)
-        self.stem = nn.Conv2d(2 * latent_channels + 1, dim, kernel_size=2 * patch_size,
-                              stride=patch_size, padding=patch_size // 2)
+        self.stem = nn.Conv2d(
+            2 * latent_channels + 1,
+            dim,
+            kernel_size=2 * patch_size,
+            stride=patch_size,
+            padding=patch_size // 2,
+        )
         self.pos = nn.Parameter(torch.randn(1, self.tokens_per_frame, dim) * 0.02)
         # 2. per-frame conditioning: noise level + action + scene prompt
         self.sigma_mlp = nn.Sequential(nn.Linear(dim, dim), nn.SiLU(), nn.Linear(dim, dim))
@@ -138,9 +157,17 @@ class WorldDiT(ModelMixin, ConfigMixin):
         nn.init.zeros_(self.ada_out.weight)
         nn.init.zeros_(self.ada_out.bias)
 
-    def forward(self, latents: torch.Tensor, prev: torch.Tensor, prev_sigma: torch.Tensor,
-                sigma: torch.Tensor, actions: torch.Tensor, text: torch.Tensor,
-                positions: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+    def forward(
+        self,
+        latents: torch.Tensor,
+        prev: torch.Tensor,
+        prev_sigma: torch.Tensor,
+        sigma: torch.Tensor,
+        actions: torch.Tensor,
+        text: torch.Tensor,
+        positions: torch.Tensor,
+        ctx: AttentionContext,
+    ) -> torch.Tensor:
         """Predict clean latents.
 
         Args:
@@ -161,13 +188,18 @@ class WorldDiT(ModelMixin, ConfigMixin):
         n = self.tokens_per_frame
         # 1. patch stem
         plane = prev_sigma.to(prev.dtype)[..., None, None, None].expand(b, t, 1, hh, ww)
-        x = torch.cat([latents.to(prev.dtype), prev, plane], dim=2).reshape(b * t, 2 * c + 1, hh, ww)
+        x = torch.cat([latents.to(prev.dtype), prev, plane], dim=2).reshape(
+            b * t, 2 * c + 1, hh, ww
+        )
         x = self.stem(x.to(self.stem.weight.dtype)).flatten(2).transpose(1, 2)  # (B*T, n, dim)
         x = x + self.pos + self.action_tok(actions).reshape(b * t, 1, -1)
         x = x.reshape(b, t, n, -1)
         # 2. conditioning, one vector per frame, broadcast over its tokens
-        cond = (self.sigma_mlp(_timestep_embedding(sigma, cfg.dim)) + self.action_emb(actions)
-                + self.text_proj(text.float()))
+        cond = (
+            self.sigma_mlp(_timestep_embedding(sigma, cfg.dim))
+            + self.action_emb(actions)
+            + self.text_proj(text.float())
+        )
         cond = F.silu(cond)[:, :, None]  # (B, T, 1, dim)
         rope = _rope_cos_sin(positions.repeat_interleave(n, dim=1), cfg.dim // cfg.num_heads)
         # 3. blocks

@@ -13,7 +13,7 @@ HELDOUT_SEED0 = 900_000  # evaluation seeds start here; training seeds stay belo
 
 
 def ensure_dataset(root: Path, num_shards: int = NUM_SHARDS) -> tuple[list[Path], Path]:
-    """Record missing shards (deterministic seeds) and return (training shard dirs, held-out dir)."""
+    """Record missing shards (deterministic seeds); return (training shard dirs, held-out dir)."""
     shards = []
     for k in range(num_shards):
         d = root / f"shard{k}"

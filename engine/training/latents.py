@@ -27,7 +27,8 @@ class LatentDataset:
     prompt_emb: torch.Tensor
 
     def sample(self, rng: np.random.Generator, batch: int, frames: int):
-        """Random clips: latents ``(B, F, C, h, w)`` float32, actions ``(B, F)``, text ``(B, F, 384)``."""
+        """Random clips: latents ``(B, F, C, h, w)`` float32, actions ``(B, F)``,
+        text ``(B, F, 384)``."""
         e = torch.as_tensor(rng.integers(0, self.latents.shape[0], batch))
         s = torch.as_tensor(rng.integers(0, self.latents.shape[1] - frames + 1, batch))
         idx = s[:, None] + torch.arange(frames)[None]
@@ -50,7 +51,9 @@ def encode_shards(ae, shard_dirs: list[Path], cache: Path | None = None) -> Late
         out = torch.empty(e, n, ae.config.latent_channels, 16, 16, dtype=torch.float16)
         for i in tqdm(range(e), desc=f"encoding {d.name}", unit="episode"):
             with autocast(device):
-                out[i] = ae.encoder(frames_to_tensor(np.asarray(frames[i])).to(device)).float().cpu()
+                out[i] = (
+                    ae.encoder(frames_to_tensor(np.asarray(frames[i])).to(device)).float().cpu()
+                )
         lats.append(out)
         acts.append(torch.as_tensor(np.asarray(shard["actions"]), dtype=torch.int64))
         prompts.append(torch.as_tensor(np.asarray(shard["prompt"]), dtype=torch.int64))

@@ -18,8 +18,13 @@ from diffusers.optimization import get_cosine_schedule_with_warmup
 from tqdm import tqdm
 
 from engine.models.autoencoder import build_autoencoder, frames_to_tensor, psnr_db
-from engine.training.common import (autocast, load_checkpoint, pick_device, save_checkpoint,
-                                    seed_everything)
+from engine.training.common import (
+    autocast,
+    load_checkpoint,
+    pick_device,
+    save_checkpoint,
+    seed_everything,
+)
 from engine.worlds.recorder import load_shard
 
 
@@ -41,14 +46,24 @@ def heldout_psnr(ae, frames: np.ndarray, device: torch.device) -> float:
     ae.eval()
     x = frames_to_tensor(frames).to(device)
     with autocast(device):
-        y = torch.cat([ae.decoder(ae.encoder(x[i:i + 64])).float() for i in range(0, len(x), 64)])
+        y = torch.cat([ae.decoder(ae.encoder(x[i : i + 64])).float() for i in range(0, len(x), 64)])
     ae.train()
     return psnr_db(y.clamp(-1, 1), x)
 
 
-def train_ae(data_dirs: list[Path], heldout_dir: Path, out_dir: Path, run_dir: Path, *,
-             steps: int = 2000, batch: int = 16, lr: float = 1e-3, seed: int = 0,
-             eval_every: int = 250, decoder_only: bool = False) -> dict:
+def train_ae(
+    data_dirs: list[Path],
+    heldout_dir: Path,
+    out_dir: Path,
+    run_dir: Path,
+    *,
+    steps: int = 2000,
+    batch: int = 16,
+    lr: float = 1e-3,
+    seed: int = 0,
+    eval_every: int = 250,
+    decoder_only: bool = False,
+) -> dict:
     """Train (or resume) and return ``{"steps", "heldout_psnr_db", "wall_s"}``.
 
     ``decoder_only``: start from the weights in ``out_dir`` and tune only the decoder, so the
@@ -106,11 +121,20 @@ def train_ae(data_dirs: list[Path], heldout_dir: Path, out_dir: Path, run_dir: P
             if psnr > best:
                 best = psnr
                 ae.save_pretrained(out_dir)
-            save_checkpoint(ckpt_path, model=ae.state_dict(), opt=opt.state_dict(),
-                            sched=sched.state_dict(), step=step, best=best,
-                            wall=wall + time.perf_counter() - t0)
+            save_checkpoint(
+                ckpt_path,
+                model=ae.state_dict(),
+                opt=opt.state_dict(),
+                sched=sched.state_dict(),
+                step=step,
+                best=best,
+                wall=wall + time.perf_counter() - t0,
+            )
     bar.close()
-    result = {"steps": step, "heldout_psnr_db": round(best, 2),
-              "wall_s": round(wall + time.perf_counter() - t0, 1)}
+    result = {
+        "steps": step,
+        "heldout_psnr_db": round(best, 2),
+        "wall_s": round(wall + time.perf_counter() - t0, 1),
+    }
     (run_dir / "ae_result.json").write_text(json.dumps(result))
     return result

@@ -25,13 +25,19 @@ from tqdm import tqdm
 
 from engine.models.attention import DenseContext, block_causal_frame_mask, expand_frame_mask
 from engine.models.world_dit import WorldDiT
-from engine.training.common import (autocast, load_checkpoint, pick_device, save_checkpoint,
-                                    seed_everything)
+from engine.training.common import (
+    autocast,
+    load_checkpoint,
+    pick_device,
+    save_checkpoint,
+    seed_everything,
+)
 from engine.training.latents import LatentDataset
 
 
-def sample_chunk_sigmas(gen: torch.Generator, batch: int, num_chunks: int,
-                        ctx_sigma_max: float) -> torch.Tensor:
+def sample_chunk_sigmas(
+    gen: torch.Generator, batch: int, num_chunks: int, ctx_sigma_max: float
+) -> torch.Tensor:
     """``(B, num_chunks)`` noise levels: logit-normal per chunk; in half the rows the chunks
     before a random chunk k are context at U[0, ctx_sigma_max]."""
     sig = torch.sigmoid(torch.randn(batch, num_chunks, generator=gen))
@@ -54,9 +60,17 @@ def previous_frames(x: torch.Tensor, sigma: torch.Tensor, chunk_frames: int):
     return prev, prev_sigma
 
 
-def world_loss(model: WorldDiT, lat: torch.Tensor, actions: torch.Tensor, txt: torch.Tensor,
-               gen: torch.Generator, chunk_frames: int, ctx_sigma_max: float,
-               ctx: DenseContext, device: torch.device) -> torch.Tensor:
+def world_loss(
+    model: WorldDiT,
+    lat: torch.Tensor,
+    actions: torch.Tensor,
+    txt: torch.Tensor,
+    gen: torch.Generator,
+    chunk_frames: int,
+    ctx_sigma_max: float,
+    ctx: DenseContext,
+    device: torch.device,
+) -> torch.Tensor:
     b, f = actions.shape
     z = model.normalize(lat.to(device))
     sig = sample_chunk_sigmas(gen, b, f // chunk_frames, ctx_sigma_max)
@@ -78,12 +92,27 @@ def latent_stats(data: LatentDataset) -> tuple[list[float], list[float]]:
     return flat.mean(1).tolist(), flat.std(1).tolist()
 
 
-def train_world(data: LatentDataset, out_dir: Path, run_dir: Path, *, steps: int, batch: int = 16,
-                frames: int = 8, chunk_frames: int = 2, dim: int = 128, depth: int = 6,
-                num_heads: int = 4, lr: float = 3e-4, ctx_sigma_max: float = 0.15,
-                seed: int = 0, ckpt_every: int = 100, export_every: int = 500,
-                max_minutes: float | None = None, residual: bool = False,
-                init_from: Path | None = None) -> dict:
+def train_world(
+    data: LatentDataset,
+    out_dir: Path,
+    run_dir: Path,
+    *,
+    steps: int,
+    batch: int = 16,
+    frames: int = 8,
+    chunk_frames: int = 2,
+    dim: int = 128,
+    depth: int = 6,
+    num_heads: int = 4,
+    lr: float = 3e-4,
+    ctx_sigma_max: float = 0.15,
+    seed: int = 0,
+    ckpt_every: int = 100,
+    export_every: int = 500,
+    max_minutes: float | None = None,
+    residual: bool = False,
+    init_from: Path | None = None,
+) -> dict:
     """Train or resume up to ``steps`` steps (or ``max_minutes`` of wall time this call).
 
     ``init_from``: a saved WorldDiT to warm-start a fresh run from (its output layer is zeroed
@@ -93,9 +122,16 @@ def train_world(data: LatentDataset, out_dir: Path, run_dir: Path, *, steps: int
     device = pick_device()
     seed_everything(seed)
     mean, std = latent_stats(data)
-    model = WorldDiT(dim=dim, depth=depth, num_heads=num_heads, chunk_frames=chunk_frames,
-                     latent_channels=data.latents.shape[2], latent_mean=tuple(mean),
-                     latent_std=tuple(std), residual=residual).to(device)
+    model = WorldDiT(
+        dim=dim,
+        depth=depth,
+        num_heads=num_heads,
+        chunk_frames=chunk_frames,
+        latent_channels=data.latents.shape[2],
+        latent_mean=tuple(mean),
+        latent_std=tuple(std),
+        residual=residual,
+    ).to(device)
     if init_from is not None and not (run_dir / "world_checkpoint.pt").exists():
         warm = WorldDiT.from_pretrained(init_from)
         model.load_state_dict(warm.state_dict())
@@ -116,15 +152,24 @@ def train_world(data: LatentDataset, out_dir: Path, run_dir: Path, *, steps: int
     ema.to(device)
     rng = np.random.default_rng([seed, step])
     gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
-    ctx = DenseContext(expand_frame_mask(block_causal_frame_mask(frames, chunk_frames),
-                                         model.tokens_per_frame).to(device))
+    ctx = DenseContext(
+        expand_frame_mask(block_causal_frame_mask(frames, chunk_frames), model.tokens_per_frame).to(
+            device
+        )
+    )
     t0 = time.perf_counter()
     losses: list[float] = []
 
     def checkpoint() -> None:
-        save_checkpoint(ckpt_path, model=model.state_dict(), ema=ema.state_dict(),
-                        opt=opt.state_dict(), sched=sched.state_dict(), step=step,
-                        wall=wall + time.perf_counter() - t0)
+        save_checkpoint(
+            ckpt_path,
+            model=model.state_dict(),
+            ema=ema.state_dict(),
+            opt=opt.state_dict(),
+            sched=sched.state_dict(),
+            step=step,
+            wall=wall + time.perf_counter() - t0,
+        )
 
     def export() -> None:
         ema.store(model.parameters())
@@ -156,7 +201,10 @@ def train_world(data: LatentDataset, out_dir: Path, run_dir: Path, *, steps: int
     bar.close()
     checkpoint()
     export()
-    result = {"steps": step, "final_loss": float(np.mean(losses[-100:])) if losses else None,
-              "wall_s": round(wall + time.perf_counter() - t0, 1)}
+    result = {
+        "steps": step,
+        "final_loss": float(np.mean(losses[-100:])) if losses else None,
+        "wall_s": round(wall + time.perf_counter() - t0, 1),
+    }
     (run_dir / "world_result.json").write_text(json.dumps(result))
     return result

@@ -18,7 +18,9 @@ def keys_to_action(keys: Iterable[str]) -> int:
     held = set(keys)
     unknown = held - VALID_KEYS
     if unknown:
-        raise ValueError(f"unknown key(s) {sorted(unknown)}; expected a subset of {sorted(VALID_KEYS)}")
+        raise ValueError(
+            f"unknown key(s) {sorted(unknown)}; expected a subset of {sorted(VALID_KEYS)}"
+        )
     dx = ("right" in held) - ("left" in held)
     dy = ("down" in held) - ("up" in held)
     return direction_to_action(dx, dy)

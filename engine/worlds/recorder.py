@@ -20,15 +20,22 @@ from engine.worlds.simulator import WorldSimulator
 
 #: every prompt of every scene, flattened; ``PROMPT_SCENE[i]`` is the scene index of PROMPTS[i]
 PROMPTS: tuple[str, ...] = tuple(p for s in SCENE_NAMES for p in SCENES[s]["prompts"])
-PROMPT_SCENE: tuple[int, ...] = tuple(i for i, s in enumerate(SCENE_NAMES) for _ in SCENES[s]["prompts"])
+PROMPT_SCENE: tuple[int, ...] = tuple(
+    i for i, s in enumerate(SCENE_NAMES) for _ in SCENES[s]["prompts"]
+)
 
 
 class HumanLikePolicy:
     """Sticky random key presses: holds an action for a geometric number of frames (mean
     ``mean_hold``), with pauses (idle), straight moves and diagonals; deterministic per seed."""
 
-    def __init__(self, rng: np.random.Generator, mean_hold: float = 10.0, p_idle: float = 0.25,
-                 p_diagonal: float = 0.25):
+    def __init__(
+        self,
+        rng: np.random.Generator,
+        mean_hold: float = 10.0,
+        p_idle: float = 0.25,
+        p_diagonal: float = 0.25,
+    ):
         self.rng, self.mean_hold = rng, mean_hold
         self.p_idle, self.p_diagonal = p_idle, p_diagonal
         self.action, self.left = IDLE, 0
@@ -39,8 +46,9 @@ class HumanLikePolicy:
             if r < self.p_idle:
                 self.action = IDLE
             elif r < self.p_idle + self.p_diagonal:
-                self.action = direction_to_action(int(self.rng.choice([-1, 1])),
-                                                  int(self.rng.choice([-1, 1])))
+                self.action = direction_to_action(
+                    int(self.rng.choice([-1, 1])), int(self.rng.choice([-1, 1]))
+                )
             else:
                 dx, dy = [(1, 0), (-1, 0), (0, 1), (0, -1)][self.rng.integers(4)]
                 self.action = direction_to_action(dx, dy)
@@ -50,7 +58,8 @@ class HumanLikePolicy:
 
 
 def record_episode(seed: int, length: int, switch_prob: float = 1 / 120) -> dict[str, np.ndarray]:
-    """One episode of ``length`` frames from world ``seed`` (start scene and prompt drawn from it)."""
+    """One episode of ``length`` frames from world ``seed`` (start scene and prompt drawn
+    from it)."""
     rng = np.random.default_rng([seed, 1])
     scene_idx = int(rng.integers(len(SCENE_NAMES)))
     sim = WorldSimulator(seed, SCENE_NAMES[scene_idx])
@@ -80,13 +89,16 @@ def _draw_prompt(rng: np.random.Generator, scene_idx: int) -> int:
     return int(rng.choice(candidates))
 
 
-def record_shard(out_dir: str | Path, seeds: list[int], length: int,
-                 switch_prob: float = 1 / 120) -> Path:
+def record_shard(
+    out_dir: str | Path, seeds: list[int], length: int, switch_prob: float = 1 / 120
+) -> Path:
     """Record one episode per seed into the shard folder ``out_dir`` (tqdm progress)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    episodes = [record_episode(s, length, switch_prob)
-                for s in tqdm(seeds, desc=f"recording {out.name}", unit="episode")]
+    episodes = [
+        record_episode(s, length, switch_prob)
+        for s in tqdm(seeds, desc=f"recording {out.name}", unit="episode")
+    ]
     for key in episodes[0]:
         np.save(out / f"{key}.npy", np.stack([e[key] for e in episodes]))
     return out

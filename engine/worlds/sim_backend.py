@@ -19,7 +19,7 @@ import numpy as np
 from engine.api import CapacityError
 from engine.backend import ChunkJob, ChunkResult
 from engine.config import MAX_STEPS
-from engine.text import MAX_PROMPT_CHARS
+from engine.text import check_prompt
 from engine.worlds.actions import action_to_direction
 from engine.worlds.simulator import SIZE, WorldSimulator
 
@@ -31,13 +31,6 @@ _SHARED_CACHES = ("_tiles", "_colour")
 def _copy_sim(sim: WorldSimulator) -> WorldSimulator:
     memo = {id(getattr(sim, name)): getattr(sim, name) for name in _SHARED_CACHES}
     return copy.deepcopy(sim, memo)
-
-
-def _check_prompt(text: str, name: str = "prompt") -> None:
-    if not isinstance(text, str) or not text.strip():
-        raise ValueError(f"{name} must be a non-empty string")
-    if len(text) > MAX_PROMPT_CHARS:
-        raise ValueError(f"{name} is {len(text)} characters; the limit is {MAX_PROMPT_CHARS}")
 
 
 @dataclass
@@ -107,7 +100,7 @@ class SimBackend:
     def new_state(self, prompt: str, seed: int) -> SimState:
         """A world of ``seed`` in the prompt's scene. CapacityError when full, ValueError for an
         empty/over-long prompt."""
-        _check_prompt(prompt)
+        check_prompt(prompt)
         self._admit()
         state = SimState(WorldSimulator(seed=seed, scene=self._scene_for(prompt)))
         self.num_states += 1
@@ -118,9 +111,9 @@ class SimBackend:
         """Cross-fade to the scene of the heavier prompt (``blend_text`` when its weight is
         above 0.5). ValueError (nothing changes) for a bad prompt or weight."""
         self._live(state)
-        _check_prompt(text)
+        check_prompt(text)
         if blend_text is not None:
-            _check_prompt(blend_text, "blend prompt")
+            check_prompt(blend_text, "blend prompt")
         if not 0.0 <= blend_weight <= 1.0:
             raise ValueError(f"blend weight must be in [0, 1], got {blend_weight}")
         heavier = blend_text if blend_text is not None and blend_weight > 0.5 else text

@@ -16,11 +16,11 @@ import numpy as np
 from engine.worlds import scenes
 from engine.worlds.actions import IDLE, action_to_direction
 
-SIZE = 128          # frame height and width, pixels
-TILE = 128          # terrain cache tile, pixels
-ACCEL = 0.55        # px / frame² while a key is held
-FRICTION = 0.85     # velocity kept per frame; terminal speed = ACCEL·F/(1-F) ≈ 3.1 px/frame
-SPRITE = 9          # player sprite side, pixels (centred)
+SIZE = 128  # frame height and width, pixels
+TILE = 128  # terrain cache tile, pixels
+ACCEL = 0.55  # px / frame² while a key is held
+FRICTION = 0.85  # velocity kept per frame; terminal speed = ACCEL·F/(1-F) ≈ 3.1 px/frame
+SPRITE = 9  # player sprite side, pixels (centred)
 CREATURE_CELL = 64  # one potential creature per cell of this side
 TRANSITION_FRAMES = 12
 
@@ -30,9 +30,11 @@ _M = np.uint64(0xFFFFFFFFFFFFFFFF)
 def _hash(ix: np.ndarray, iy: np.ndarray, salt: int) -> np.ndarray:
     """Uniform [0, 1) float32 from integer lattice coordinates (a splitmix64-style mix)."""
     with np.errstate(over="ignore"):
-        h = (ix.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)) ^ (
-            iy.astype(np.uint64) * np.uint64(0xC2B2AE3D27D4EB4F)
-        ) ^ np.uint64(salt * 0x165667B19E3779F9 & 0xFFFFFFFFFFFFFFFF)
+        h = (
+            (ix.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15))
+            ^ (iy.astype(np.uint64) * np.uint64(0xC2B2AE3D27D4EB4F))
+            ^ np.uint64(salt * 0x165667B19E3779F9 & 0xFFFFFFFFFFFFFFFF)
+        )
         h ^= h >> np.uint64(31)
         h *= np.uint64(0xBF58476D1CE4E5B9)
         h ^= h >> np.uint64(29)
@@ -55,8 +57,8 @@ def _value_noise(x: np.ndarray, y: np.ndarray, scale: float, salt: int) -> np.nd
 
 @dataclass
 class _Tile:
-    classes: np.ndarray   # (TILE, TILE) uint8 terrain class
-    texture: np.ndarray   # (TILE, TILE, 1) float32 brightness multiplier
+    classes: np.ndarray  # (TILE, TILE) uint8 terrain class
+    texture: np.ndarray  # (TILE, TILE, 1) float32 brightness multiplier
 
 
 class WorldSimulator:
@@ -90,10 +92,14 @@ class WorldSimulator:
             xs += tx * TILE
             ys += ty * TILE
             s = self.seed
-            h = (0.55 * _value_noise(xs, ys, 72, s) + 0.3 * _value_noise(xs, ys, 26, s + 1)
-                 + 0.15 * _value_noise(xs, ys, 9, s + 2))
-            veg = _value_noise(xs, ys, 14, s + 3) + 0.35 * _hash(xs.astype(np.int64) // 3,
-                                                                ys.astype(np.int64) // 3, s + 4)
+            h = (
+                0.55 * _value_noise(xs, ys, 72, s)
+                + 0.3 * _value_noise(xs, ys, 26, s + 1)
+                + 0.15 * _value_noise(xs, ys, 9, s + 2)
+            )
+            veg = _value_noise(xs, ys, 14, s + 3) + 0.35 * _hash(
+                xs.astype(np.int64) // 3, ys.astype(np.int64) // 3, s + 4
+            )
             cls = np.full(h.shape, scenes.GROUND, np.uint8)
             cls[_value_noise(xs, ys, 20, s + 5) > 0.55] = scenes.GROUND2
             cls[veg > 0.95] = scenes.VEGETATION
@@ -126,10 +132,11 @@ class WorldSimulator:
         """Assemble the ``SIZE × SIZE`` window at world (x0, y0) from cached tiles."""
         tx0, ty0 = x0 // TILE, y0 // TILE
         ox, oy = x0 - tx0 * TILE, y0 - ty0 * TILE
-        rows = [np.concatenate([getter(tx0 + i, ty0 + j) for i in range(2)], axis=1)
-                for j in range(2)]
+        rows = [
+            np.concatenate([getter(tx0 + i, ty0 + j) for i in range(2)], axis=1) for j in range(2)
+        ]
         big = np.concatenate(rows, axis=0)
-        return big[oy:oy + SIZE, ox:ox + SIZE]
+        return big[oy : oy + SIZE, ox : ox + SIZE]
 
     # -- dynamics --------------------------------------------------------------------------
     def set_scene(self, scene: str, transition_frames: int = TRANSITION_FRAMES) -> None:
@@ -170,7 +177,7 @@ class WorldSimulator:
             rgb = rgb.copy()
         classes = self._crop(lambda i, j: self._tile(i, j).classes, x0, y0)
         t = self.t
-        ys, xs = np.mgrid[y0:y0 + SIZE, x0:x0 + SIZE]
+        ys, xs = np.mgrid[y0 : y0 + SIZE, x0 : x0 + SIZE]
         # 1. water shimmer
         water = classes <= scenes.SHALLOW
         shimmer = 1.0 + 0.14 * np.sin(0.45 * xs + 0.3 * ys + 0.35 * t)
@@ -205,11 +212,11 @@ class WorldSimulator:
 
     def _draw_player(self, rgb: np.ndarray) -> None:
         c, h = SIZE // 2, SPRITE // 2
-        rgb[c - h:c + h + 1, c - h:c + h + 1] = (20, 20, 20)
-        rgb[c - h + 1:c + h, c - h + 1:c + h] = (230, 60, 50)
+        rgb[c - h : c + h + 1, c - h : c + h + 1] = (20, 20, 20)
+        rgb[c - h + 1 : c + h, c - h + 1 : c + h] = (230, 60, 50)
         fx, fy = self.facing
         ex, ey = c + 3 * fx, c + 3 * fy
-        rgb[ey - 1:ey + 2, ex - 1:ex + 2] = (250, 240, 80)
+        rgb[ey - 1 : ey + 2, ex - 1 : ex + 2] = (250, 240, 80)
 
 
 def player_mask(size: int = SIZE, margin: int = 2) -> np.ndarray:
@@ -217,5 +224,5 @@ def player_mask(size: int = SIZE, margin: int = 2) -> np.ndarray:
     must ignore it (the sprite stays centred while the world moves)."""
     mask = np.zeros((size, size), bool)
     c, h = size // 2, SPRITE // 2 + margin
-    mask[c - h:c + h + 1, c - h:c + h + 1] = True
+    mask[c - h : c + h + 1, c - h : c + h + 1] = True
     return mask
