@@ -22,6 +22,8 @@ def register(sub) -> None:
     p.add_argument("--depth", type=int, default=6)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--ctx-sigma-max", type=float, default=0.15,
+                   help="largest noise level of the noise-augmented context")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--residual",

@@ -215,6 +215,11 @@ class Engine:
             session = self._session(session_id)
             session.closed = True
             del self._sessions[session_id]
+            # NOTE: the budget comes back now, not when the engine thread frees the states:
+            # commands run in order, so any later create or fork reaches the backend after
+            # this close has freed them (a client reconnecting at once gets no spurious 503)
+            self._live_states -= session.num_states
+            session.num_states = 0
         self._commands.put(("close", session))
 
     def num_sessions(self) -> int:

@@ -50,7 +50,8 @@ class GeneratorConfig:
     first chunk attended for the whole stream. ``memory_chunks``: chunks retained (>= W; the
     extra ones are sparse-memory candidates and rewind history). ``topk_pages``: older pages
     attended per query chunk when memory exceeds the window (0 = window only). ``ctx_sigma``:
-    noise level the cache fill tags the context with (Diffusion Forcing stabilisation).
+    noise level the cache fill tags the context with (Diffusion Forcing stabilisation);
+    ``ctx_noise``: also add real noise at that level (GameNGen/DIAMOND context augmentation).
     ``max_states``: sessions + branches the pool is sized for. ``dtype``: compute dtype.
     ``cpu_threads``: torch intra-op threads on CPU (process-wide; None = leave as is).
     NOTE: one thread is the default because this model's ops are small: with two OpenMP
@@ -67,6 +68,7 @@ class GeneratorConfig:
     shift: float = 2.0
     max_states: int = 16
     recache: bool = True
+    ctx_noise: bool = False
     dtype: torch.dtype = torch.float32
     attention_backend: str = "auto"
     device: str = "cpu"
@@ -89,6 +91,11 @@ class _ChunkRecord:
     prev: torch.Tensor | None  # (C, h, w) the frame fed to it, None for the first chunk
     actions: list[int]
     position: int  # time index of its first frame
+    context: torch.Tensor | None = None  # (F, C, h, w) what the cache fill consumed
+
+    def last_context_frame(self) -> torch.Tensor:
+        """The frame the next chunk is fed (its cache-filled form)."""
+        return (self.latents if self.context is None else self.context)[-1]
 
 
 @dataclass
@@ -253,7 +260,7 @@ class WorldGenerator:
             x = frames_to_tensor(frames).to(self.device, self.config.dtype)
             latents = self.model.normalize(self.ae.encoder(x).float())
             rec = _ChunkRecord(
-                latents, state.history[-1].latents[-1], list(actions), state.position
+                latents, state.history[-1].last_context_frame(), list(actions), state.position
             )
             self._cache_fill_chunks(state, [rec], replace=False)
             self._trim_history(state)
@@ -414,9 +421,18 @@ class WorldGenerator:
         )
 
     def _forward_fill(self, states, records, pages, contexts) -> None:
+        cfg = self.config
+        for state, rec in zip(states, records):
+            if rec.context is None:
+                rec.context = rec.latents
+                if cfg.ctx_noise and cfg.ctx_sigma > 0:
+                    # real noise at the context level (GameNGen/DIAMOND): the model then treats
+                    # its own past output as uncertain, as in training, instead of trusting it
+                    eps = torch.randn(rec.latents.shape, generator=state.rng)
+                    rec.context = (1 - cfg.ctx_sigma) * rec.latents + cfg.ctx_sigma * eps
         prev, prev_sigma, actions, txt, pos = self._inputs(states, records)
-        latents = torch.stack([r.latents for r in records]).to(self.device, self.config.dtype)
-        sigma = torch.full(actions.shape, self.config.ctx_sigma, device=self.device)
+        latents = torch.stack([r.context for r in records]).to(self.device, cfg.dtype)
+        sigma = torch.full(actions.shape, cfg.ctx_sigma, device=self.device)
         self.model(
             latents, prev, prev_sigma, sigma, actions, txt, pos, self._context(pages, contexts)
         )
@@ -451,7 +467,7 @@ class WorldGenerator:
             return results
         states = [jobs[i].state for i in live]
         records = [
-            _ChunkRecord(None, s.history[-1].latents[-1], jobs[i].actions, s.position)
+            _ChunkRecord(None, s.history[-1].last_context_frame(), jobs[i].actions, s.position)
             for i, s in zip(live, states)
         ]
         contexts = [s.table.attended_pages() for s in states]

@@ -195,10 +195,11 @@ class WorldDiT(ModelMixin, ConfigMixin):
         x = x + self.pos + self.action_tok(actions).reshape(b * t, 1, -1)
         x = x.reshape(b, t, n, -1)
         # 2. conditioning, one vector per frame, broadcast over its tokens
+        dtype = self.pos.dtype  # fp32 or bf16 weights (autocast or a cast model)
         cond = (
-            self.sigma_mlp(_timestep_embedding(sigma, cfg.dim))
+            self.sigma_mlp(_timestep_embedding(sigma, cfg.dim).to(dtype))
             + self.action_emb(actions)
-            + self.text_proj(text.float())
+            + self.text_proj(text.to(dtype))
         )
         cond = F.silu(cond)[:, :, None]  # (B, T, 1, dim)
         rope = _rope_cos_sin(positions.repeat_interleave(n, dim=1), cfg.dim // cfg.num_heads)

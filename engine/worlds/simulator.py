@@ -18,8 +18,8 @@ from engine.worlds.actions import IDLE, action_to_direction
 
 SIZE = 128  # frame height and width, pixels
 TILE = 128  # terrain cache tile, pixels
-ACCEL = 0.55  # px / frame² while a key is held
-FRICTION = 0.85  # velocity kept per frame; terminal speed = ACCEL·F/(1-F) ≈ 3.1 px/frame
+ACCEL = 1.1  # px / frame² while a key is held
+FRICTION = 0.85  # velocity kept per frame; terminal speed = ACCEL·F/(1-F) ≈ 6.2 px/frame
 SPRITE = 9  # player sprite side, pixels (centred)
 CREATURE_CELL = 64  # one potential creature per cell of this side
 TRANSITION_FRAMES = 12
