@@ -22,14 +22,11 @@ def register(sub) -> None:
     p.add_argument("--depth", type=int, default=6)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--lr", type=float, default=3e-4)
-    p.add_argument("--ctx-sigma-max", type=float, default=0.15,
+    p.add_argument("--ctx-sigma-max", type=float, default=0.3,
                    help="largest noise level of the noise-augmented context")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--residual",
-        action="store_true",
-        help="predict x0 on top of the previous frame (starts from copying it)",
-    )
+    p.add_argument("--no-residual", dest="residual", action="store_false",
+                   help="predict x0 directly instead of on top of the previous frame")
     p.add_argument(
         "--init-from",
         type=Path,
