@@ -33,7 +33,7 @@ import kernels
 from engine import text as text_encoder
 from engine.api import CapacityError
 from engine.backend import ChunkJob, ChunkResult
-from engine.kv_cache import PageAllocator, PageTable, pages_to_csr
+from engine.kv_cache import PageAllocator, PageTable, allocate_chunks, pages_to_csr
 from engine.models.autoencoder import frames_to_tensor, tensor_to_frames
 from engine.models.loading import BUILTIN_DIR, load_autoencoder, load_world_model
 from engine.models.world_dit import WorldDiT
@@ -454,15 +454,11 @@ class WorldGenerator:
     def _generate_group(self, jobs: list[ChunkJob], decode: bool = True) -> list[ChunkResult]:
         cfg, f = self.config, self.chunk_frames
         mc = self.model.config
-        results: list[ChunkResult | None] = [None] * len(jobs)
-        live, pages = [], []
-        for i in range(len(jobs)):
-            got = self.allocator.allocate(f)
-            if got is None:
-                results[i] = ChunkResult(None, error=CapacityError("KV page pool exhausted", 2.0))
-            else:
-                live.append(i)
-                pages.append(got)
+        live, pages = allocate_chunks(self.allocator, len(jobs), f)
+        short = CapacityError("KV page pool exhausted", 2.0)
+        results: list[ChunkResult | None] = [
+            None if i in live else ChunkResult(None, error=short) for i in range(len(jobs))
+        ]
         if not live:
             return results
         states = [jobs[i].state for i in live]

@@ -246,3 +246,21 @@ def pages_to_csr(page_lists: list[list[int]]) -> tuple[list[int], list[int]]:
         block_idx.extend(pages)
         block_ptr.append(len(block_idx))
     return block_ptr, block_idx
+
+
+def allocate_chunks(
+    allocator: PageAllocator, num_jobs: int, pages_per_chunk: int
+) -> tuple[list[int], list[list[int]]]:
+    """One chunk's pages for each of ``num_jobs`` jobs while the pool lasts.
+
+    Returns ``(served, pages)``: the indices of the jobs that got pages, in order, and their
+    page lists. The others are short; the caller reports them (a shortage is a return value).
+    """
+    served: list[int] = []
+    pages: list[list[int]] = []
+    for i in range(num_jobs):
+        got = allocator.allocate(pages_per_chunk)
+        if got is not None:
+            served.append(i)
+            pages.append(got)
+    return served, pages

@@ -35,7 +35,7 @@ import kernels
 from engine.api import CapacityError
 from engine.backend import ChunkJob, ChunkResult
 from engine.generator import PagedAttentionContext
-from engine.kv_cache import PageAllocator, PageTable
+from engine.kv_cache import PageAllocator, PageTable, allocate_chunks
 from engine.models.wan import NUM_TRAIN_TIMESTEPS, WanChunkModel
 from engine.models.wan_loading import load_wan_parts
 from engine.models.wan_vae_stream import (
@@ -342,15 +342,11 @@ class WanCausalBackend:
 
     def _generate_group(self, jobs: list[ChunkJob]) -> list[ChunkResult]:
         cfg, f = self.config, self.config.latent_frames
-        results: list[ChunkResult | None] = [None] * len(jobs)
-        live, pages = [], []
-        for i in range(len(jobs)):
-            got = self.allocator.allocate(f)
-            if got is None:
-                results[i] = ChunkResult(None, error=CapacityError("KV page pool exhausted", 2.0))
-            else:
-                live.append(i)
-                pages.append(got)
+        live, pages = allocate_chunks(self.allocator, len(jobs), f)
+        short = CapacityError("KV page pool exhausted", 2.0)
+        results: list[ChunkResult | None] = [
+            None if i in live else ChunkResult(None, error=short) for i in range(len(jobs))
+        ]
         if not live:
             return results
         states = [jobs[i].state for i in live]
