@@ -83,9 +83,11 @@ class ControlChannel:
 
     def frame_message(self, frame: Frame, rtp_ts: int) -> dict[str, Any]:
         """The ``frame`` metadata message of ``frame`` sent with pts ``rtp_ts``; records it in
-        the session's telemetry."""
+        the session's telemetry and frame log."""
         queue_ms = (time.perf_counter_ns() - frame.t_ready_ns) / 1e6 if frame.t_ready_ns else None
         self.session.telemetry.record(frame.chunk_index, frame.stages_ms, queue_ms or 0.0)
+        self.session.framelog.record(frame, rtp_ts,
+                                     None if queue_ms is None else round(queue_ms, 3))
         return m.FrameMessage(
             index=frame.index, rtp_ts=rtp_ts, action_seq=frame.action_seq,
             prompt_version=frame.prompt_version, stages_ms=frame.stages_ms,

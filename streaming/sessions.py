@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.api import CapacityError, EngineAPI, SessionClosedError, SessionInfo
+from streaming.framelog import FrameLog
 from streaming.limits import Limits, RateLimiter
 from streaming.recording import Recorder
 from streaming.telemetry import StreamTelemetry
@@ -31,6 +32,7 @@ class BadTokenError(PermissionError):
 @dataclass
 class StreamSession:
     """One client's session. ``token``: the secret that steering and reading need.
+    ``framelog``: every frame handed to a transport (latency lab, ``frames.json``).
     ``closers``: callbacks run once when the session closes (transports register theirs)."""
 
     info: SessionInfo
@@ -38,6 +40,7 @@ class StreamSession:
     rate: RateLimiter
     last_active: float
     telemetry: StreamTelemetry = field(default_factory=StreamTelemetry)
+    framelog: FrameLog = field(default_factory=FrameLog)
     recorder: Recorder | None = None
     recording_path: Path | None = None
     closers: list[Callable[[], Any]] = field(default_factory=list)
@@ -81,7 +84,7 @@ class SessionManager:
                 info=info, token=secrets.token_urlsafe(24),
                 rate=RateLimiter(self.limits.messages_per_s, self.limits.message_burst,
                                  self._clock),
-                last_active=self._clock())
+                last_active=self._clock(), framelog=FrameLog(self.limits.frame_log_frames))
             self._sessions[info.session_id] = session
             return session
 

@@ -19,7 +19,8 @@
     held: new Set(), sentAt: new Map(), frames: new Map(), rtpOrigin: null, misses: 0,
     lastActionSeq: -1, a2p: [], presented: [], jitterMs: null, genMs: null, dropped: 0,
     chart: [], jbLast: null, recording: false, statsTimer: null, connecting: false,
-    // hooks for add-ons (latency_lab.js): action({seq, t, keys, cause}), presented(meta, at)
+    // hooks for add-ons (latency_lab.js): action({seq, t, keys, cause}),
+    // presented(meta, at, videoFrameMetadata?)
     listeners: { action: [], presented: [] },
   };
   window.worldstream = S;
@@ -122,9 +123,10 @@
   // ------------------------------------------------------------------ presentation + latency
   // A frame was shown at `shownAt` (performance.now() clock). The first frame conditioned on a
   // newer action gives one action-to-photon sample: shownAt - the time the action was sent.
-  function onPresented(meta, shownAt) {
+  // md: the requestVideoFrameCallback metadata (WebRTC only)
+  function onPresented(meta, shownAt, md) {
     push(S.presented, shownAt, 60);
-    emit("presented", meta, shownAt);
+    emit("presented", meta, shownAt, md);
     if (meta.action_seq > S.lastActionSeq) {
       S.lastActionSeq = meta.action_seq;
       const sentAt = S.sentAt.get(meta.action_seq) ?? meta.action_t;
@@ -147,7 +149,7 @@
       const meta = S.frames.get((md.rtpTimestamp - S.rtpOrigin) >>> 0);
       if (meta) {
         S.misses = 0;
-        onPresented(meta, md.expectedDisplayTime || now);
+        onPresented(meta, md.expectedDisplayTime || now, md);
       } else if (++S.misses > 30) {
         S.rtpOrigin = null;
         S.recalibrating = true;
