@@ -11,11 +11,14 @@ from engine.training.train_world import previous_frames, sample_chunk_sigmas, tr
 
 
 def test_chunk_sigmas_mix_diffusion_forcing_and_clean_context():
-    sig = sample_chunk_sigmas(torch.Generator().manual_seed(0), 4000, 4, ctx_sigma_max=0.15)
+    sig = sample_chunk_sigmas(torch.Generator().manual_seed(0), 4000, 4, ctx_sigma_max=0.15,
+                              p_context=0.9)
     assert sig.shape == (4000, 4) and (sig >= 0).all() and (sig <= 1).all()
     low = (sig <= 0.15).float().mean().item()
-    # logit-normal puts ~6% below 0.15; inference-like rows add 0.5 * mean(k)/4 = 0.1875
-    assert 0.2 < low < 0.3
+    # context rows (0.9) hold k ~ U{1,2,3} context chunks of 4: 0.9 * 0.5 = 0.45; the other
+    # chunks are logit-normal, 4.1% of which fall below 0.15: + 0.55 * 0.041
+    assert 0.44 < low < 0.51
+    assert (sig[:, 0] <= 0.15).float().mean().item() > 0.88  # a row's first chunk: context
 
 
 def test_previous_frames_feed_the_last_frame_of_the_previous_chunk():

@@ -36,13 +36,18 @@ from engine.training.latents import LatentDataset
 
 
 def sample_chunk_sigmas(
-    gen: torch.Generator, batch: int, num_chunks: int, ctx_sigma_max: float
+    gen: torch.Generator, batch: int, num_chunks: int, ctx_sigma_max: float,
+    p_context: float = 0.5,
 ) -> torch.Tensor:
-    """``(B, num_chunks)`` noise levels: logit-normal per chunk; in half the rows the chunks
-    before a random chunk k are context at U[0, ctx_sigma_max]."""
+    """``(B, num_chunks)`` noise levels: logit-normal per chunk; in a fraction ``p_context``
+    of the rows the chunks before a random chunk k >= 1 are context at U[0, ctx_sigma_max].
+
+    NOTE: motion is only learnable where the context is clean enough to read the camera's
+    velocity from; with half the rows pure Diffusion Forcing the model settled on copying the
+    last frame, so the recipe uses p_context = 0.9."""
     sig = torch.sigmoid(torch.randn(batch, num_chunks, generator=gen))
-    inference_like = torch.rand(batch, generator=gen) < 0.5
-    k = torch.randint(0, num_chunks, (batch,), generator=gen)
+    inference_like = torch.rand(batch, generator=gen) < p_context
+    k = torch.randint(1, max(num_chunks, 2), (batch,), generator=gen)
     before_k = torch.arange(num_chunks)[None] < k[:, None]
     ctx = torch.rand(batch, num_chunks, generator=gen) * ctx_sigma_max
     return torch.where(inference_like[:, None] & before_k, ctx, sig)
@@ -70,10 +75,11 @@ def world_loss(
     ctx_sigma_max: float,
     ctx: DenseContext,
     device: torch.device,
+    p_context: float = 0.9,
 ) -> torch.Tensor:
     b, f = actions.shape
     z = model.normalize(lat.to(device))
-    sig = sample_chunk_sigmas(gen, b, f // chunk_frames, ctx_sigma_max)
+    sig = sample_chunk_sigmas(gen, b, f // chunk_frames, ctx_sigma_max, p_context)
     sig = sig.repeat_interleave(chunk_frames, dim=1).to(device)
     noise = torch.randn(z.shape, generator=gen).to(device)
     s = sig[..., None, None, None]
@@ -112,6 +118,7 @@ def train_world(
     max_minutes: float | None = None,
     residual: bool = False,
     init_from: Path | None = None,
+    p_context: float = 0.9,
 ) -> dict:
     """Train or resume up to ``steps`` steps (or ``max_minutes`` of wall time this call).
 
@@ -182,7 +189,9 @@ def train_world(
         if max_minutes is not None and time.perf_counter() - t0 > 60 * max_minutes:
             break
         lat, actions, txt = data.sample(rng, batch, frames)
-        loss = world_loss(model, lat, actions, txt, gen, chunk_frames, ctx_sigma_max, ctx, device)
+        loss = world_loss(
+            model, lat, actions, txt, gen, chunk_frames, ctx_sigma_max, ctx, device, p_context
+        )
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
