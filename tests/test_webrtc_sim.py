@@ -37,7 +37,11 @@ def test_phase_shift_on_ground_truth_hold_right():
     sim = WorldSimulator(seed=5)
     frames = [sim.step(keys_to_action(["right"])) for _ in range(20)]
     dx, dy = phase_shift(frames[-2], frames[-1], player_mask())
-    assert -3.5 < dx < -2.5 and abs(dy) < 0.3
+    # after 20 frames the camera runs at its terminal speed a·f/(1-f) px per frame
+    from engine.worlds.simulator import ACCEL, FRICTION
+
+    terminal = ACCEL * FRICTION / (1 - FRICTION)
+    assert abs(dx + terminal) < 0.6 and abs(dy) < 0.3, (dx, dy, terminal)
 
 
 def test_vp8_bitrate_is_raised_and_bounded():
