@@ -27,7 +27,7 @@ def register(sub) -> None:
         help="action script JSON (repeatable: one per session)",
     )
     p.add_argument("--prompt", action="append", default=None, help="scene prompt (repeatable)")
-    p.add_argument("--frames", type=int, default=240)
+    p.add_argument("--frames", type=int, default=240, help="frames per session (default 240)")
     p.add_argument(
         "--out",
         type=Path,
@@ -35,10 +35,10 @@ def register(sub) -> None:
         help="output MP4; with --sessions N, OUT_0.mp4 ... OUT_{N-1}.mp4",
     )
     p.add_argument("--sessions", type=int, default=1)
-    p.add_argument("--fps", type=int, default=15)
-    p.add_argument("--steps", type=int, default=4)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--model", default="builtin", help="builtin | sim")
+    p.add_argument("--fps", type=int, default=15, help="playback rate of the script and the MP4")
+    p.add_argument("--steps", type=int, default=4, help="denoising steps per chunk (1-4)")
+    p.add_argument("--seed", type=int, default=0, help="world seed of session 0 (+i for session i)")
+    p.add_argument("--model", default="builtin", help="builtin | sim | wan-causal")
     p.set_defaults(func=run)
 
 

@@ -191,7 +191,9 @@ def create_app(engine: EngineAPI, limits: Limits | None = None, *, ui: bool = Tr
         await ws.accept()
         await WebSocketConnection(manager, session, ws).serve()
 
-    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    # NOTE: not /static: Gradio serves its own fonts and scripts there, and a mount of ours
+    # would shadow them (404s in the page)
+    app.mount("/ws-static", StaticFiles(directory=STATIC_DIR), name="ws-static")
     if ui:
         from app.ui import mount_ui
 

@@ -16,9 +16,9 @@ from engine.worlds.scenes import SCENES  # noqa: E402
 
 DEFAULT_PROMPT = SCENES["meadow"]["prompts"][0]
 
-_HEAD = ('<link rel="stylesheet" href="/static/play.css">'
-         '<script src="/static/play.js" defer></script>'
-         '<script src="/static/latency_lab.js" defer></script>')
+_HEAD = ('<link rel="stylesheet" href="/ws-static/play.css">'
+         '<script src="/ws-static/play.js" defer></script>'
+         '<script src="/ws-static/latency_lab.js" defer></script>')
 
 
 def _lab_panel_html() -> str:
@@ -102,7 +102,7 @@ def _player_html() -> str:
     <fieldset><legend>Latency lab</legend>
       <label class="ws-row">actions <select id="lab-count"><option>5</option><option>10</option>
         <option selected>20</option><option>50</option></select></label>
-      <div class="ws-buttons"><button id="lab-toggle">⏱ Start latency session</button></div>
+      <div class="ws-buttons"><button id="lab-toggle">Start latency session</button></div>
     </fieldset>
     <fieldset><legend>Recording</legend>
       <div class="ws-buttons"><button id="ws-record">● Record</button>

@@ -107,7 +107,7 @@
     hideCue();
     L.active = false;
     L.finishing = true;
-    $("lab-toggle").textContent = "⏱ Start latency session";
+    $("lab-toggle").textContent = "Start latency session";
     setState("waiting for the last frames…");
     maybeFinish();
   }

@@ -94,11 +94,17 @@
         log("recording…");
       }
     } else if (msg.kind === "degraded") {
-      log(`engine degraded: ${JSON.stringify(msg)}`);
+      log(msg.degraded
+        ? `the model cannot keep up (${msg.reason || "chunks late"}): now ${msg.steps} steps at ${msg.fps} fps`
+        : `back to full quality: ${msg.steps} steps at ${msg.fps} fps`);
     } else if (msg.kind === "closed") {
       log("session closed by the server; press Restart", true);
+    } else if (msg.adopted !== undefined) {
+      log(`adopted future ${msg.adopted + 1}`);
+    } else if (msg.rewound !== undefined) {
+      log(`rewound ${msg.rewound} chunks`);
     } else {
-      log(`${msg.kind}: ${msg.message || JSON.stringify(msg)}`);
+      log(msg.message || `${msg.kind}: ${JSON.stringify(msg)}`);
     }
   }
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from diffusers import AutoencoderTiny
+from diffusers.utils import logging as diffusers_logging
 
 from engine.models.world_dit import WorldDiT
 
@@ -26,7 +27,14 @@ def _load(cls, folder: Path):
     folder = Path(folder)
     _check(folder)
     try:
-        return cls.from_pretrained(folder).eval()
+        # diffusers warns about its own saved config keys and a missing `accelerate`; neither
+        # matters for these small models, so keep the user's console clean
+        verbosity = diffusers_logging.get_verbosity()
+        diffusers_logging.set_verbosity_error()
+        try:
+            return cls.from_pretrained(folder, low_cpu_mem_usage=False).eval()
+        finally:
+            diffusers_logging.set_verbosity(verbosity)
     except Exception as err:  # safetensors/json errors -> name the file
         raise ValueError(f"could not load {cls.__name__} from {folder}: {err}") from err
 
