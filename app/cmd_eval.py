@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -13,7 +14,10 @@ def register(sub) -> None:
     p.add_argument("--model-path", type=Path, default=None, help="default: assets/builtin")
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--drift-steps", type=int, default=None)
-    p.add_argument("--ctx-sigma", type=float, default=0.05)
+    p.add_argument("--ctx-sigma", type=float, default=None,
+                   help="context noise level (default: the model's streaming default)")
+    p.add_argument("--ctx-noise", action=argparse.BooleanOptionalAction, default=None,
+                   help="add real noise to the context (default: the streaming default)")
     p.add_argument("--window-chunks", type=int, default=3)
     p.add_argument("--memory-chunks", type=int, default=None)
     p.add_argument("--topk-pages", type=int, default=0)
@@ -31,20 +35,20 @@ def run(args) -> int:
     if not 1 <= args.steps <= 4:
         raise ValueError("--steps must be in [1, 4]")
     torch.manual_seed(0)
+    overrides = {k: v for k, v in {"ctx_sigma": args.ctx_sigma, "ctx_noise": args.ctx_noise}.items()
+                 if v is not None}
     gen = load_builtin_backend(
         args.model_path or BUILTIN_DIR,
-        ctx_sigma=args.ctx_sigma,
         window_chunks=args.window_chunks,
         memory_chunks=args.memory_chunks or max(args.window_chunks, 8),
         topk_pages=args.topk_pages,
         recache=not args.no_recache,
+        **overrides,
     )
     result = evaluate(gen, quick=args.quick, steps=args.steps, drift_steps=args.drift_steps)
-    result["settings"] = {
-        "ctx_sigma": args.ctx_sigma,
-        "window_chunks": args.window_chunks,
-        "topk_pages": args.topk_pages,
-        "recache": not args.no_recache,
-    }
+    result["settings"] = {"ctx_sigma": gen.config.ctx_sigma, "ctx_noise": gen.config.ctx_noise,
+                          "window_chunks": args.window_chunks, "topk_pages": args.topk_pages,
+                          "memory_chunks": gen.config.memory_chunks,
+                          "recache": not args.no_recache}
     print(json.dumps(result) if args.json else json.dumps(result, indent=2))
     return 0
