@@ -68,7 +68,7 @@ class GeneratorConfig:
     shift: float = 2.0
     max_states: int = 16
     recache: bool = True
-    ctx_noise: bool = False
+    ctx_noise: bool = True
     dtype: torch.dtype = torch.float32
     attention_backend: str = "auto"
     device: str = "cpu"
