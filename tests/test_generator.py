@@ -34,7 +34,9 @@ def window_mask(num_chunks: int, window: int, sink: bool) -> torch.Tensor:
     return mask.repeat_interleave(F, 0).repeat_interleave(F, 1)
 
 
-@pytest.mark.parametrize("window,sink,noise", [(2, False, False), (2, True, True), (8, False, False)])
+@pytest.mark.parametrize(
+    "window,sink,noise", [(2, False, False), (2, True, True), (8, False, False)]
+)
 def test_cached_generation_equals_dense_block_causal_forward(window, sink, noise):
     gen = tiny_generator(window_chunks=window, sink=sink, memory_chunks=max(window, 3),
                          ctx_noise=noise)

@@ -25,6 +25,15 @@ class PagedCase:
         idx = torch.tensor([p for pages in self.lists for p in pages], dtype=torch.int64)
         return ptr.to(self.q.device), idx.to(self.q.device)
 
+    def run(self, backend: str) -> torch.Tensor:
+        """``paged_attention`` of this case through ``backend``."""
+        from kernels import paged_attention
+
+        ptr, idx = self.csr()
+        return paged_attention(self.q, self.k_pool, self.v_pool, ptr, idx,
+                               page_lens=self.page_lens, q_block_size=self.q_block_size,
+                               backend=backend)
+
     def to(self, device, dtype=None) -> PagedCase:
         def move(t):
             return t.to(device=device, dtype=dtype or t.dtype)

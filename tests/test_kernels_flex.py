@@ -9,7 +9,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 
-from kernels import available_backends, paged_attention
+from kernels import available_backends
 from tests.test_kernels_cases import paged_cases
 
 pytestmark = pytest.mark.skipif(
@@ -25,42 +25,13 @@ CONFIGS = {
 
 
 def _check(case, dtype):
-    ptr, idx = case.csr()
-    out = paged_attention(
-        case.q,
-        case.k_pool,
-        case.v_pool,
-        ptr,
-        idx,
-        page_lens=case.page_lens,
-        q_block_size=case.q_block_size,
-        backend="flex",
-    )
+    out = case.run("flex")
     assert out.dtype == dtype
     if dtype == torch.float32:
-        expected = paged_attention(
-            case.q,
-            case.k_pool,
-            case.v_pool,
-            ptr,
-            idx,
-            page_lens=case.page_lens,
-            q_block_size=case.q_block_size,
-            backend="reference",
-        )
-        torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(out, case.run("reference"), atol=1e-5, rtol=1e-5)
     else:
         # bf16: compare with the reference evaluated in fp32 on the same bf16 values
-        expected = paged_attention(
-            case.q.float(),
-            case.k_pool.float(),
-            case.v_pool.float(),
-            ptr,
-            idx,
-            page_lens=case.page_lens,
-            q_block_size=case.q_block_size,
-            backend="reference",
-        )
+        expected = case.to(case.q.device, torch.float32).run("reference")
         torch.testing.assert_close(out.float(), expected, atol=2e-2, rtol=2e-2)
 
 

@@ -13,34 +13,14 @@ from tests.test_kernels_cases import dense_masked_sdpa, paged_cases
 @settings(max_examples=60, deadline=None)
 @given(case=paged_cases())
 def test_reference_equals_dense_masked_sdpa(case):
-    ptr, idx = case.csr()
-    out = paged_attention(
-        case.q,
-        case.k_pool,
-        case.v_pool,
-        ptr,
-        idx,
-        page_lens=case.page_lens,
-        q_block_size=case.q_block_size,
-        backend="reference",
-    )
+    out = case.run("reference")
     torch.testing.assert_close(out, dense_masked_sdpa(case), atol=1e-5, rtol=1e-5)
 
 
 @settings(max_examples=20, deadline=None)
 @given(case=paged_cases(head_dims=(32,), dtype=torch.bfloat16))
 def test_reference_bf16_close_to_fp32_oracle(case):
-    ptr, idx = case.csr()
-    out = paged_attention(
-        case.q,
-        case.k_pool,
-        case.v_pool,
-        ptr,
-        idx,
-        page_lens=case.page_lens,
-        q_block_size=case.q_block_size,
-        backend="reference",
-    )
+    out = case.run("reference")
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.float(), dense_masked_sdpa(case), atol=2e-2, rtol=2e-2)
 

@@ -10,7 +10,6 @@ import pytest
 import torch
 from hypothesis import given, settings
 
-from kernels import paged_attention
 from tests.test_kernels_cases import paged_cases
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -23,27 +22,8 @@ NO_TRITON_REASON = (
 
 
 def _compare(case, atol):
-    ptr, idx = case.csr()
-    out = paged_attention(
-        case.q,
-        case.k_pool,
-        case.v_pool,
-        ptr,
-        idx,
-        page_lens=case.page_lens,
-        q_block_size=case.q_block_size,
-        backend="triton",
-    )
-    expected = paged_attention(
-        case.q.float(),
-        case.k_pool.float(),
-        case.v_pool.float(),
-        ptr,
-        idx,
-        page_lens=case.page_lens,
-        q_block_size=case.q_block_size,
-        backend="reference",
-    )
+    out = case.run("triton")
+    expected = case.to(case.q.device, torch.float32).run("reference")
     assert out.dtype == case.q.dtype
     torch.testing.assert_close(out.float(), expected, atol=atol, rtol=atol)
 
