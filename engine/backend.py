@@ -75,3 +75,27 @@ class WorldBackend(Protocol):
     def generate(self, jobs: list[ChunkJob]) -> list[ChunkResult]:
         """Generate one chunk per job in one batch. A failure in one job returns a result with
         ``error`` set and leaves the other jobs' results valid."""
+
+
+class StateBudget:
+    """How many model states (sessions + branches) a backend may hold at once; not thread-safe
+    by itself (backends call it under their own lock).
+
+    ``reserve()`` raises ``engine.api.CapacityError`` when all ``max_states`` are live;
+    ``release()`` returns one."""
+
+    def __init__(self, max_states: int):
+        if max_states < 1:
+            raise ValueError(f"max_states must be >= 1, got {max_states}")
+        self.max_states = max_states
+        self.live = 0
+
+    def reserve(self) -> None:
+        from engine.api import CapacityError
+
+        if self.live >= self.max_states:
+            raise CapacityError(f"all {self.max_states} model states are in use", 5.0)
+        self.live += 1
+
+    def release(self) -> None:
+        self.live -= 1

@@ -32,12 +32,12 @@ import torch
 import kernels
 from engine import text as text_encoder
 from engine.api import CapacityError
-from engine.backend import ChunkJob, ChunkResult
+from engine.backend import ChunkJob, ChunkResult, StateBudget
 from engine.kv_cache import PageAllocator, PageTable, allocate_chunks, pages_to_csr
 from engine.models.autoencoder import frames_to_tensor, tensor_to_frames
 from engine.models.loading import BUILTIN_DIR, load_autoencoder, load_world_model
 from engine.models.world_dit import WorldDiT
-from engine.sampler import denoise
+from engine.sampler import denoise, fork_rng
 from engine.worlds.actions import IDLE
 from engine.worlds.simulator import WorldSimulator
 
@@ -211,7 +211,7 @@ class WorldGenerator:
         self.v_pool = torch.zeros(shape, dtype=cfg.dtype, device=self.device)
         self.backend = kernels.resolve_backend(cfg.attention_backend, self.device)
         self._lock = threading.RLock()
-        self._live = 0
+        self._budget = StateBudget(cfg.max_states)
 
     # -- state lifecycle ------------------------------------------------------------------
     def new_state(
@@ -231,8 +231,7 @@ class WorldGenerator:
                 f"{self.width}, 3) uint8, got {start_frames.shape}"
             )
         with self._lock:
-            if self._live >= self.max_states:
-                raise CapacityError(f"all {self.max_states} model states are in use", 5.0)
+            self._budget.reserve()
             if start_frames is None:
                 sim = WorldSimulator(seed, text_encoder.scene_for_prompt(prompt))
                 frames = np.stack([sim.step(IDLE) for _ in range(self.chunk_frames)])
@@ -245,7 +244,6 @@ class WorldGenerator:
                 sink=self.config.sink,
                 max_chunks=self.config.memory_chunks,
             )
-            self._live += 1
             return WorldState(
                 table, prompt, emb, torch.Generator().manual_seed(seed), start_frames=frames
             )
@@ -275,17 +273,12 @@ class WorldGenerator:
 
     def fork(self, state: WorldState) -> WorldState:
         with self._lock:
-            if self._live >= self.max_states:
-                raise CapacityError(f"all {self.max_states} model states are in use", 5.0)
-            self._live += 1
-            rng = torch.Generator().manual_seed(
-                int(torch.randint(0, 2**62, (1,), generator=state.rng))
-            )
+            self._budget.reserve()
             return WorldState(
                 state.table.fork(),
                 state.prompt,
                 state.text,
-                rng,
+                fork_rng(state.rng),
                 deque(state.history),
                 state.start_frames,
                 state.needs_recache,
@@ -296,7 +289,7 @@ class WorldGenerator:
             if not state.freed:
                 state.table.free()
                 state.freed = True
-                self._live -= 1
+                self._budget.release()
 
     def rewind(self, state: WorldState, chunks: int) -> None:
         with self._lock:

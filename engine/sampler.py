@@ -55,3 +55,9 @@ def denoise(
         velocity = (x - x0) / sigma
         x = scheduler.step(velocity, t, x, return_dict=False)[0]
     return x
+
+
+def fork_rng(rng: torch.Generator) -> torch.Generator:
+    """A child generator for a forked state, seeded from (and advancing) the parent's, so
+    branches of one session draw different but reproducible noise."""
+    return torch.Generator().manual_seed(int(torch.randint(0, 2**62, (1,), generator=rng)))

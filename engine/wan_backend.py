@@ -33,7 +33,7 @@ import torch
 
 import kernels
 from engine.api import CapacityError
-from engine.backend import ChunkJob, ChunkResult
+from engine.backend import ChunkJob, ChunkResult, StateBudget
 from engine.generator import PagedAttentionContext
 from engine.kv_cache import PageAllocator, PageTable, allocate_chunks
 from engine.models.wan import NUM_TRAIN_TIMESTEPS, WanChunkModel
@@ -44,7 +44,7 @@ from engine.models.wan_vae_stream import (
     denormalize_latents,
     new_decode_cache,
 )
-from engine.sampler import denoise
+from engine.sampler import denoise, fork_rng
 from engine.text import MAX_PROMPT_CHARS
 
 TEXT_TOKENS = 512  # UMT5 context length of Wan
@@ -183,7 +183,7 @@ class WanCausalBackend:
         self.attention_backend = kernels.resolve_backend(cfg.attention_backend, self.device)
         self._text_cache: OrderedDict[str, torch.Tensor] = OrderedDict()
         self._lock = threading.RLock()
-        self._live = 0
+        self._budget = StateBudget(cfg.max_states)
 
     # -- text ----------------------------------------------------------------------------
     def _project(self, prompt: str) -> torch.Tensor:
@@ -219,13 +219,11 @@ class WanCausalBackend:
         CapacityError when ``max_states`` states are live."""
         with self._lock:
             text = self._project(prompt)
-            if self._live >= self.max_states:
-                raise CapacityError(f"all {self.max_states} model states are in use", 5.0)
+            self._budget.reserve()
             cfg = self.config
             table = PageTable(self.allocator, pages_per_chunk=cfg.latent_frames,
                               window_chunks=cfg.window_chunks, sink=cfg.sink,
                               max_chunks=cfg.memory_chunks)
-            self._live += 1
             return WanState(table, prompt, text, torch.Generator().manual_seed(seed),
                             new_decode_cache(self.vae))
 
@@ -239,12 +237,8 @@ class WanCausalBackend:
 
     def fork(self, state: WanState) -> WanState:
         with self._lock:
-            if self._live >= self.max_states:
-                raise CapacityError(f"all {self.max_states} model states are in use", 5.0)
-            self._live += 1
-            rng = torch.Generator().manual_seed(
-                int(torch.randint(0, 2**62, (1,), generator=state.rng)))
-            return WanState(state.table.fork(), state.prompt, state.text, rng,
+            self._budget.reserve()
+            return WanState(state.table.fork(), state.prompt, state.text, fork_rng(state.rng),
                             state.decode.snapshot(), deque(state.history),
                             state.needs_recache)
 
@@ -254,7 +248,7 @@ class WanCausalBackend:
                 state.table.free()
                 state.freed = True
                 state.decode = WanDecodeCache()
-                self._live -= 1
+                self._budget.release()
 
     def rewind(self, state: WanState, chunks: int) -> None:
         """Drop the newest ``chunks`` chunks. The decoder's causal cache is rebuilt by decoding
