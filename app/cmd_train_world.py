@@ -27,6 +27,9 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-residual", dest="residual", action="store_false",
                    help="predict x0 directly instead of on top of the previous frame")
+    p.add_argument("--no-motion-warp", dest="motion_warp", action="store_false",
+                   help="no camera-displacement head: the residual base is the unshifted "
+                        "previous frame")
     p.add_argument(
         "--init-from",
         type=Path,
@@ -62,6 +65,7 @@ def run(args) -> int:
         seed=args.seed,
         max_minutes=args.max_minutes,
         residual=args.residual,
+        motion_warp=args.motion_warp and args.residual,
         init_from=args.init_from,
     )
     print(json.dumps(result))

@@ -81,6 +81,25 @@ def test_recorder_writes_shards(tmp_path):
     assert d["frames"].shape == (2, 12, 128, 128, 3)
     assert d["actions"].shape == d["prompt"].shape == d["switch"].shape == (2, 12)
     assert d["switch"].any()
+    assert d["camera"].shape == (2, 12, 2)
     assert all(0 <= p < len(PROMPTS) for p in np.asarray(d["prompt"]).ravel())
     with pytest.raises(FileNotFoundError, match="frames.npy"):
         load_shard(tmp_path / "missing")
+
+
+def test_recorded_camera_path_is_the_frame_shift(tmp_path):
+    # where the camera moved by (dx, dy) px, frame t+1 equals frame t shifted back by it on all
+    # static terrain (creatures, clouds, water and the sprite move on their own)
+    d = load_shard(record_shard(tmp_path / "s", [5], length=24, switch_prob=0.0))
+    frames, cam = np.asarray(d["frames"][0], np.int16), np.asarray(d["camera"][0])
+    moved = 0
+    for t in range(len(frames) - 1):
+        dx, dy = cam[t + 1] - cam[t]
+        if (dx, dy) == (0, 0) or max(abs(dx), abs(dy)) > 20:
+            continue
+        a = frames[t][max(dy, 0) : 128 + min(dy, 0), max(dx, 0) : 128 + min(dx, 0)]
+        b = frames[t + 1][max(-dy, 0) : 128 + min(-dy, 0), max(-dx, 0) : 128 + min(-dx, 0)]
+        unshifted = np.mean(np.abs(frames[t + 1] - frames[t]) <= 8)
+        assert np.mean(np.abs(a - b) <= 8) > max(0.6, unshifted + 0.1)
+        moved += 1
+    assert moved >= 5

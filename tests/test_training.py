@@ -4,10 +4,16 @@ sampler against an oracle."""
 import numpy as np
 import torch
 
-from engine.models.world_dit import WorldDiT
+from engine.models.attention import DenseContext, block_causal_frame_mask, expand_frame_mask
+from engine.models.world_dit import WorldDiT, shift_frames
 from engine.sampler import denoise
 from engine.training.latents import LatentDataset
-from engine.training.train_world import previous_frames, sample_chunk_sigmas, train_world
+from engine.training.train_world import (
+    camera_motion_target,
+    previous_frames,
+    sample_chunk_sigmas,
+    train_world,
+)
 
 
 def test_chunk_sigmas_mix_diffusion_forcing_and_clean_context():
@@ -30,6 +36,41 @@ def test_previous_frames_feed_the_last_frame_of_the_previous_chunk():
     assert torch.allclose(prev_sig, torch.tensor([[1, 1, 0.1, 0.1, 0.5, 0.5]]))
 
 
+def test_camera_motion_target_is_the_displacement_from_the_prev_frame():
+    cam = torch.tensor([[[0, 0], [8, 0], [16, 4], [24, 8], [24, 8], [24, 16]]]).float()
+    target, has_prev = camera_motion_target(cam, chunk_frames=2, latent_scale=8.0)
+    assert has_prev.tolist() == [False, False, True, True, True, True]
+    # frames 2, 3 are measured from frame 1 at (8, 0); frames 4, 5 from frame 3 at (24, 8)
+    assert target[0, 2:].tolist() == [[1, 0.5], [2, 1], [0, 0], [0, 1]]
+
+
+def test_shift_frames_moves_content_against_the_camera():
+    x = torch.randn(2, 3, 8, 8)
+    out = shift_frames(x, torch.tensor([[2.0, 0.0], [0.0, -1.0]]))
+    assert torch.allclose(out[0, :, :, :6], x[0, :, :, 2:], atol=1e-5)  # camera right: content left
+    assert torch.allclose(out[1, :, 1:], x[1, :, :7], atol=1e-5)  # camera up: content down
+    half = shift_frames(x, torch.tensor([[0.5, 0.0], [0.0, 0.0]]))
+    assert torch.allclose(half[0, :, :, :7], (x[0, :, :, :7] + x[0, :, :, 1:]) / 2, atol=1e-5)
+    assert torch.allclose(half[1], x[1], atol=1e-5)
+
+
+def test_motion_warp_bases_the_prediction_on_the_shifted_previous_frame():
+    torch.manual_seed(0)
+    m = WorldDiT(dim=32, depth=1, num_heads=1, residual=True, motion_warp=True).eval()
+    torch.nn.init.zeros_(m.out.weight)
+    torch.nn.init.zeros_(m.out.bias)
+    with torch.no_grad():
+        m.motion[2].bias.copy_(torch.tensor([1.0, 0.0]))  # camera: one latent pixel right
+    prev = torch.randn(1, 2, 8, 16, 16)
+    ctx = DenseContext(expand_frame_mask(block_causal_frame_mask(2, 2), m.tokens_per_frame))
+    args = (torch.randn(1, 2, 8, 16, 16), prev, torch.full((1, 2), 0.25), torch.ones(1, 2),
+            torch.full((1, 2), 5), torch.zeros(1, 2, 384), torch.arange(2)[None], ctx)
+    with torch.no_grad():
+        x0, motion = m(*args, return_motion=True)
+    assert torch.allclose(motion, torch.tensor([[[1.0, 0.0], [1.0, 0.0]]]))
+    assert torch.allclose(x0[..., :15], 0.75 * prev[..., 1:], atol=1e-5)
+
+
 def test_denoise_with_an_oracle_returns_the_data():
     x0 = torch.randn(2, 2, 8, 16, 16)
     for steps in (1, 2, 4):
@@ -44,6 +85,7 @@ def test_train_world_resumes_and_exports(tmp_path):
         torch.randint(0, 9, (3, 12), generator=g),
         torch.randint(0, 2, (3, 12), generator=g),
         torch.randn(2, 384),
+        torch.cumsum(torch.randint(-6, 7, (3, 12, 2), generator=g), dim=1),
     )
     kw = dict(
         batch=2,
@@ -54,6 +96,8 @@ def test_train_world_resumes_and_exports(tmp_path):
         num_heads=1,
         ckpt_every=1,
         export_every=100,
+        residual=True,
+        motion_warp=True,
     )
     first = train_world(data, tmp_path / "out", tmp_path / "run", steps=2, **kw)
     assert first["steps"] == 2
@@ -61,3 +105,4 @@ def test_train_world_resumes_and_exports(tmp_path):
     assert again["steps"] == 3 and np.isfinite(again["final_loss"])
     model = WorldDiT.from_pretrained(tmp_path / "out")
     assert model.config.latent_mean is not None and len(model.config.latent_std) == 8
+    assert model.config.motion_warp and model.motion[2].weight.abs().sum() > 0

@@ -8,6 +8,15 @@ conditioning). Positions: learned over the 8×8 grid, rotary (RoPE) over time, s
 valid as the stream moves on. Attention goes through ``engine.models.attention.attend`` (one call
 site): dense block-causal for training, paged KV cache in the engine. The network predicts the
 clean latent x0 (velocity prediction failed at this width; see DESIGN.md).
+
+With ``motion_warp`` the model also predicts, per frame, the camera's displacement since the
+previous frame (a global translation in latent pixels, pooled from the frame's output tokens)
+and its residual base is the previous frame *shifted* by it (bilinear ``grid_sample``) rather
+than the previous frame itself: motion-compensated prediction as in video codecs and
+flow-based frame synthesis (Liu et al. 2017, "Video Frame Synthesis using Deep Voxel Flow";
+Reda et al. 2018, "SDC-Net"). The transformer then only generates what the shift cannot
+explain: revealed terrain at the border, animated elements, scene changes. Without it, the
+network has to synthesise sub-patch shifts pixel by pixel and learned to copy the last frame.
 """
 
 from __future__ import annotations
@@ -41,6 +50,29 @@ def _rope_cos_sin(positions: torch.Tensor, head_dim: int) -> tuple[torch.Tensor,
     ang = positions.to(torch.float64)[..., None] * inv
     ang = torch.cat([ang, ang], dim=-1)[:, None]
     return ang.cos().float(), ang.sin().float()
+
+
+def shift_frames(frames: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """Translate frames by a sub-pixel displacement: ``out(u) = frames(u + shift)``.
+
+    Args:
+        frames: ``(N, C, h, w)`` float32.
+        shift: ``(N, 2)`` float32 displacement ``(x, y)`` in pixels of ``frames``; a camera
+            moving right by one pixel (``x = +1``) moves the content one pixel left.
+    Returns ``(N, C, h, w)``: bilinear samples, border pixels repeated where the shift reveals
+    content outside the frame (``torch.nn.functional.grid_sample``).
+    """
+    n, _, h, w = frames.shape
+    ys, xs = torch.meshgrid(
+        torch.arange(h, device=frames.device, dtype=frames.dtype),
+        torch.arange(w, device=frames.device, dtype=frames.dtype),
+        indexing="ij",
+    )
+    # pixel -> normalised [-1, 1] coordinates of align_corners=False
+    gx = (2 * (xs + shift[:, 0, None, None]) + 1) / w - 1
+    gy = (2 * (ys + shift[:, 1, None, None]) + 1) / h - 1
+    grid = torch.stack([gx, gy], dim=-1)
+    return F.grid_sample(frames, grid, mode="bilinear", padding_mode="border", align_corners=False)
 
 
 def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -91,7 +123,9 @@ class WorldDiT(ModelMixin, ConfigMixin):
     ``depth``, ``num_heads``, ``mlp_ratio``, ``num_actions`` (9), ``text_dim`` (384),
     ``chunk_frames`` (frames per chunk it was trained with), ``latent_mean``/``latent_std``
     (per-channel autoencoder latent statistics; the model sees normalised latents),
-    ``residual`` (the output is added to the previous frame, scaled by its clean fraction).
+    ``residual`` (the output is added to the previous frame, scaled by its clean fraction),
+    ``motion_warp`` (with ``residual``: the previous frame is first shifted by the predicted
+    camera displacement, see the module docstring).
     """
 
     def normalize(self, z: torch.Tensor) -> torch.Tensor:
@@ -125,6 +159,7 @@ class WorldDiT(ModelMixin, ConfigMixin):
         latent_mean: tuple[float, ...] | None = None,
         latent_std: tuple[float, ...] | None = None,
         residual: bool = False,
+        motion_warp: bool = False,
     ):
         # residual: predict x0 as (1 - σ_prev)·prev + output, so an untrained network starts
         # from "copy the previous frame" and learns the motion on top of it;
@@ -156,6 +191,13 @@ class WorldDiT(ModelMixin, ConfigMixin):
         self.out = nn.Linear(dim, patch_size * patch_size * latent_channels)
         nn.init.zeros_(self.ada_out.weight)
         nn.init.zeros_(self.ada_out.bias)
+        # 5. camera displacement per frame (latent px); zero at init = "no motion"
+        if motion_warp:
+            if not residual:
+                raise ValueError("motion_warp shifts the residual base: it needs residual=True")
+            self.motion = nn.Sequential(nn.Linear(dim, dim), nn.SiLU(), nn.Linear(dim, 2))
+            nn.init.zeros_(self.motion[2].weight)
+            nn.init.zeros_(self.motion[2].bias)
 
     def forward(
         self,
@@ -167,7 +209,8 @@ class WorldDiT(ModelMixin, ConfigMixin):
         text: torch.Tensor,
         positions: torch.Tensor,
         ctx: AttentionContext,
-    ) -> torch.Tensor:
+        return_motion: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Predict clean latents.
 
         Args:
@@ -180,8 +223,11 @@ class WorldDiT(ModelMixin, ConfigMixin):
             text: ``(B, T, text_dim)`` scene-prompt embedding per frame (zeros = no prompt).
             positions: ``(B, T)`` int64 absolute frame indices (rotary time positions).
             ctx: attention context (dense mask or paged KV cache), see ``engine.models.attention``.
+            return_motion: also return the predicted camera displacement (training).
         Returns:
-            ``(B, T, C, h, w)`` float32 predicted x0.
+            ``(B, T, C, h, w)`` float32 predicted x0; with ``return_motion`` also ``(B, T, 2)``
+            float32 displacement ``(x, y)`` of each frame from ``prev`` in latent pixels (zeros
+            without ``motion_warp``).
         """
         cfg = self.config
         b, t, c, hh, ww = latents.shape
@@ -207,12 +253,19 @@ class WorldDiT(ModelMixin, ConfigMixin):
         for layer, block in enumerate(self.blocks):
             x = block(x, cond, rope, layer, ctx)
         # 4. output
+        h = self.norm_out(x)
         shift, scale = self.ada_out(cond).chunk(2, dim=-1)
-        x = self.out(self.norm_out(x) * (1 + scale) + shift).float()  # (B, T, n, p*p*C)
+        x = self.out(h * (1 + scale) + shift).float()  # (B, T, n, p*p*C)
         p = cfg.patch_size
         g = hh // p
         x = x.reshape(b, t, g, g, p, p, c).permute(0, 1, 6, 2, 4, 3, 5)
         x = x.reshape(b, t, c, hh, ww)
+        motion = torch.zeros(b, t, 2, device=x.device)
         if cfg.residual:
-            x = x + (1 - prev_sigma.float())[..., None, None, None] * prev.float()
-        return x
+            base = prev.float()
+            if cfg.motion_warp:
+                motion = self.motion(h.mean(dim=2)).float()
+                base = shift_frames(base.reshape(b * t, c, hh, ww), motion.reshape(b * t, 2))
+                base = base.reshape(b, t, c, hh, ww)
+            x = x + (1 - prev_sigma.float())[..., None, None, None] * base
+        return (x, motion) if return_motion else x

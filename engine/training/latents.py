@@ -19,21 +19,28 @@ from engine.worlds.recorder import PROMPTS, load_shard
 @dataclass
 class LatentDataset:
     """``latents (E, L, C, 16, 16)`` float16, ``actions/prompt (E, L)`` int64,
-    ``prompt_emb (num_prompts, 384)`` float32."""
+    ``prompt_emb (num_prompts, 384)`` float32, ``camera (E, L, 2)`` int64 crop origin of each
+    frame in world pixels (the simulator's ground-truth camera path)."""
 
     latents: torch.Tensor
     actions: torch.Tensor
     prompt: torch.Tensor
     prompt_emb: torch.Tensor
+    camera: torch.Tensor
 
     def sample(self, rng: np.random.Generator, batch: int, frames: int):
         """Random clips: latents ``(B, F, C, h, w)`` float32, actions ``(B, F)``,
-        text ``(B, F, 384)``."""
+        text ``(B, F, 384)``, camera ``(B, F, 2)`` float32 world pixels."""
         e = torch.as_tensor(rng.integers(0, self.latents.shape[0], batch))
         s = torch.as_tensor(rng.integers(0, self.latents.shape[1] - frames + 1, batch))
         idx = s[:, None] + torch.arange(frames)[None]
         lat = self.latents[e[:, None], idx].float()
-        return lat, self.actions[e[:, None], idx], self.prompt_emb[self.prompt[e[:, None], idx]]
+        return (
+            lat,
+            self.actions[e[:, None], idx],
+            self.prompt_emb[self.prompt[e[:, None], idx]],
+            self.camera[e[:, None], idx].float(),
+        )
 
 
 @torch.no_grad()
@@ -43,7 +50,7 @@ def encode_shards(ae, shard_dirs: list[Path], cache: Path | None = None) -> Late
         return LatentDataset(**torch.load(cache))
     device = pick_device()
     ae = ae.to(device).eval()
-    lats, acts, prompts = [], [], []
+    lats, acts, prompts, cams = [], [], [], []
     for d in shard_dirs:
         shard = load_shard(d)
         frames = shard["frames"]
@@ -57,8 +64,11 @@ def encode_shards(ae, shard_dirs: list[Path], cache: Path | None = None) -> Late
         lats.append(out)
         acts.append(torch.as_tensor(np.asarray(shard["actions"]), dtype=torch.int64))
         prompts.append(torch.as_tensor(np.asarray(shard["prompt"]), dtype=torch.int64))
+        cams.append(torch.as_tensor(np.asarray(shard["camera"]), dtype=torch.int64))
     emb = torch.as_tensor(np.stack([text.embed(p) for p in PROMPTS]))
-    data = LatentDataset(torch.cat(lats), torch.cat(acts), torch.cat(prompts), emb)
+    data = LatentDataset(
+        torch.cat(lats), torch.cat(acts), torch.cat(prompts), emb, torch.cat(cams)
+    )
     if cache is not None:
         cache.parent.mkdir(parents=True, exist_ok=True)
         torch.save(data.__dict__, cache)

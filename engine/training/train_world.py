@@ -33,6 +33,7 @@ from engine.training.common import (
     seed_everything,
 )
 from engine.training.latents import LatentDataset
+from engine.worlds.simulator import SIZE as IMAGE_SIZE
 
 
 def sample_chunk_sigmas(
@@ -53,11 +54,17 @@ def sample_chunk_sigmas(
     return torch.where(inference_like[:, None] & before_k, ctx, sig)
 
 
+def _previous_index(frames: int, chunk_frames: int) -> torch.Tensor:
+    """``(F,)`` index of the frame fed as ``prev`` to each frame: the last frame of the
+    previous chunk (-1 for chunk 0)."""
+    return torch.arange(frames) // chunk_frames * chunk_frames - 1
+
+
 def previous_frames(x: torch.Tensor, sigma: torch.Tensor, chunk_frames: int):
     """The frame fed to every frame of chunk c: the last frame of chunk c-1 as the model sees it
     (zeros with σ = 1 for chunk 0). ``x (B, F, C, h, w)``, ``sigma (B, F)``."""
     b, f = sigma.shape
-    last = torch.arange(f) // chunk_frames * chunk_frames - 1  # index of prev chunk's last frame
+    last = _previous_index(f, chunk_frames)
     prev = x[:, last.clamp(min=0)].clone()
     prev_sigma = sigma[:, last.clamp(min=0)].clone()
     prev[:, last < 0] = 0.0
@@ -65,18 +72,34 @@ def previous_frames(x: torch.Tensor, sigma: torch.Tensor, chunk_frames: int):
     return prev, prev_sigma
 
 
+def camera_motion_target(camera: torch.Tensor, chunk_frames: int, latent_scale: float):
+    """Ground-truth displacement of each frame from its ``prev`` frame.
+
+    ``camera (B, F, 2)`` crop origins in image pixels -> ``(B, F, 2)`` displacement in latent
+    pixels (image pixels / ``latent_scale``) and a ``(F,)`` bool mask of frames that have a
+    ``prev`` (chunk 0 has none)."""
+    last = _previous_index(camera.shape[1], chunk_frames)
+    target = (camera - camera[:, last.clamp(min=0)]) / latent_scale
+    return target, last >= 0
+
+
 def world_loss(
     model: WorldDiT,
     lat: torch.Tensor,
     actions: torch.Tensor,
     txt: torch.Tensor,
+    camera: torch.Tensor,
     gen: torch.Generator,
     chunk_frames: int,
     ctx_sigma_max: float,
     ctx: DenseContext,
     device: torch.device,
     p_context: float = 0.9,
+    motion_weight: float = 1.0,
 ) -> torch.Tensor:
+    """Flow-matching x0 loss over the clip; with ``motion_warp`` plus ``motion_weight`` × the
+    squared error of the predicted camera displacement against the simulator's camera path
+    (``camera (B, F, 2)`` image px)."""
     b, f = actions.shape
     z = model.normalize(lat.to(device))
     sig = sample_chunk_sigmas(gen, b, f // chunk_frames, ctx_sigma_max, p_context)
@@ -89,8 +112,15 @@ def world_loss(
     offset = torch.randint(0, 1000, (b, 1), generator=gen)
     pos = (offset + torch.arange(f)[None]).to(device)
     with autocast(device):
-        pred = model(x, prev, prev_sigma, sig, actions.to(device), txt, pos, ctx)
-    return torch.mean((pred - z) ** 2)
+        pred, motion = model(
+            x, prev, prev_sigma, sig, actions.to(device), txt, pos, ctx, return_motion=True
+        )
+    loss = torch.mean((pred - z) ** 2)
+    if model.config.motion_warp:
+        scale = IMAGE_SIZE / model.config.latent_size
+        target, has_prev = camera_motion_target(camera.to(device), chunk_frames, scale)
+        loss = loss + motion_weight * torch.mean((motion - target)[:, has_prev] ** 2)
+    return loss
 
 
 def latent_stats(data: LatentDataset) -> tuple[list[float], list[float]]:
@@ -117,6 +147,7 @@ def train_world(
     export_every: int = 500,
     max_minutes: float | None = None,
     residual: bool = False,
+    motion_warp: bool = False,
     init_from: Path | None = None,
     p_context: float = 0.9,
 ) -> dict:
@@ -138,10 +169,15 @@ def train_world(
         latent_mean=tuple(mean),
         latent_std=tuple(std),
         residual=residual,
+        motion_warp=motion_warp,
     ).to(device)
     if init_from is not None and not (run_dir / "world_checkpoint.pt").exists():
         warm = WorldDiT.from_pretrained(init_from)
-        model.load_state_dict(warm.state_dict())
+        # a warm start without a motion head keeps this model's zero-initialised one
+        missing, unexpected = model.load_state_dict(warm.state_dict(), strict=False)
+        if unexpected or any(not k.startswith("motion.") for k in missing):
+            raise ValueError(f"{init_from}: weights do not fit this model ({missing=}, "
+                             f"{unexpected=})")
         if residual and not warm.config.residual:
             torch.nn.init.zeros_(model.out.weight)
             torch.nn.init.zeros_(model.out.bias)
@@ -188,9 +224,10 @@ def train_world(
     while step < steps:
         if max_minutes is not None and time.perf_counter() - t0 > 60 * max_minutes:
             break
-        lat, actions, txt = data.sample(rng, batch, frames)
+        lat, actions, txt, camera = data.sample(rng, batch, frames)
         loss = world_loss(
-            model, lat, actions, txt, gen, chunk_frames, ctx_sigma_max, ctx, device, p_context
+            model, lat, actions, txt, camera, gen, chunk_frames, ctx_sigma_max, ctx, device,
+            p_context,
         )
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -71,6 +71,8 @@ def record_episode(seed: int, length: int, switch_prob: float = 1 / 120) -> dict
         "scene": np.empty(length, np.int8),
         "prompt": np.empty(length, np.int16),
         "switch": np.zeros(length, bool),
+        # top-left corner of the rendered crop, world px (x, y): the ground-truth camera path
+        "camera": np.empty((length, 2), np.int64),
     }
     for i in range(length):
         if i > 0 and rng.random() < switch_prob:
@@ -80,6 +82,7 @@ def record_episode(seed: int, length: int, switch_prob: float = 1 / 120) -> dict
             out["switch"][i] = True
         action = policy()
         out["frames"][i] = sim.step(action)
+        out["camera"][i] = sim.crop_origin()
         out["actions"][i], out["scene"][i], out["prompt"][i] = action, scene_idx, prompt_idx
     return out
 
@@ -108,7 +111,7 @@ def load_shard(path: str | Path, mmap: bool = True) -> dict[str, np.ndarray]:
     """Arrays of a shard folder; raises FileNotFoundError naming a missing file."""
     path = Path(path)
     arrays = {}
-    for key in ("frames", "actions", "scene", "prompt", "switch"):
+    for key in ("frames", "actions", "scene", "prompt", "switch", "camera"):
         f = path / f"{key}.npy"
         if not f.exists():
             raise FileNotFoundError(f"dataset shard file missing: {f}")

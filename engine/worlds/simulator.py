@@ -164,10 +164,14 @@ class WorldSimulator:
             self._transition -= 1
         return self.render()
 
+    def crop_origin(self) -> tuple[int, int]:
+        """World pixel ``(x, y)`` of the current frame's top-left corner: the camera path that
+        the frames are shifted along (integer pixels)."""
+        return int(np.floor(self.pos[0])) - SIZE // 2, int(np.floor(self.pos[1])) - SIZE // 2
+
     def render(self) -> np.ndarray:
         """The current frame, ``(128, 128, 3)`` uint8 RGB (no state change)."""
-        x0 = int(np.floor(self.pos[0])) - SIZE // 2
-        y0 = int(np.floor(self.pos[1])) - SIZE // 2
+        x0, y0 = self.crop_origin()
         rgb = self._crop(lambda i, j: self._coloured(self.scene, i, j), x0, y0)
         if self._transition > 0:
             alpha = self._transition / self._transition_len
