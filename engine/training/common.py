@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import random
 from pathlib import Path
 
@@ -14,9 +15,21 @@ def pick_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+@functools.cache
+def cpu_has_fast_bf16() -> bool:
+    """Whether this CPU computes bf16 natively (AVX512-BF16 or AMX flags in /proc/cpuinfo)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
 def autocast(device: torch.device):
-    """bf16 autocast on CPU (pays on AVX-512-BF16/AMX CPUs, about 2x here) and on CUDA."""
-    return torch.autocast(device.type, dtype=torch.bfloat16)
+    """bf16 autocast on CUDA and on CPUs with native bf16 (about 2x on an AVX-512-BF16 EPYC);
+    fp32 elsewhere: on an AVX2-only EPYC emulated bf16 made a training step ~6x slower."""
+    enabled = device.type == "cuda" or cpu_has_fast_bf16()
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=enabled)
 
 
 def seed_everything(seed: int) -> None:
