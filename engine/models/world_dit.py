@@ -59,8 +59,10 @@ def shift_frames(frames: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
         frames: ``(N, C, h, w)`` float32.
         shift: ``(N, 2)`` float32 displacement ``(x, y)`` in pixels of ``frames``; a camera
             moving right by one pixel (``x = +1``) moves the content one pixel left.
-    Returns ``(N, C, h, w)``: bilinear samples, border pixels repeated where the shift reveals
-    content outside the frame (``torch.nn.functional.grid_sample``).
+    Returns ``(N, C, h, w)``: bilinear samples (``torch.nn.functional.grid_sample``); where the
+    shift reveals content outside the frame, the frame is mirrored at its edge. Mirroring fills
+    the revealed strip with terrain-like texture, the same one-step error as repeating the edge
+    pixels but without the edge smears that a free rollout piles up into streaks.
     """
     n, _, h, w = frames.shape
     ys, xs = torch.meshgrid(
@@ -72,7 +74,7 @@ def shift_frames(frames: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
     gx = (2 * (xs + shift[:, 0, None, None]) + 1) / w - 1
     gy = (2 * (ys + shift[:, 1, None, None]) + 1) / h - 1
     grid = torch.stack([gx, gy], dim=-1)
-    return F.grid_sample(frames, grid, mode="bilinear", padding_mode="border", align_corners=False)
+    return F.grid_sample(frames, grid, mode="bilinear", padding_mode="reflection", align_corners=False)
 
 
 def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
