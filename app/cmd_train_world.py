@@ -30,6 +30,8 @@ def register(sub) -> None:
     p.add_argument("--no-motion-warp", dest="motion_warp", action="store_false",
                    help="no camera-displacement head: the residual base is the unshifted "
                         "previous frame")
+    p.add_argument("--p-generated", type=float, default=0.5,
+                   help="fraction of clips whose context holds a chunk the model generated itself")
     p.add_argument(
         "--init-from",
         type=Path,
@@ -47,6 +49,8 @@ def run(args) -> int:
 
     if args.steps < 1 or args.batch < 1:
         raise ValueError("--steps and --batch must be >= 1")
+    if not 0.0 <= args.p_generated <= 1.0:
+        raise ValueError(f"--p-generated must be in [0, 1], got {args.p_generated}")
     shards, _ = ensure_dataset(args.data)
     ae = load_autoencoder(args.vae)
     data = encode_shards(ae, shards, cache=args.run_dir / "latents.pt")
@@ -67,6 +71,7 @@ def run(args) -> int:
         residual=args.residual,
         motion_warp=args.motion_warp and args.residual,
         init_from=args.init_from,
+        p_generated=args.p_generated,
     )
     print(json.dumps(result))
     return 0

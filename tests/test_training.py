@@ -10,6 +10,7 @@ from engine.sampler import denoise
 from engine.training.latents import LatentDataset
 from engine.training.train_world import (
     camera_motion_target,
+    generated_chunk,
     previous_frames,
     sample_chunk_sigmas,
     train_world,
@@ -71,6 +72,20 @@ def test_motion_warp_bases_the_prediction_on_the_shifted_previous_frame():
     assert torch.allclose(x0[..., :15], 0.75 * prev[..., 1:], atol=1e-5)
 
 
+def test_generated_chunk_replaces_only_chunk_k_with_the_models_prediction():
+    torch.manual_seed(0)
+    m = WorldDiT(dim=32, depth=1, num_heads=1, residual=True, motion_warp=True)
+    torch.nn.init.normal_(m.out.weight, std=0.1)  # a model whose output is not just the input
+    z = torch.randn(2, 6, 8, 16, 16)
+    ctx = DenseContext(expand_frame_mask(block_causal_frame_mask(6, 2), m.tokens_per_frame))
+    cond = (torch.full((2, 6), 4), torch.zeros(2, 6, 384), torch.arange(6)[None].repeat(2, 1), ctx)
+    out = generated_chunk(m, z, torch.tensor([0, 1]), torch.Generator().manual_seed(0), 2, cond)
+    assert not out.requires_grad
+    same = (out == z).flatten(2).all(-1)  # (B, F) frames left as they were
+    assert same.tolist() == [[False, False, True, True, True, True],
+                             [True, True, False, False, True, True]]
+
+
 def test_denoise_with_an_oracle_returns_the_data():
     x0 = torch.randn(2, 2, 8, 16, 16)
     for steps in (1, 2, 4):
@@ -98,6 +113,7 @@ def test_train_world_resumes_and_exports(tmp_path):
         export_every=100,
         residual=True,
         motion_warp=True,
+        p_generated=0.5,
     )
     first = train_world(data, tmp_path / "out", tmp_path / "run", steps=2, **kw)
     assert first["steps"] == 2

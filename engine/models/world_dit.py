@@ -74,7 +74,9 @@ def shift_frames(frames: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
     gx = (2 * (xs + shift[:, 0, None, None]) + 1) / w - 1
     gy = (2 * (ys + shift[:, 1, None, None]) + 1) / h - 1
     grid = torch.stack([gx, gy], dim=-1)
-    return F.grid_sample(frames, grid, mode="bilinear", padding_mode="reflection", align_corners=False)
+    return F.grid_sample(
+        frames, grid, mode="bilinear", padding_mode="reflection", align_corners=False
+    )
 
 
 def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

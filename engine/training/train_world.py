@@ -83,6 +83,30 @@ def camera_motion_target(camera: torch.Tensor, chunk_frames: int, latent_scale: 
     return target, last >= 0
 
 
+def generated_chunk(
+    model: WorldDiT,
+    z: torch.Tensor,
+    k: torch.Tensor,
+    gen: torch.Generator,
+    chunk_frames: int,
+    cond: tuple,
+) -> torch.Tensor:
+    """``z (B, F, C, h, w)`` with chunk ``k[b]`` of each row replaced by the model's own one-step
+    prediction of it (no gradient) from the clean chunks before it and chunk k at a noise level
+    U[0.5, 1]: the degraded, model-made context a free rollout feeds the next chunk.
+    ``cond`` = (actions, text, positions, attention context) of the clip."""
+    b, f = z.shape[:2]
+    chunk = (torch.arange(f) // chunk_frames)[None].to(z.device)
+    level = 0.5 + 0.5 * torch.rand(b, 1, generator=gen).to(z.device)
+    sig = torch.where(chunk < k[:, None], 0.0, torch.where(chunk == k[:, None], level, 1.0))
+    s = sig[..., None, None, None]
+    x = (1 - s) * z + s * torch.randn(z.shape, generator=gen).to(z.device)
+    prev, prev_sigma = previous_frames(x, sig, chunk_frames)
+    with torch.no_grad(), autocast(z.device):
+        pred = model(x, prev, prev_sigma, sig, *cond).float()
+    return torch.where((chunk == k[:, None])[..., None, None, None], pred, z)
+
+
 def world_loss(
     model: WorldDiT,
     lat: torch.Tensor,
@@ -96,25 +120,42 @@ def world_loss(
     device: torch.device,
     p_context: float = 0.9,
     motion_weight: float = 1.0,
+    p_generated: float = 0.0,
 ) -> torch.Tensor:
     """Flow-matching x0 loss over the clip; with ``motion_warp`` plus ``motion_weight`` × the
     squared error of the predicted camera displacement against the simulator's camera path
-    (``camera (B, F, 2)`` image px)."""
+    (``camera (B, F, 2)`` image px).
+
+    In a fraction ``p_generated`` of the rows, chunk k (random, not the last) is replaced by the
+    model's own prediction (:func:`generated_chunk`) and chunks 0..k become context: the model
+    learns to continue from, and correct, its own blurred output, as it must in a free rollout
+    (scheduled sampling, Bengio et al. 2015; the exposure-bias problem Self-Forcing targets)."""
     b, f = actions.shape
+    nc = f // chunk_frames
     z = model.normalize(lat.to(device))
-    sig = sample_chunk_sigmas(gen, b, f // chunk_frames, ctx_sigma_max, p_context)
+    sig = sample_chunk_sigmas(gen, b, nc, ctx_sigma_max, p_context)
+    rows = (torch.rand(b, generator=gen) < p_generated) & (nc >= 2)
+    k = torch.randint(0, max(nc - 1, 1), (b,), generator=gen)
+    ctx_sig = torch.rand(b, nc, generator=gen) * ctx_sigma_max
+    sig = torch.where(rows[:, None] & (torch.arange(nc)[None] <= k[:, None]), ctx_sig, sig)
     sig = sig.repeat_interleave(chunk_frames, dim=1).to(device)
     noise = torch.randn(z.shape, generator=gen).to(device)
-    s = sig[..., None, None, None]
-    x = (1 - s) * z + s * noise
-    prev, prev_sigma = previous_frames(x, sig, chunk_frames)
     txt = txt.to(device) * (torch.rand(b, 1, 1, generator=gen) >= 0.1).to(device)
     offset = torch.randint(0, 1000, (b, 1), generator=gen)
     pos = (offset + torch.arange(f)[None]).to(device)
-    with autocast(device):
-        pred, motion = model(
-            x, prev, prev_sigma, sig, actions.to(device), txt, pos, ctx, return_motion=True
+    actions = actions.to(device)
+    clean = z
+    if rows.any():
+        clean = z.clone()
+        r = rows.to(device)
+        clean[r] = generated_chunk(
+            model, z[r], k[rows].to(device), gen, chunk_frames, (actions[r], txt[r], pos[r], ctx)
         )
+    s = sig[..., None, None, None]
+    x = (1 - s) * clean + s * noise
+    prev, prev_sigma = previous_frames(x, sig, chunk_frames)
+    with autocast(device):
+        pred, motion = model(x, prev, prev_sigma, sig, actions, txt, pos, ctx, return_motion=True)
     loss = torch.mean((pred - z) ** 2)
     if model.config.motion_warp:
         scale = IMAGE_SIZE / model.config.latent_size
@@ -150,6 +191,7 @@ def train_world(
     motion_warp: bool = False,
     init_from: Path | None = None,
     p_context: float = 0.9,
+    p_generated: float = 0.0,
 ) -> dict:
     """Train or resume up to ``steps`` steps (or ``max_minutes`` of wall time this call).
 
@@ -227,7 +269,7 @@ def train_world(
         lat, actions, txt, camera = data.sample(rng, batch, frames)
         loss = world_loss(
             model, lat, actions, txt, camera, gen, chunk_frames, ctx_sigma_max, ctx, device,
-            p_context,
+            p_context, p_generated=p_generated,
         )
         opt.zero_grad(set_to_none=True)
         loss.backward()
