@@ -51,8 +51,10 @@ def run_quick(models: Models, *, seconds: float, fps: int, steps: int, context_f
     summaries = [h.summary() for h in halves]
     lat = summarize(np.concatenate([h.latencies_ms() for h in halves]))
     s = {"fps": float(np.mean([x["fps"] for x in summaries])), "action_to_frame_ms": lat,
-         "stages_ms": {k: float(np.mean([x["stages_ms"][k] for x in summaries]))
-                       for k in summaries[0]["stages_ms"]},
+         # a stage missing from a short half (no cache fill yet) is averaged over the other
+         "stages_ms": {k: float(np.mean([x["stages_ms"][k] for x in summaries
+                                         if k in x["stages_ms"]]))
+                       for k in dict.fromkeys(k for x in summaries for k in x["stages_ms"])},
          "halves": summaries}
     kv = baselines.kv_cache_vs_recompute(models, context_frames=context_frames, steps=steps,
                                          chunks=chunks, naive_repeats=naive_repeats)

@@ -49,6 +49,18 @@ def grab(page) -> np.ndarray:
     return np.asarray(rgb, np.uint8).reshape(h, w, 3)
 
 
+def next_frame(page, current: np.ndarray, timeout_s: float = 5.0) -> np.ndarray:
+    """The first displayed frame that differs from ``current``: comparing neighbouring frames
+    keeps the camera shift small and unambiguous even when a loaded machine drops frames."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        page.wait_for_timeout(30)
+        frame = grab(page)
+        if not np.array_equal(frame, current):
+            return frame
+    raise AssertionError(f"no new frame within {timeout_s} s")
+
+
 def test_page_plays_steers_and_measures(sim_engine):
     from playwright.sync_api import sync_playwright
 
@@ -70,12 +82,15 @@ def test_page_plays_steers_and_measures(sim_engine):
             page.click("#ws-stage")
             page.keyboard.down("ArrowRight")
             page.wait_for_timeout(1200)
-            a = grab(page)
-            page.wait_for_timeout(150)
-            b = grab(page)
+            frames = [grab(page)]
+            for _ in range(4):
+                frames.append(next_frame(page, frames[-1]))
             page.keyboard.up("ArrowRight")
-            dx, dy = phase_shift(a, b, player_mask())
-            assert dx < -1.0 and abs(dy) < 1.0, (dx, dy)
+            # the median over 4 frame pairs: one pair garbled by the video codec on a loaded
+            # machine must not decide the test
+            shifts = [phase_shift(a, b, player_mask()) for a, b in zip(frames, frames[1:])]
+            dx, dy = np.median(shifts, axis=0)
+            assert dx < -1.0 and abs(dy) < 1.0, shifts
             # the HUD shows an action-to-photon figure (p50 / p95 ms)
             page.keyboard.down("KeyW")
             page.wait_for_timeout(400)
