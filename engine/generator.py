@@ -54,6 +54,11 @@ class GeneratorConfig:
     ``ctx_noise``: also add real noise at that level (GameNGen/DIAMOND context augmentation).
     ``max_states``: sessions + branches the pool is sized for. ``dtype``: compute dtype.
     ``cpu_threads``: torch intra-op threads on CPU (process-wide; None = leave as is).
+    ``shift``: timestep shift of the flow-match scheduler (``engine.sampler.step_sigmas``); 1.0
+    (noise levels 1, 0.75, 0.5, 0.25) ends the last step at a lower level than SD3's 2.0
+    (…, 0.4), so less detail is averaged away: on held-out seeds 950,000+ free rollouts kept
+    0.18 of the real frames' sharpness instead of 0.07 and followed the keys in 0.41 of the
+    chunks instead of 0.32, at 0.5 dB lower PSNR (model card).
     NOTE: one thread is the default because this model's ops are small: with two OpenMP
     threads on a 2-core machine that also runs the video encoder and the event loop, every op
     waits at a barrier for a descheduled thread — measured 140 ms vs 5.9 s per 4-step chunk
@@ -65,7 +70,7 @@ class GeneratorConfig:
     memory_chunks: int = 8
     topk_pages: int = 0
     ctx_sigma: float = 0.05
-    shift: float = 2.0
+    shift: float = 1.0
     max_states: int = 16
     recache: bool = True
     ctx_noise: bool = True
