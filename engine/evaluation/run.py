@@ -61,7 +61,7 @@ def record(
         a = policy()
         frames.append(sim.step(a))
         actions.append(a)
-        offsets.append(np.floor(sim.pos).astype(int))
+        offsets.append(sim.crop_origin())
     prompt = SCENES[scene]["prompts"][int(rng.integers(len(SCENES[scene]["prompts"])))]
     return Episode(np.stack(frames), actions, np.stack(offsets), scene, prompt)
 

@@ -264,7 +264,7 @@ class WorldDiT(ModelMixin, ConfigMixin):
         g = hh // p
         x = x.reshape(b, t, g, g, p, p, c).permute(0, 1, 6, 2, 4, 3, 5)
         x = x.reshape(b, t, c, hh, ww)
-        motion = torch.zeros(b, t, 2, device=x.device)
+        motion = None
         if cfg.residual:
             base = prev.float()
             if cfg.motion_warp:
@@ -272,4 +272,6 @@ class WorldDiT(ModelMixin, ConfigMixin):
                 base = shift_frames(base.reshape(b * t, c, hh, ww), motion.reshape(b * t, 2))
                 base = base.reshape(b, t, c, hh, ww)
             x = x + (1 - prev_sigma.float())[..., None, None, None] * base
-        return (x, motion) if return_motion else x
+        if not return_motion:
+            return x
+        return x, torch.zeros(b, t, 2, device=x.device) if motion is None else motion
