@@ -20,6 +20,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from engine.worlds.actions import keys_to_action
+
 Key = Literal["up", "down", "left", "right"]
 _ROTATE = {"up": "right", "right": "down", "down": "left", "left": "up"}
 
@@ -51,6 +53,21 @@ class ActionScript(BaseModel):
                     keys = [_ROTATE[k] for k in keys]
             events.append(e.model_copy(update={"keys": keys}))
         return ActionScript(events=events)
+
+    def per_frame(self, frames: int) -> tuple[list[int], dict[int, str]]:
+        """The script unrolled: the action id of each of ``frames`` frames
+        (``engine.worlds.actions``) and ``{frame: prompt}`` of its prompt switches."""
+        by_frame = sorted(self.events, key=lambda e: e.frame)
+        actions, prompts, keys, k = [], {}, [], 0
+        for i in range(frames):
+            while k < len(by_frame) and by_frame[k].frame <= i:
+                e = by_frame[k]
+                keys = e.keys if e.keys is not None else keys
+                if e.prompt is not None:
+                    prompts[i] = e.prompt
+                k += 1
+            actions.append(keys_to_action(keys))
+        return actions, prompts
 
 
 def load_action_script(path: str | Path) -> ActionScript:

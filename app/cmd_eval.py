@@ -18,37 +18,57 @@ def register(sub) -> None:
                    help="context noise level (default: the model's streaming default)")
     p.add_argument("--ctx-noise", action=argparse.BooleanOptionalAction, default=None,
                    help="add real noise to the context (default: the streaming default)")
-    p.add_argument("--window-chunks", type=int, default=3)
+    p.add_argument("--window-chunks", type=int, default=None)
     p.add_argument("--memory-chunks", type=int, default=None)
-    p.add_argument("--topk-pages", type=int, default=0)
+    p.add_argument("--topk-pages", type=int, default=None)
+    p.add_argument("--spatial-pages", type=int, default=None,
+                   help="older KV pages attended by camera overlap with the view")
     p.add_argument("--no-recache", action="store_true")
+    p.add_argument("--sheet", type=Path, default=None,
+                   help="also write the side-by-side sheet (model over simulator) to this PNG")
+    p.add_argument("--sheet-actions", type=Path, default=Path("assets/demo_actions.json"))
+    p.add_argument("--sheet-prompt", default="a snowy forest")
+    p.add_argument("--sheet-frames", type=int, default=240)
+    p.add_argument("--skip-metrics", action="store_true", help="only write the sheet")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     import torch
 
+    from app.action_script import load_action_script
     from engine.evaluation.run import evaluate
+    from engine.evaluation.sheet import save_sheet, side_by_side
     from engine.generator import load_builtin_backend
     from engine.models.loading import BUILTIN_DIR
 
     if not 1 <= args.steps <= 4:
         raise ValueError("--steps must be in [1, 4]")
     torch.manual_seed(0)
-    overrides = {k: v for k, v in {"ctx_sigma": args.ctx_sigma, "ctx_noise": args.ctx_noise}.items()
-                 if v is not None}
+    settings = {
+        "ctx_sigma": args.ctx_sigma,
+        "ctx_noise": args.ctx_noise,
+        "window_chunks": args.window_chunks,
+        "memory_chunks": args.memory_chunks,
+        "topk_pages": args.topk_pages,
+        "spatial_pages": args.spatial_pages,
+        "recache": False if args.no_recache else None,
+    }
     gen = load_builtin_backend(
-        args.model_path or BUILTIN_DIR,
-        window_chunks=args.window_chunks,
-        memory_chunks=args.memory_chunks or max(args.window_chunks, 8),
-        topk_pages=args.topk_pages,
-        recache=not args.no_recache,
-        **overrides,
+        args.model_path or BUILTIN_DIR, **{k: v for k, v in settings.items() if v is not None}
     )
-    result = evaluate(gen, quick=args.quick, steps=args.steps, drift_steps=args.drift_steps)
-    result["settings"] = {"ctx_sigma": gen.config.ctx_sigma, "ctx_noise": gen.config.ctx_noise,
-                          "window_chunks": args.window_chunks, "topk_pages": args.topk_pages,
-                          "memory_chunks": gen.config.memory_chunks,
-                          "recache": not args.no_recache}
+    result = {}
+    if args.sheet is not None:
+        script = load_action_script(args.sheet_actions)
+        actions, switches = script.per_frame(args.sheet_frames)
+        model, sim = side_by_side(gen, actions, args.sheet_prompt, switches, steps=args.steps)
+        title = (f"{args.sheet_actions.name}, \"{args.sheet_prompt}\": model (top) vs simulator "
+                 f"(bottom), same actions, {args.steps} steps")
+        result["sheet"] = str(save_sheet(model, sim, args.sheet, title))
+    if not args.skip_metrics:
+        result.update(
+            evaluate(gen, quick=args.quick, steps=args.steps, drift_steps=args.drift_steps)
+        )
+    result["settings"] = {k: getattr(gen.config, k) for k in settings}
     print(json.dumps(result) if args.json else json.dumps(result, indent=2))
     return 0

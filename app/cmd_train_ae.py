@@ -11,11 +11,12 @@ from engine.training.data import ensure_dataset
 def register(sub) -> None:
     p = sub.add_parser("train-ae", help="train the built-in autoencoder on simulator frames")
     p.add_argument(
-        "--data", type=Path, default=Path("data"), help="dataset folder (recorded if missing)"
+        "--data", type=Path, default=Path("data_v2"), help="dataset folder (recorded if missing)"
     )
     p.add_argument("--out", type=Path, default=Path("assets/builtin/vae"))
     p.add_argument("--run-dir", type=Path, default=Path("runs/ae"), help="checkpoints (resume)")
     p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--max-minutes", type=float, default=None, help="stop this call after N min")
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
@@ -43,6 +44,7 @@ def run(args) -> int:
         lr=args.lr,
         seed=args.seed,
         decoder_only=args.decoder_only,
+        max_minutes=args.max_minutes,
     )
     print(json.dumps(result))
     return 0

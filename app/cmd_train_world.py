@@ -1,5 +1,5 @@
-"""``worldstream train-world``: encode the dataset with the trained autoencoder, then train the
-world model (resumable)."""
+"""``worldstream train-world``: encode the dataset and each frame's spatial-memory base with the
+trained autoencoder, then train the world model (resumable)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 def register(sub) -> None:
     p = sub.add_parser("train-world", help="train the built-in world model on encoded latents")
-    p.add_argument("--data", type=Path, default=Path("data"))
+    p.add_argument("--data", type=Path, default=Path("data_v2"))
     p.add_argument("--vae", type=Path, default=Path("assets/builtin/vae"))
     p.add_argument("--out", type=Path, default=Path("assets/builtin/transformer"))
     p.add_argument("--run-dir", type=Path, default=Path("runs/world"))
@@ -17,7 +17,7 @@ def register(sub) -> None:
     p.add_argument("--max-minutes", type=float, default=None, help="stop this call after N min")
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--frames", type=int, default=8)
-    p.add_argument("--chunk-frames", type=int, default=2)
+    p.add_argument("--chunk-frames", type=int, default=1)
     p.add_argument("--dim", type=int, default=128)
     p.add_argument("--depth", type=int, default=6)
     p.add_argument("--heads", type=int, default=4)
@@ -25,13 +25,6 @@ def register(sub) -> None:
     p.add_argument("--ctx-sigma-max", type=float, default=0.3,
                    help="largest noise level of the noise-augmented context")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-residual", dest="residual", action="store_false",
-                   help="predict x0 directly instead of on top of the previous frame")
-    p.add_argument("--no-motion-warp", dest="motion_warp", action="store_false",
-                   help="no camera-displacement head: the residual base is the unshifted "
-                        "previous frame")
-    p.add_argument("--p-generated", type=float, default=0.5,
-                   help="fraction of clips whose context holds a chunk the model generated itself")
     p.add_argument(
         "--init-from",
         type=Path,
@@ -49,11 +42,9 @@ def run(args) -> int:
 
     if args.steps < 1 or args.batch < 1:
         raise ValueError("--steps and --batch must be >= 1")
-    if not 0.0 <= args.p_generated <= 1.0:
-        raise ValueError(f"--p-generated must be in [0, 1], got {args.p_generated}")
     shards, _ = ensure_dataset(args.data)
     ae = load_autoencoder(args.vae)
-    data = encode_shards(ae, shards, cache=args.run_dir / "latents.pt")
+    data = encode_shards(ae, shards, args.chunk_frames, cache=args.run_dir / "latents.pt")
     result = train_world(
         data,
         args.out,
@@ -66,12 +57,10 @@ def run(args) -> int:
         depth=args.depth,
         num_heads=args.heads,
         lr=args.lr,
+        ctx_sigma_max=args.ctx_sigma_max,
         seed=args.seed,
         max_minutes=args.max_minutes,
-        residual=args.residual,
-        motion_warp=args.motion_warp and args.residual,
         init_from=args.init_from,
-        p_generated=args.p_generated,
     )
     print(json.dumps(result))
     return 0

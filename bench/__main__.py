@@ -9,6 +9,7 @@ import sys
 SUITES = {
     "attention": "bench.attention",
     "gpu_attention": "bench.gpu_attention",
+    "gpu_train": "bench.gpu_train",
     "quick": "bench.quick",
     "engine": "bench.engine",
     "baselines": "bench.baselines",

@@ -31,9 +31,9 @@ from engine.sampler import denoise
 from engine.worlds.actions import NUM_ACTIONS
 
 #: the architecture benchmarked when the trained transformer is not there yet (the shipped one)
-RANDOM_MODEL = {"dim": 128, "depth": 6, "num_heads": 4, "chunk_frames": 2}
+RANDOM_MODEL = {"dim": 128, "depth": 6, "num_heads": 4, "chunk_frames": 1}
 #: a model small enough for tests and ``--smoke`` runs (numbers meaningless, code path real)
-SMOKE_MODEL = {"dim": 32, "depth": 1, "num_heads": 2, "chunk_frames": 2}
+SMOKE_MODEL = {"dim": 32, "depth": 1, "num_heads": 2, "chunk_frames": 1}
 PROMPT = "grassy meadow with a river"
 
 
@@ -48,7 +48,7 @@ class Models:
     def describe(self) -> dict:
         """Model facts for a report: parameters, width, depth, heads, resolution, weights."""
         c = self.model.config
-        side = c.latent_size * 8
+        side = c.image_size
         return {"name": "builtin WorldDiT + AutoencoderTiny", "weights": self.weights,
                 "params_m": round(sum(p.numel() for p in self.model.parameters()) / 1e6, 3),
                 "ae_params_m": round(sum(p.numel() for p in self.autoencoder.parameters())
@@ -160,8 +160,10 @@ def naive_recompute_ms(models: Models, *, context_frames: int, chunk_frames: int
     t = context_frames + chunk_frames
     shape = (1, t, c.latent_channels, c.latent_size, c.latent_size)
     context = torch.randn(shape, generator=g)
-    prev = torch.cat([torch.zeros_like(context[:, :1]), context[:, :-1]], dim=1).to(dtype)
-    prev_sigma = torch.full((1, t), 0.05)
+    # each frame's memory base: the previous frame stands in for it (same cost)
+    base = torch.cat([torch.zeros_like(context[:, :1]), context[:, :-1]], dim=1).to(dtype)
+    base_sigma = torch.full((1, t), 0.05)
+    known = torch.ones(1, t, 2, c.latent_size, c.latent_size, dtype=dtype)
     actions = torch.randint(0, c.num_actions, (1, t), generator=g)
     text = torch.randn(1, t, c.text_dim, generator=g)
     pos = torch.arange(t)[None]
@@ -173,7 +175,7 @@ def naive_recompute_ms(models: Models, *, context_frames: int, chunk_frames: int
         seq = torch.cat([context[:, :context_frames], x], dim=1).to(dtype)
         sig = torch.cat([torch.full((1, context_frames), 0.05),
                          torch.full((1, chunk_frames), sigma)], dim=1)
-        return model(seq, prev, prev_sigma, sig, actions, text, pos, ctx)[:, context_frames:]
+        return model(seq, base, base_sigma, known, sig, actions, text, pos, ctx)[:, context_frames:]
 
     totals, model_part = [], []
     for i in range(repeats + 1):  # the first run is warm-up

@@ -1,20 +1,30 @@
-"""The neural world backend: denoise -> cache fill -> decode, over the paged temporal KV cache.
+"""The neural world backend: memory read -> denoise -> cache fill -> decode -> memory write,
+over the paged temporal KV cache and the spatial memory.
 
 One :class:`WorldGenerator` holds the model, the autoencoder and one preallocated KV pool
 ``[num_layers, num_pages, heads, page_size, head_dim]`` shared by every session and branch; each
 session's :class:`WorldState` owns a :class:`~engine.kv_cache.PageTable` (one page = the 64
-tokens of one latent frame). Generating a chunk for a batch of states:
+tokens of one latent frame), a :class:`~engine.spatial_memory.SpatialMemory` (what it has shown,
+in world coordinates) and its camera (position, velocity). Generating a chunk for a batch:
 
-1. allocate the chunk's pages; each query chunk attends (through ``kernels.paged_attention``,
-   CSR page lists) to its sink + window pages, optionally top-k older pages, and its own pages;
-2. denoise in 1-4 flow-matching steps (``engine.sampler``), every step rewriting the chunk's
+1. camera: the model's learned camera dynamics turn the chunk's actions into per-frame camera
+   positions (integer world pixels);
+2. base: each frame's window is read from the spatial memory at its position, once, and encoded
+   (with planes saying where memory holds current and stale content);
+3. allocate the chunk's pages; each query chunk attends (through ``kernels.paged_attention``,
+   CSR page lists) to its sink + window pages, optionally older pages picked by camera overlap
+   with the current view (spatial) or top-k by key similarity, and its own pages;
+4. denoise in 1-4 flow-matching steps (``engine.sampler``), every step rewriting the chunk's
    keys/values in its own pages;
-3. cache fill: one more forward of the clean chunk tagged with the context noise level writes
+5. cache fill: one more forward of the clean chunk tagged with the context noise level writes
    the keys/values later chunks attend to (Self-Forcing / CausVid);
-4. decode the latents to RGB with the autoencoder, batched.
+6. decode the latents to RGB with the autoencoder, batched, and write the frames into the
+   spatial memory where it held nothing of the current prompt (write-once; the centred player
+   sprite excluded).
 
-A stream starts from real simulator frames of the prompt's scene (encoded and cache-filled as
-the first chunk). A prompt switch recaches the window under the new text embedding (LongLive).
+A stream starts from real simulator frames of the prompt's scene (encoded, cache-filled and
+written to memory as the first chunk). A prompt switch recaches the window under the new text
+embedding (LongLive) and starts a new memory epoch (remembered ground is restyled on sight).
 All methods take one lock: the engine thread generates while other threads may fork or free.
 """
 
@@ -23,11 +33,12 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 import torch
+from diffusers.utils import logging as diffusers_logging
 
 import kernels
 from engine import text as text_encoder
@@ -38,6 +49,14 @@ from engine.models.autoencoder import frames_to_tensor, tensor_to_frames
 from engine.models.loading import BUILTIN_DIR, load_autoencoder, load_world_model
 from engine.models.world_dit import WorldDiT
 from engine.sampler import denoise, fork_rng
+from engine.spatial_memory import (
+    SpatialMemory,
+    UndoRecord,
+    centre_box,
+    model_inputs,
+    select_by_overlap,
+)
+from engine.training.common import cpu_has_fast_bf16
 from engine.worlds.actions import IDLE
 from engine.worlds.simulator import WorldSimulator
 
@@ -49,32 +68,42 @@ class GeneratorConfig:
     ``window_chunks``: chunks always attended besides the current one (W). ``sink``: keep the
     first chunk attended for the whole stream. ``memory_chunks``: chunks retained (>= W; the
     extra ones are sparse-memory candidates and rewind history). ``topk_pages``: older pages
-    attended per query chunk when memory exceeds the window (0 = window only). ``ctx_sigma``:
-    noise level the cache fill tags the context with (Diffusion Forcing stabilisation);
-    ``ctx_noise``: also add real noise at that level (GameNGen/DIAMOND context augmentation).
-    ``max_states``: sessions + branches the pool is sized for. ``dtype``: compute dtype.
-    ``cpu_threads``: torch intra-op threads on CPU (process-wide; None = leave as is).
-    ``shift``: timestep shift of the flow-match scheduler (``engine.sampler.step_sigmas``); 1.0
-    (noise levels 1, 0.75, 0.5, 0.25) ends the last step at a lower level than SD3's 2.0
-    (…, 0.4), so less detail is averaged away: on held-out seeds 950,000+ free rollouts kept
-    0.18 of the real frames' sharpness instead of 0.07 and followed the keys in 0.41 of the
-    chunks instead of 0.32, at 0.5 dB lower PSNR (model card).
+    attended per query chunk, picked by key similarity (0 = off). ``spatial_pages``: older
+    pages attended per query chunk, picked by how much of the current view their frame's camera
+    window covers (0 = off; the spatial top-k beside the recency window). ``ctx_sigma``: noise
+    level the cache fill tags the context with, and the memory base (Diffusion Forcing
+    stabilisation); ``ctx_noise``: also add real noise at that level (GameNGen/DIAMOND context
+    augmentation). ``max_states``: sessions + branches the pool is sized for. ``dtype``: compute
+    dtype. ``cpu_threads``: torch intra-op threads on CPU (process-wide; None = leave as is).
+    ``shift``: timestep shift of the flow-match scheduler (``engine.sampler.step_sigmas``).
+    ``memory_tiles``: spatial-memory tiles (64 px) kept per state (LRU beyond).
+    ``pixel_residual``: where memory holds current content, show the remembered pixels plus the
+    model's change to them (``memory + decode(x0) - decode(base)``) instead of ``decode(x0)``:
+    remembered ground keeps its full sharpness instead of the autoencoder's, and the model's
+    changes (water, clouds, creatures) still show; costs one more decode per frame.
+    ``autoencoder_dtype``: the autoencoder's compute dtype (None: bf16 on CUDA and on CPUs
+    with native bf16, where it halves encode + decode time — 35 -> 19 ms a frame measured on
+    an AVX-512-BF16 EPYC core — else ``dtype``).
     NOTE: one thread is the default because this model's ops are small: with two OpenMP
     threads on a 2-core machine that also runs the video encoder and the event loop, every op
     waits at a barrier for a descheduled thread — measured 140 ms vs 5.9 s per 4-step chunk
     under load.
     """
 
-    window_chunks: int = 3
+    window_chunks: int = 4
     sink: bool = False
-    memory_chunks: int = 8
+    memory_chunks: int = 12
     topk_pages: int = 0
+    spatial_pages: int = 0
     ctx_sigma: float = 0.05
     shift: float = 1.0
     max_states: int = 16
     recache: bool = True
     ctx_noise: bool = True
+    memory_tiles: int = 256
+    pixel_residual: bool = True
     dtype: torch.dtype = torch.float32
+    autoencoder_dtype: torch.dtype | None = None
     attention_backend: str = "auto"
     device: str = "cpu"
     cpu_threads: int | None = 1
@@ -84,23 +113,36 @@ class GeneratorConfig:
             raise ValueError("need 1 <= window_chunks <= memory_chunks")
         if not 0.0 <= self.ctx_sigma < 1.0:
             raise ValueError(f"ctx_sigma must be in [0, 1), got {self.ctx_sigma}")
-        if self.max_states < 1 or self.topk_pages < 0:
-            raise ValueError("max_states must be >= 1 and topk_pages >= 0")
+        if self.max_states < 1 or self.topk_pages < 0 or self.spatial_pages < 0:
+            raise ValueError("max_states must be >= 1, topk_pages and spatial_pages >= 0")
+        if self.memory_tiles < 1:
+            raise ValueError(f"memory_tiles must be >= 1, got {self.memory_tiles}")
 
 
 @dataclass
 class _ChunkRecord:
     """What a retained chunk was computed from (for recache and rewind)."""
 
-    latents: torch.Tensor  # (F, C, h, w) model-space clean latents
-    prev: torch.Tensor | None  # (C, h, w) the frame fed to it, None for the first chunk
+    latents: torch.Tensor | None  # (F, C, h, w) model-space clean latents
+    base: torch.Tensor  # (F, C, h, w) model-space memory bases as fed (context noise included)
+    known: torch.Tensor  # (F, 2, h, w) current/stale fractions of the bases
     actions: list[int]
     position: int  # time index of its first frame
+    origins: np.ndarray  # (F, 2) int64 camera windows' top-left corners, world px
+    camera: tuple[np.ndarray, torch.Tensor]  # (position, velocity) after its last frame
     context: torch.Tensor | None = None  # (F, C, h, w) what the cache fill consumed
+    undo: list[UndoRecord] = field(default_factory=list)  # memory writes, oldest first
 
-    def last_context_frame(self) -> torch.Tensor:
-        """The frame the next chunk is fed (its cache-filled form)."""
-        return (self.latents if self.context is None else self.context)[-1]
+
+@dataclass
+class _MemoryViews:
+    """What memory showed the frames of a chunk being generated, flattened over the batch:
+    ``pictures (N, H, W, 3)`` uint8, ``current (N, H, W)`` bool, ``base (N, C, h, w)`` their
+    clean model-space latents."""
+
+    pictures: np.ndarray
+    current: np.ndarray
+    base: torch.Tensor
 
 
 @dataclass
@@ -111,6 +153,7 @@ class WorldState:
     prompt: str
     text: torch.Tensor  # (384,) current (blended) prompt embedding
     rng: torch.Generator
+    memory: SpatialMemory
     history: deque = field(default_factory=deque)  # _ChunkRecord per retained chunk, newest last
     start_frames: np.ndarray | None = None  # (F, H, W, 3) uint8, pending prefill
     needs_recache: bool = False
@@ -121,13 +164,20 @@ class WorldState:
         last = self.history[-1]
         return last.position + len(last.actions)
 
+    @property
+    def camera(self) -> tuple[np.ndarray, torch.Tensor]:
+        """(position ``(2,)`` float64 world px, velocity ``(2,)`` float32 px/frame) now."""
+        if not self.history:
+            return np.zeros(2), torch.zeros(2)
+        return self.history[-1].camera
+
 
 class PagedAttentionContext:
     """Attention over the KV pool for one forward of a batch of chunks.
 
     ``new_pages``: ``(B * F,)`` page ids the chunk's keys/values are written to;
-    ``always``/``candidates``: per batch row, pages always attended (sink + window + own) and
-    older pages to pick ``topk`` from per layer.
+    ``always``/``candidates``: per batch row, pages always attended (sink + window + spatially
+    selected + own) and older pages to pick ``topk`` from per layer by key similarity.
     """
 
     def __init__(
@@ -180,8 +230,16 @@ class PagedAttentionContext:
 
 def _to(module: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
     module = module.to(device).eval()
-    # diffusers warns on any dtype cast, even a no-op one: cast only when it changes something
-    return module if dtype == torch.float32 else module.to(dtype=dtype)
+    # diffusers warns on any dtype cast, even a no-op one (and names no module to keep in fp32
+    # for these): cast only when it changes something, quietly
+    if dtype == torch.float32:
+        return module
+    verbosity = diffusers_logging.get_verbosity()
+    diffusers_logging.set_verbosity_error()
+    try:
+        return module.to(dtype=dtype)
+    finally:
+        diffusers_logging.set_verbosity(verbosity)
 
 
 class WorldGenerator:
@@ -197,10 +255,17 @@ class WorldGenerator:
         if self.device.type == "cpu" and cfg.cpu_threads:
             torch.set_num_threads(cfg.cpu_threads)
         self.model = _to(model, self.device, cfg.dtype)
-        self.ae = _to(autoencoder, self.device, cfg.dtype)
+        self.ae_dtype = cfg.autoencoder_dtype or (
+            torch.bfloat16
+            if self.device.type == "cuda" or (self.device.type == "cpu" and cpu_has_fast_bf16())
+            else cfg.dtype
+        )
+        self.ae = _to(autoencoder, self.device, self.ae_dtype)
         mc = model.config
         self.chunk_frames = mc.chunk_frames
-        self.width = self.height = mc.latent_size * 8
+        self.width = self.height = mc.image_size
+        self.downsample = mc.image_size // mc.latent_size
+        self._exclude = centre_box(mc.image_size, mc.view_box)
         self.max_states = cfg.max_states
         self.rewind_chunks = max(cfg.memory_chunks - cfg.window_chunks, 0)
         head_dim = mc.dim // mc.num_heads
@@ -250,22 +315,26 @@ class WorldGenerator:
                 max_chunks=self.config.memory_chunks,
             )
             return WorldState(
-                table, prompt, emb, torch.Generator().manual_seed(seed), start_frames=frames
+                table,
+                prompt,
+                emb,
+                torch.Generator().manual_seed(seed),
+                SpatialMemory(max_tiles=self.config.memory_tiles),
+                start_frames=frames,
             )
 
     @torch.no_grad()
     def observe(self, state: WorldState, frames: np.ndarray, actions: list[int]) -> None:
         """Append real frames (``(chunk_frames, H, W, 3)`` uint8, with the actions that
-        produced them) to the state's context instead of generating them: teacher forcing,
-        and restoring a session from its recent frames."""
+        produced them) to the state's context and memory instead of generating them: teacher
+        forcing, and restoring a session from its recent frames. The camera follows the
+        actions through the model's camera dynamics."""
         with self._lock:
             self._prepare(state)
-            x = frames_to_tensor(frames).to(self.device, self.config.dtype)
-            latents = self.model.normalize(self.ae.encoder(x).float())
-            rec = _ChunkRecord(
-                latents, state.history[-1].last_context_frame(), list(actions), state.position
-            )
+            rec = self._plan([state], [list(actions)])[0][0]
+            rec.latents = self.encode_frames(frames)
             self._cache_fill_chunks(state, [rec], replace=False)
+            self._remember(state, rec, frames)
             self._trim_history(state)
 
     def set_prompt(
@@ -275,6 +344,7 @@ class WorldGenerator:
         with self._lock:
             state.prompt, state.text = text, emb
             state.needs_recache = self.config.recache and bool(state.history)
+            state.memory.new_epoch()
 
     def fork(self, state: WorldState) -> WorldState:
         with self._lock:
@@ -284,7 +354,8 @@ class WorldGenerator:
                 state.prompt,
                 state.text,
                 fork_rng(state.rng),
-                deque(state.history),
+                state.memory.fork(),
+                deque(replace(r, undo=list(r.undo)) for r in state.history),
                 state.start_frames,
                 state.needs_recache,
             )
@@ -297,6 +368,8 @@ class WorldGenerator:
                 self._budget.release()
 
     def rewind(self, state: WorldState, chunks: int) -> None:
+        """Drop the newest ``chunks`` chunks: their pages, their camera motion and what they
+        wrote to the spatial memory. ValueError, with nothing changed, beyond what is kept."""
         with self._lock:
             if chunks >= len(state.history):
                 raise ValueError(
@@ -304,14 +377,14 @@ class WorldGenerator:
                 )
             state.table.rewind(chunks)
             for _ in range(chunks):
-                state.history.pop()
+                for undo in reversed(state.history.pop().undo):
+                    state.memory.undo(undo)
 
     # -- generation -----------------------------------------------------------------------
     @torch.no_grad()
-    def generate(self, jobs: list[ChunkJob], decode: bool = True) -> list[ChunkResult]:
+    def generate(self, jobs: list[ChunkJob]) -> list[ChunkResult]:
         """One chunk per job; jobs are batched by (frames, steps). Per-job failures (pool
-        exhausted, bad actions) come back as ``ChunkResult.error``. ``decode=False`` skips the
-        autoencoder (frames None; the latents are in ``state.history``), for evaluation."""
+        exhausted, bad actions) come back as ``ChunkResult.error``."""
         results: list[ChunkResult | None] = [None] * len(jobs)
         with self._lock:
             groups: dict[tuple[int, int], list[int]] = {}
@@ -323,7 +396,7 @@ class WorldGenerator:
                 except Exception as err:  # isolate this job's failure
                     results[i] = ChunkResult(None, error=err)
             for idx in groups.values():
-                for i, res in zip(idx, self._generate_group([jobs[i] for i in idx], decode)):
+                for i, res in zip(idx, self._generate_group([jobs[i] for i in idx])):
                     results[i] = res
         return results
 
@@ -340,16 +413,69 @@ class WorldGenerator:
     def _prepare(self, state: WorldState) -> None:
         """Prefill the start frames, or recache after a prompt switch (both cache fills)."""
         if state.start_frames is not None:
-            x = frames_to_tensor(state.start_frames).to(self.device, self.config.dtype)
-            latents = self.model.normalize(self.ae.encoder(x).float())
-            self._cache_fill_chunks(
-                state, [_ChunkRecord(latents, None, [IDLE] * len(latents), 0)], replace=False
-            )
+            frames = state.start_frames
+            # the start frames are given, not stepped: the camera stays at the origin
+            rec = self._plan([state], [[IDLE] * len(frames)], move=False)[0][0]
+            rec.latents = self.encode_frames(frames)
+            self._cache_fill_chunks(state, [rec], replace=False)
+            self._remember(state, rec, frames)
             state.start_frames = None
         elif state.needs_recache:
             window = list(state.history)[-self.config.window_chunks :]
             self._cache_fill_chunks(state, window, replace=True)
             state.needs_recache = False
+
+    def _plan(
+        self, states: list[WorldState], actions: list[list[int]], move: bool = True
+    ) -> tuple[list[_ChunkRecord], _MemoryViews]:
+        """Each state's next chunk up to its latents: the camera path of its actions (the
+        model's camera dynamics), each frame's memory base read at that path and encoded.
+        Also returns what memory showed each frame (for the pixel residual)."""
+        cfg = self.config
+        size = self.width
+        records, pictures, current = [], [], []
+        for state, acts in zip(states, actions):
+            pos, vel = state.camera
+            if move:
+                disp, vel = self.model.camera.rollout(
+                    vel.to(self.device), torch.tensor(acts, device=self.device)
+                )
+                path = pos + np.cumsum(disp.cpu().double().numpy(), axis=0)
+            else:
+                path = np.repeat(pos[None], len(acts), axis=0)
+            origins = np.floor(path).astype(np.int64)
+            known = []
+            for x0, y0 in origins:
+                read = state.memory.read(x0, y0, size)
+                rgb, planes = model_inputs(read, self.downsample)
+                pictures.append(rgb)
+                current.append(read.current)
+                known.append(torch.as_tensor(planes))
+            records.append(
+                _ChunkRecord(
+                    None,
+                    None,
+                    torch.stack(known),
+                    list(acts),
+                    state.position if state.history else 0,
+                    origins,
+                    (path[-1], vel.float().cpu()),
+                )
+            )
+        base = self.encode_frames(np.stack(pictures)).cpu()
+        views = _MemoryViews(np.stack(pictures), np.stack(current), base)
+        f = len(actions[0])
+        for n, (state, rec) in enumerate(zip(states, records)):
+            rec.base = base[n * f : (n + 1) * f]
+            if cfg.ctx_noise and cfg.ctx_sigma > 0:
+                eps = torch.randn(rec.base.shape, generator=state.rng)
+                rec.base = (1 - cfg.ctx_sigma) * rec.base + cfg.ctx_sigma * eps
+        return records, views
+
+    def _remember(self, state: WorldState, rec: _ChunkRecord, frames: np.ndarray) -> None:
+        """Write a chunk's frames ``(F, H, W, 3)`` uint8 into the state's spatial memory."""
+        for (x0, y0), rgb in zip(rec.origins, frames):
+            rec.undo.append(state.memory.write(x0, y0, rgb, self._exclude))
 
     def _cache_fill_chunks(
         self, state: WorldState, records: list[_ChunkRecord], replace: bool
@@ -379,26 +505,29 @@ class WorldGenerator:
     def _inputs(self, states, records):
         """Conditioning tensors for a batch of chunks (one record per state)."""
         f = self.chunk_frames
-        mc = self.model.config
-        prev = torch.stack(
-            [
-                r.prev
-                if r.prev is not None
-                else torch.zeros(mc.latent_channels, mc.latent_size, mc.latent_size)
-                for r in records
-            ]
-        ).to(self.device)
-        prev = prev[:, None].expand(-1, f, -1, -1, -1).to(self.config.dtype)
-        prev_sigma = torch.tensor(
-            [[self.config.ctx_sigma if r.prev is not None else 1.0] * f for r in records],
-            device=self.device,
-        )
-        actions = torch.tensor([r.actions for r in records], device=self.device)
-        txt = torch.stack([s.text for s in states]).to(self.device)[:, None].expand(-1, f, -1)
-        pos = torch.tensor(
-            [[r.position + i for i in range(f)] for r in records], device=self.device
-        )
-        return prev, prev_sigma, actions, txt, pos
+        dev, dt = self.device, self.config.dtype
+        base = torch.stack([r.base for r in records]).to(dev, dt)
+        known = torch.stack([r.known for r in records]).to(dev, dt)
+        base_sigma = torch.full((len(records), f), self.config.ctx_sigma, device=dev)
+        actions = torch.tensor([r.actions for r in records], device=dev)
+        txt = torch.stack([s.text for s in states]).to(dev)[:, None].expand(-1, f, -1)
+        pos = torch.tensor([[r.position + i for i in range(f)] for r in records], device=dev)
+        return base, base_sigma, known, actions, txt, pos
+
+    def _spatial_pages(self, state: WorldState, origins: np.ndarray) -> list[int]:
+        """Older pages whose frame's camera window overlaps the new chunk's view most (up to
+        ``spatial_pages``, overlap > 0), oldest first: revisited places come back into the
+        attention context even when they left the recency window long ago."""
+        k = self.config.spatial_pages
+        older = state.table.older_pages()
+        if not k or not older:
+            return []
+        f = self.chunk_frames
+        # the table and the history hold the same chunks, newest last; older pages are the
+        # chunks before the window
+        recs = list(state.history)[-(len(older) // f + self.config.window_chunks) :]
+        page_origins = [o for rec in recs[: len(older) // f] for o in rec.origins]
+        return select_by_overlap(older, page_origins, origins[-1], self.width, k)
 
     def _context(
         self,
@@ -428,28 +557,54 @@ class WorldGenerator:
                     # its own past output as uncertain, as in training, instead of trusting it
                     eps = torch.randn(rec.latents.shape, generator=state.rng)
                     rec.context = (1 - cfg.ctx_sigma) * rec.latents + cfg.ctx_sigma * eps
-        prev, prev_sigma, actions, txt, pos = self._inputs(states, records)
+        base, base_sigma, known, actions, txt, pos = self._inputs(states, records)
         latents = torch.stack([r.context for r in records]).to(self.device, cfg.dtype)
         sigma = torch.full(actions.shape, cfg.ctx_sigma, device=self.device)
         self.model(
-            latents, prev, prev_sigma, sigma, actions, txt, pos, self._context(pages, contexts)
+            latents,
+            base,
+            base_sigma,
+            known,
+            sigma,
+            actions,
+            txt,
+            pos,
+            self._context(pages, contexts),
         )
 
     def _trim_history(self, state: WorldState) -> None:
         while len(state.history) > self.config.memory_chunks + (1 if self.config.sink else 0):
             state.history.popleft()
 
+    def encode_frames(self, frames: np.ndarray) -> torch.Tensor:
+        """``(N, H, W, 3)`` uint8 frames -> ``(N, C, h, w)`` float32 model-space latents."""
+        with torch.no_grad():
+            x = frames_to_tensor(frames).to(self.device, self.ae_dtype)
+            return self.model.normalize(self.ae.encoder(x).float())
+
     def decode_latents(self, latents: torch.Tensor) -> np.ndarray:
         """Model-space latents ``(N, C, h, w)`` -> ``(N, H, W, 3)`` uint8 frames."""
         with torch.no_grad():
             flat = self.model.denormalize(latents.to(self.device).float())
             return (
-                tensor_to_frames(self.ae.decoder(flat.to(self.config.dtype)).float().clamp(-1, 1))
+                tensor_to_frames(self.ae.decoder(flat.to(self.ae_dtype)).float().clamp(-1, 1))
                 .cpu()
                 .numpy()
             )
 
-    def _generate_group(self, jobs: list[ChunkJob], decode: bool = True) -> list[ChunkResult]:
+    def _show(self, x0: torch.Tensor, views: _MemoryViews) -> np.ndarray:
+        """The frames ``(N, H, W, 3)`` uint8 for generated latents ``(N, C, h, w)``: decoded,
+        or with ``pixel_residual`` the remembered pixels plus the model's change to them where
+        memory holds current content (see :class:`GeneratorConfig`)."""
+        if not self.config.pixel_residual:
+            return self.decode_latents(x0)
+        both = self.decode_latents(torch.cat([x0.float().cpu(), views.base]))
+        model, decoded_base = both[: len(x0)].astype(np.int16), both[len(x0) :]
+        change = model - decoded_base
+        shown = np.clip(views.pictures + change, 0, 255).astype(np.uint8)
+        return np.where(views.current[..., None], shown, model.astype(np.uint8))
+
+    def _generate_group(self, jobs: list[ChunkJob]) -> list[ChunkResult]:
         cfg, f = self.config, self.chunk_frames
         mc = self.model.config
         live, pages = allocate_chunks(self.allocator, len(jobs), f)
@@ -460,13 +615,16 @@ class WorldGenerator:
         if not live:
             return results
         states = [jobs[i].state for i in live]
-        records = [
-            _ChunkRecord(None, s.history[-1].last_context_frame(), jobs[i].actions, s.position)
-            for i, s in zip(live, states)
+        t0 = time.perf_counter()
+        records, views = self._plan(states, [jobs[i].actions for i in live])
+        contexts = [
+            s.table.attended_pages() + self._spatial_pages(s, r.origins)
+            for s, r in zip(states, records)
         ]
-        contexts = [s.table.attended_pages() for s in states]
-        candidates = [s.table.older_pages() for s in states]
-        prev, prev_sigma, actions, txt, pos = self._inputs(states, records)
+        candidates = [
+            [p for p in s.table.older_pages() if p not in c] for s, c in zip(states, contexts)
+        ]
+        base, base_sigma, known, actions, txt, pos = self._inputs(states, records)
         noise = torch.stack(
             [
                 torch.randn(
@@ -484,33 +642,30 @@ class WorldGenerator:
 
         def predict_x0(x, sigma):
             sig = torch.full(actions.shape, sigma, device=self.device)
-            return self.model(x.to(cfg.dtype), prev, prev_sigma, sig, actions, txt, pos, ctx)
+            return self.model(
+                x.to(cfg.dtype), base, base_sigma, known, sig, actions, txt, pos, ctx
+            )
 
-        t0 = time.perf_counter()
-        x0 = denoise(predict_x0, noise, jobs[live[0]].steps, cfg.shift)
         t1 = time.perf_counter()
+        x0 = denoise(predict_x0, noise, jobs[live[0]].steps, cfg.shift)
+        t2 = time.perf_counter()
         for r, lat in zip(records, x0):
             r.latents = lat.float().cpu() if self.device.type != "cpu" else lat.float()
         self._forward_fill(states, records, pages, contexts)
-        for s, r, p in zip(states, records, pages):
+        t3 = time.perf_counter()
+        rgb = self._show(x0.reshape(-1, *x0.shape[2:]), views)
+        rgb = rgb.reshape(len(live), f, self.height, self.width, 3)
+        for s, r, p, frames in zip(states, records, pages, rgb):
             s.table.append_chunk(p)
             s.history.append(r)
+            self._remember(s, r, frames)
             self._trim_history(s)
-        t2 = time.perf_counter()
-        if not decode:
-            return [
-                ChunkResult(None, {"denoise": (t1 - t0) * 1e3, "cache_fill": (t2 - t1) * 1e3})
-                if res is None
-                else res
-                for res in results
-            ]
-        rgb = self.decode_latents(x0.reshape(-1, *x0.shape[2:]))
-        rgb = rgb.reshape(len(live), f, self.height, self.width, 3)
-        t3 = time.perf_counter()
+        t4 = time.perf_counter()
         stages = {
-            "denoise": (t1 - t0) * 1e3,
-            "cache_fill": (t2 - t1) * 1e3,
-            "decode": (t3 - t2) * 1e3,
+            "memory_read": (t1 - t0) * 1e3,
+            "denoise": (t2 - t1) * 1e3,
+            "cache_fill": (t3 - t2) * 1e3,
+            "decode": (t4 - t3) * 1e3,
         }
         for n, i in enumerate(live):
             results[i] = ChunkResult(rgb[n], dict(stages))

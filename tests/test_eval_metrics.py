@@ -3,8 +3,26 @@
 import numpy as np
 import pytest
 
-from engine.evaluation.metrics import SceneClassifier, image_shift, motion_class, psnr, sharpness
-from engine.evaluation.run import action_hits, record
+from engine.evaluation.metrics import (
+    SceneClassifier,
+    anisotropy,
+    image_shift,
+    mean_luma,
+    motion_class,
+    psnr,
+    sharpness,
+)
+from engine.evaluation.run import (
+    DOWN,
+    LEFT,
+    RIGHT,
+    UP,
+    _frame_stats,
+    action_hits,
+    drift_metrics,
+    record,
+    revisit_actions,
+)
 from engine.worlds.scenes import SCENE_NAMES
 
 
@@ -22,10 +40,10 @@ def test_image_shift_recovers_a_known_translation():
     assert dx == pytest.approx(5, abs=0.3) and dy == pytest.approx(-3, abs=0.3)
 
 
-@pytest.mark.parametrize("seed", [7, 8, 9])
-def test_action_metric_scores_ground_truth_near_one(seed):
+@pytest.mark.parametrize("seed,chunk", [(7, 2), (8, 2), (9, 2), (7, 1), (8, 1)])
+def test_action_metric_scores_ground_truth_near_one(seed, chunk):
     ep = record(seed, 64)
-    hits = action_hits(ep.frames, ep.offsets, 2)
+    hits = action_hits(ep.frames, ep.offsets, chunk)
     assert np.mean(hits) >= 0.93
 
 
@@ -56,3 +74,42 @@ def test_scene_classifier_on_unseen_worlds():
         for f in record(600 + k, 24, s).frames[::3]
     ]
     assert np.mean(correct) >= 0.9
+
+
+def test_anisotropy_separates_terrain_from_stripes():
+    frames = record(21, 40, "snow").frames
+    assert max(anisotropy(f) for f in frames) < 0.15
+    img = frames[10]
+    stripes = np.repeat(img[:, 40:41], 128, axis=1)  # one column smeared across: streaks
+    assert anisotropy(stripes) > 0.95
+    assert anisotropy(np.ascontiguousarray(stripes.transpose(1, 0, 2))) > 0.95
+
+
+def test_mean_luma_hand_worked():
+    img = np.zeros((8, 8, 3), np.uint8)
+    img[..., 1] = 100  # green only: luma 0.587 * 100
+    assert mean_luma(img) == pytest.approx(58.7)
+
+
+def test_drift_metrics_of_the_ground_truth_against_itself():
+    runs = {"length": 240, "runs": []}
+    for moving in (False, True):
+        ep = record(31 + moving, 240, "meadow", actions=None if moving else [4] * 240)
+        stats = np.array([_frame_stats(f) for f in ep.frames])
+        runs["runs"].append({"scene": "meadow", "moving": moving, "model": stats, "sim": stats})
+    out = drift_metrics(runs)
+    assert out["rollout_sharpness_ratio"] == 1.0
+    assert out["rollout_anisotropy"] == out["rollout_anisotropy_ground_truth"] < 0.15
+    assert out["drift_ratio_240"]["vs_sim"] == {"sharpness": 1.0, "colour": 1.0}
+    assert out["luma_drift_max_abs"] == 0.0
+    # a rollout that darkens by 20 levels reads as -20 luma drift
+    runs["runs"][0]["model"] = runs["runs"][0]["model"] - [0, 0, 20, 0, 0, 0]
+    assert drift_metrics(runs)["luma_drift"]["meadow_idle"] == -20.0
+
+
+@pytest.mark.parametrize("key,back", [(RIGHT, LEFT), (DOWN, UP), (LEFT, RIGHT), (UP, DOWN)])
+def test_revisit_script_returns_the_simulators_camera(key, back):
+    acts = revisit_actions(key, back)
+    ep = record(41, len(acts), actions=acts)
+    assert np.array_equal(ep.offsets[3], ep.offsets[-1])
+    assert np.abs(ep.offsets - ep.offsets[3]).max() > 80  # it went far enough to leave the view

@@ -4,7 +4,15 @@ perfectly where it must."""
 import numpy as np
 
 from engine.evaluation.metrics import psnr
-from engine.evaluation.run import action_hits, drift, record, rollout, teacher_forced
+from engine.evaluation.run import (
+    action_hits,
+    drift_metrics,
+    long_rollouts,
+    record,
+    revisit,
+    rollout,
+    teacher_forced,
+)
 from tests.test_generator import tiny_generator
 
 
@@ -17,8 +25,12 @@ def test_protocol_pieces_run_on_a_tiny_model():
     assert frames.shape == ep.frames.shape
     assert np.array_equal(frames[:2], ep.frames[:2])  # the true first chunk starts the rollout
     assert len(action_hits(frames, ep.offsets, 2)) == 3
-    d = drift(gen, 900_501, steps=1, length=260)
-    assert set(d) >= {"sharpness", "colour", "sharpness_vs_real_50_150"}
+    d = drift_metrics(long_rollouts(gen, steps=1, length=160, scenes=["desert"]))
+    assert set(d["drift_ratio_160"]) == {"vs_sim", "self", "self_ground_truth"}
+    assert set(d["luma_drift"]) == {"desert_idle", "desert_moving"}
+    assert np.isfinite(d["rollout_sharpness_ratio"]) and 0 <= d["rollout_anisotropy"] <= 1
+    r = revisit(gen, steps=1, episodes=1)
+    assert np.isfinite(r["revisit_psnr_db"]) and r["revisit_psnr_db_ground_truth"] > 15
     assert gen.allocator.num_free() == gen.allocator.num_pages  # every state freed
 
 

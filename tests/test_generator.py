@@ -9,6 +9,8 @@ from engine.generator import GeneratorConfig, WorldGenerator
 from engine.models.attention import DenseContext, expand_frame_mask
 from engine.models.autoencoder import build_autoencoder
 from engine.models.world_dit import WorldDiT
+from engine.worlds.actions import action_to_direction
+from engine.worlds.simulator import ACCEL, FRICTION
 
 F = 2  # frames per chunk
 
@@ -22,6 +24,20 @@ def tiny_generator(**cfg) -> WorldGenerator:
             p.add_(torch.randn_like(p) * 0.05)
     cfg.setdefault("attention_backend", "reference")
     return WorldGenerator(model, build_autoencoder(width=8), GeneratorConfig(**cfg))
+
+
+def exact_camera(camera) -> None:
+    """Set camera dynamics to the simulator's own (``v' = F·(v + A·d)``, linear part only)."""
+    with torch.no_grad():
+        camera.mlp[2].weight.zero_()
+        camera.mlp[2].bias.zero_()
+        camera.linear.bias.zero_()
+        w = torch.zeros(2, 2 + 9)
+        w[:, :2] = (FRICTION - 1) * torch.eye(2)
+        for a in range(9):
+            d = torch.tensor(action_to_direction(a), dtype=torch.float32)
+            w[:, 2 + a] = FRICTION * ACCEL * d / max(d.norm(), 1e-9)
+        camera.linear.weight.copy_(w)
 
 
 def window_mask(num_chunks: int, window: int, sink: bool) -> torch.Tensor:
@@ -38,6 +54,8 @@ def window_mask(num_chunks: int, window: int, sink: bool) -> torch.Tensor:
     "window,sink,noise", [(2, False, False), (2, True, True), (8, False, False)]
 )
 def test_cached_generation_equals_dense_block_causal_forward(window, sink, noise):
+    """The streaming path (paged KV cache, cache fill, spatial memory feeding every frame its
+    base) computes what one dense block-causal forward over the whole stream computes."""
     gen = tiny_generator(window_chunks=window, sink=sink, memory_chunks=max(window, 3),
                          ctx_noise=noise)
     state = gen.new_state("a green meadow", seed=3)
@@ -46,49 +64,40 @@ def test_cached_generation_equals_dense_block_causal_forward(window, sink, noise
     for n, act in enumerate(actions):
         (res,) = gen.generate([ChunkJob(state, [int(a) for a in act], steps=1, seed=100 + n)])
         assert res.error is None and res.frames.shape == (F, 128, 128, 3)
-    # the dense reference: [start chunk, chunk 1..6]; context chunks clean at ctx_sigma, the
-    # last chunk = its noise at sigma 1; with one step the generated latents = the model output
     records = list(state.history)  # bounded: older chunks were evicted
     m = gen.model
     mc = m.config
-    all_lat, all_prev, all_act, all_pos = [], [], [], []
-    # the same stream with unbounded memory keeps every chunk's latents for the reference
+    # the same stream with unbounded memory keeps every chunk's inputs for the reference
     gen2 = tiny_generator(window_chunks=window, sink=sink, memory_chunks=16, ctx_noise=noise)
     st2 = gen2.new_state("a green meadow", seed=3)
     for n, act in enumerate(actions):
         gen2.generate([ChunkJob(st2, [int(a) for a in act], steps=1, seed=100 + n)])
     recs = list(st2.history)
     assert len(recs) == 7
-    for r in recs:
-        all_lat.append(r.context)
-        prev = r.prev if r.prev is not None else torch.zeros(mc.latent_channels, 16, 16)
-        all_prev.append(prev[None].expand(F, -1, -1, -1))
-        all_act.append(torch.tensor(r.actions))
-        all_pos.append(torch.arange(r.position, r.position + F))
+    # memory is in play: after the start chunk every frame's base holds remembered ground
+    assert all(r.known[:, 0].mean() > 0.5 for r in recs[1:])
     n_chunks = len(recs)
     text = torch.as_tensor(st2.text)[None, None].expand(1, n_chunks * F, -1)
     mask = expand_frame_mask(window_mask(n_chunks, window, sink), m.tokens_per_frame)
+    g = mc.latent_size
     for last in range(1, n_chunks):
-        seq = torch.cat(all_lat[:last]).clone()
         noise = torch.randn(
-            (F, mc.latent_channels, 16, 16), generator=torch.Generator().manual_seed(100 + last - 1)
+            (F, mc.latent_channels, g, g), generator=torch.Generator().manual_seed(100 + last - 1)
         )
-        seq = torch.cat([seq, noise])[None]
+        seq = torch.cat([r.context for r in recs[:last]] + [noise])[None]
         k = (last + 1) * F
         sigma = torch.full((1, k), gen.config.ctx_sigma)
         sigma[:, -F:] = 1.0
-        prev = torch.cat(all_prev[: last + 1])[None]
-        prev_sigma = torch.full((1, k), gen.config.ctx_sigma)
-        prev_sigma[:, :F] = 1.0
         with torch.no_grad():
             out = m(
                 seq,
-                prev,
-                prev_sigma,
+                torch.cat([r.base for r in recs[: last + 1]])[None],
+                torch.full((1, k), gen.config.ctx_sigma),
+                torch.cat([r.known for r in recs[: last + 1]])[None],
                 sigma,
-                torch.cat(all_act[: last + 1])[None],
+                torch.tensor([a for r in recs[: last + 1] for a in r.actions])[None],
                 text[:, :k],
-                torch.cat(all_pos[: last + 1])[None],
+                torch.arange(k)[None],
                 DenseContext(mask[: k * 64, : k * 64]),
             )
         got = recs[last].latents
@@ -96,6 +105,30 @@ def test_cached_generation_equals_dense_block_causal_forward(window, sink, noise
     # the first run (bounded memory, eviction) produced the same chunks as the unbounded one
     for a, b in zip(records, recs[-len(records) :]):
         assert torch.allclose(a.latents, b.latents, atol=1e-5)
+
+
+def test_spatial_pages_bring_back_the_overlapping_past():
+    """With ``spatial_pages`` a chunk attends, beyond its window, the older pages whose camera
+    window overlaps its view most: after a loop out and back those are the first frames."""
+    gen = tiny_generator(window_chunks=2, memory_chunks=40, spatial_pages=2)
+    exact_camera(gen.model.camera)
+    state = gen.new_state("a green meadow", seed=3)
+    script = [5] * 8 + [4] * 14 + [3] * 8 + [4] * 14  # right, coast, left, coast
+    for n in range(0, len(script), F):
+        (res,) = gen.generate([ChunkJob(state, script[n : n + F], steps=1, seed=n)])
+        assert res.error is None
+    view = state.history[-1].origins[-1]
+    older = state.table.older_pages()
+    recs = list(state.history)[: len(older) // F]
+    origins = [o for r in recs for o in r.origins]
+    chosen = gen._spatial_pages(state, state.history[-1].origins)
+    assert len(chosen) == 2
+    # independent check: the two pages with the largest overlap area with the current view
+    area = [max(0, 128 - abs(int(o[0] - view[0]))) * max(0, 128 - abs(int(o[1] - view[1])))
+            for o in origins]
+    best = sorted(range(len(older)), key=lambda i: -area[i])[:2]
+    assert sorted(chosen) == sorted(older[i] for i in best)
+    assert min(area[i] for i in best) > 0.8 * 128 * 128
 
 
 def test_batched_sessions_equal_one_at_a_time():
@@ -136,9 +169,14 @@ def test_fork_rewind_free_return_every_page():
     # different seeds give different futures from the same past
     assert not np.array_equal(res[0].frames, res[1].frames)
     before = s.history[-1].latents.clone()
+    camera = s.camera
+    remembered = s.memory.read(-200, -200, 400).rgb.copy()
     gen.generate([ChunkJob(s, [5, 5], steps=1, seed=9)])
     gen.rewind(s, 1)
     assert torch.equal(s.history[-1].latents, before)
+    # the rewind also took back the camera motion and what the chunk wrote to memory
+    assert np.array_equal(s.camera[0], camera[0])
+    assert np.array_equal(s.memory.read(-200, -200, 400).rgb, remembered)
     with pytest.raises(ValueError):
         gen.rewind(s, 100)
     for b in branches:

@@ -84,3 +84,21 @@ class SceneClassifier:
     def predict(self, rgb: np.ndarray) -> str:
         d = np.linalg.norm(self.centroids - colour_features(rgb), axis=1)
         return self.names[int(np.argmin(d))]
+
+
+def anisotropy(rgb: np.ndarray) -> float:
+    """Gradient anisotropy ``|Gx² - Gy²| / (Gx² + Gy²)`` of the grey image, sprite excluded:
+    0 = no preferred direction (natural terrain), 1 = pure stripes (issue 11's streak
+    detector)."""
+    g = _gray(rgb)
+    keep = ~player_mask(g.shape[0])
+    gx = np.diff(g, axis=1)[:-1] ** 2
+    gy = np.diff(g, axis=0)[:, :-1] ** 2
+    m = keep[:-1, :-1] & keep[1:, 1:]
+    sx, sy = gx[m].sum(), gy[m].sum()
+    return float(abs(sx - sy) / (sx + sy + 1e-9))
+
+
+def mean_luma(rgb: np.ndarray) -> float:
+    """Mean luma (Rec. 601 weights, 0-255) of a frame."""
+    return float(_gray(rgb).mean())

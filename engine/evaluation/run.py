@@ -1,15 +1,22 @@
 """``worldstream eval``: the built-in model against the simulator, same start state and actions,
 on held-out world seeds (training seeds stay below ``HELDOUT_SEED0``).
 
-Metrics (see issue "Built-in world model"):
+Metrics (issues 2 and 11):
 ``ae_psnr_db`` autoencoder reconstruction; ``teacher_forced_psnr_db`` next chunk given the true
 context; ``rollout_psnr_db_16`` frames 1-16 of a free rollout; ``action_accuracy`` fraction of
-generated chunks whose dominant image motion (phase correlation) matches the simulator camera's
-motion, idle included; ``prompt_switch_accuracy`` fraction of frames 1-2 s after a prompt switch
-that a colour classifier fitted on simulator frames assigns to the new scene;
-``drift_ratio_3000`` sharpness and mean colour of frames 2900-3000 of a free rollout over the
-same for frames 50-150. Every metric is also computed on the ground-truth frames
-(``*_ground_truth``) to show the metric itself is sound.
+generated chunks whose dominant image motion (phase correlation, from the frame before the chunk
+to its last frame: zero-frame offset) matches the simulator camera's motion, idle included;
+``prompt_switch_accuracy`` fraction of frames 1-2 s after a prompt switch that a colour
+classifier fitted on simulator frames assigns to the new scene; ``revisit_psnr_db`` a loop out
+and back to the same camera position, the frame after the loop against the frame before it
+(both generated); ``rollout_sharpness_ratio`` min over 40-frame segments of frames 0-600 of a
+moving free rollout of the model's sharpness over the simulator's on the same actions;
+``rollout_anisotropy`` max over the same segments of the gradient anisotropy (streaks);
+``drift_ratio_3000`` sharpness and mean colour of frames L-100..L against the simulator's
+frames L-100..L (``vs_sim``) and against the rollout's own frames 50-150 (``self``);
+``luma_drift`` mean luma of frames L-100..L minus the simulator's, idle and moving, every
+scene. Every metric is also computed on the ground-truth frames (``*_ground_truth``) to show the
+metric itself is sound.
 """
 
 from __future__ import annotations
@@ -18,19 +25,28 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 from tqdm import tqdm
 
 from engine.backend import ChunkJob
-from engine.evaluation.metrics import SceneClassifier, image_shift, motion_class, psnr, sharpness
+from engine.evaluation.metrics import (
+    SceneClassifier,
+    anisotropy,
+    image_shift,
+    mean_luma,
+    motion_class,
+    psnr,
+    sharpness,
+)
 from engine.generator import WorldGenerator
-from engine.models.autoencoder import frames_to_tensor, tensor_to_frames
 from engine.training.data import HELDOUT_SEED0
+from engine.worlds.actions import IDLE, direction_to_action
 from engine.worlds.recorder import HumanLikePolicy
 from engine.worlds.scenes import SCENE_NAMES, SCENES
 from engine.worlds.simulator import WorldSimulator
 
 FPS = 15
+RIGHT, LEFT = direction_to_action(1, 0), direction_to_action(-1, 0)
+DOWN, UP = direction_to_action(0, 1), direction_to_action(0, -1)
 
 
 @dataclass
@@ -46,18 +62,19 @@ def record(
     seed: int,
     length: int,
     scene: str | None = None,
-    switch_at: int | None = None,
-    switch_to: str | None = None,
+    switches: dict[int, str] | None = None,
+    actions: list[int] | None = None,
 ) -> Episode:
-    """A held-out episode of human-like play (camera offsets kept for motion ground truth)."""
+    """A held-out episode of human-like play, or of the given ``actions``; ``switches`` maps a
+    frame index to the scene switched to there (camera offsets kept for motion ground truth)."""
     rng = np.random.default_rng([seed, 7])
     scene = scene or SCENE_NAMES[int(rng.integers(len(SCENE_NAMES)))]
     sim = WorldSimulator(seed, scene)
-    policy = HumanLikePolicy(rng)
+    policy = HumanLikePolicy(rng) if actions is None else iter(actions).__next__
     frames, actions, offsets = [], [], []
     for i in range(length):
-        if switch_at is not None and i == switch_at:
-            sim.set_scene(switch_to)
+        if switches and i in switches:
+            sim.set_scene(switches[i])
         a = policy()
         frames.append(sim.step(a))
         actions.append(a)
@@ -73,10 +90,8 @@ def _chunks(ep: Episode, f: int, start: int = 1):
 
 
 def ae_psnr(gen: WorldGenerator, frames: np.ndarray) -> float:
-    with torch.no_grad():
-        x = frames_to_tensor(frames).to(gen.device, gen.config.dtype)
-        y = gen.ae.decoder(gen.ae.encoder(x)).float().clamp(-1, 1)
-    rec = tensor_to_frames(y).cpu().numpy()
+    """Mean PSNR (dB) of the autoencoder's reconstructions, at the streaming dtype."""
+    rec = gen.decode_latents(gen.encode_frames(frames))
     return float(np.mean([psnr(a, b) for a, b in zip(rec, frames)]))
 
 
@@ -100,17 +115,22 @@ def teacher_forced(gen: WorldGenerator, ep: Episode, steps: int, seed: int) -> l
 
 
 def rollout(
-    gen: WorldGenerator, ep: Episode, steps: int, seed: int, switch: tuple[int, str] | None = None
+    gen: WorldGenerator,
+    ep: Episode,
+    steps: int,
+    seed: int,
+    switches: dict[int, str] | None = None,
 ) -> np.ndarray:
-    """Free rollout from the true first chunk with the episode's actions; ``switch`` =
-    (chunk index, new prompt). Returns all frames, the true first chunk included."""
+    """Free rollout from the true first chunk with the episode's actions; ``switches`` maps a
+    chunk index to the prompt switched to before it. Returns all frames, the true first chunk
+    included."""
     f = gen.chunk_frames
     state = gen.new_state(ep.prompt, seed, start_frames=ep.frames[:f])
     out = [ep.frames[:f]]
     try:
         for c, acts in _chunks(ep, f):
-            if switch is not None and c == switch[0]:
-                gen.set_prompt(state, switch[1])
+            if switches and c in switches:
+                gen.set_prompt(state, switches[c])
             (res,) = gen.generate([ChunkJob(state, acts, steps, seed=seed + c)])
             if res.error:
                 raise res.error
@@ -132,35 +152,128 @@ def action_hits(frames: np.ndarray, offsets: np.ndarray, f: int) -> list[bool]:
     return hits
 
 
-def drift(gen: WorldGenerator, ep_seed: int, steps: int, length: int = 3000) -> dict:
-    """Free rollout of ``length`` frames; sharpness and mean colour of the last 100 frames over
-    frames 50-150 (only those are decoded), and frames 50-150 against real frames."""
+def streamed_rollout(gen: WorldGenerator, ep: Episode, steps: int, seed: int, on_frame) -> None:
+    """Free rollout of the whole episode from its true first chunk, calling
+    ``on_frame(index, model_frame)`` for every generated frame (nothing is kept: long rollouts
+    of thousands of frames stay in constant memory)."""
     f = gen.chunk_frames
-    ep = record(ep_seed, length)
-    state = gen.new_state(ep.prompt, ep_seed, start_frames=ep.frames[:f])
-    early, late = [], []
+    state = gen.new_state(ep.prompt, seed, start_frames=ep.frames[:f])
     try:
-        for c, acts in tqdm(list(_chunks(ep, f)), desc="drift rollout", unit="chunk", leave=False):
-            (res,) = gen.generate([ChunkJob(state, acts, steps, seed=ep_seed + c)], decode=False)
+        for c, acts in tqdm(list(_chunks(ep, f)), desc="rollout", unit="chunk", leave=False):
+            (res,) = gen.generate([ChunkJob(state, acts, steps, seed=seed + c)])
             if res.error:
                 raise res.error
-            first = c * f
-            if 50 <= first < 150 or first >= length - 100:
-                rgb = gen.decode_latents(state.history[-1].latents)
-                (early if first < 150 else late).extend(rgb)
+            for i, frame in enumerate(res.frames):
+                on_frame(c * f + i, frame)
     finally:
         gen.free(state)
-    s_early = np.mean([sharpness(x) for x in early])
-    s_late = np.mean([sharpness(x) for x in late])
-    s_real = np.mean([sharpness(x) for x in ep.frames[50:150]])
-    c_early = np.mean(np.stack(early), axis=(0, 1, 2))
-    c_late = np.mean(np.stack(late), axis=(0, 1, 2))
-    return {
-        "sharpness": round(float(s_late / s_early), 3),
-        "colour": round(float(c_late.mean() / c_early.mean()), 3),
-        "colour_rgb": [round(float(x), 3) for x in c_late / c_early],
-        "sharpness_vs_real_50_150": round(float(s_early / s_real), 3),
+
+
+def segment_scores(model: np.ndarray, sim: np.ndarray, segment: int = 40) -> dict:
+    """Per ``segment``-frame segment: mean sharpness of the model's frames over the
+    simulator's, and mean anisotropy of each; ``model``/``sim`` are ``(L, 3)`` per-frame
+    (sharpness, anisotropy, luma) rows."""
+    ratios, aniso, aniso_sim = [], [], []
+    for a in range(0, len(model) - segment + 1, segment):
+        m, t = model[a : a + segment], sim[a : a + segment]
+        ratios.append(m[:, 0].mean() / t[:, 0].mean())
+        aniso.append(m[:, 1].mean())
+        aniso_sim.append(t[:, 1].mean())
+    return {"sharpness_ratio": ratios, "anisotropy": aniso, "anisotropy_sim": aniso_sim}
+
+
+def _frame_stats(rgb: np.ndarray) -> tuple[float, float, float, float, float, float]:
+    """(sharpness, anisotropy, luma, mean R, mean G, mean B) of a frame."""
+    return (sharpness(rgb), anisotropy(rgb), mean_luma(rgb), *rgb.reshape(-1, 3).mean(0))
+
+
+def long_rollouts(gen: WorldGenerator, steps: int, length: int, scenes: list[str]) -> dict:
+    """For each scene, an idle and a moving rollout of ``length`` frames against the simulator
+    on the same actions: per-frame statistics of both, reduced to the drift metrics."""
+    out: dict = {"length": length, "scenes": scenes, "runs": []}
+    for k, scene in enumerate(scenes):
+        for moving in (False, True):
+            seed = HELDOUT_SEED0 + 300 + 2 * k + int(moving)
+            acts = None if moving else [IDLE] * length
+            ep = record(seed, length, scene=scene, actions=acts)
+            stats = np.zeros((length, 6))
+            stats[: gen.chunk_frames] = [_frame_stats(x) for x in ep.frames[: gen.chunk_frames]]
+
+            def keep(i, frame, stats=stats):
+                stats[i] = _frame_stats(frame)
+
+            streamed_rollout(gen, ep, steps, seed, keep)
+            real = np.array([_frame_stats(x) for x in ep.frames])
+            out["runs"].append({"scene": scene, "moving": moving, "model": stats, "sim": real})
+    return out
+
+
+def drift_metrics(runs: dict) -> dict:
+    """The issue-11 drift numbers from :func:`long_rollouts`."""
+    n = runs["length"]
+    last, early = slice(n - 100, n), slice(50, 150)
+    moving = [r for r in runs["runs"] if r["moving"]]
+    head = min(600, n)
+    segs = [segment_scores(r["model"][:head], r["sim"][:head]) for r in moving]
+    out = {
+        "rollout_sharpness_ratio": round(float(min(min(s["sharpness_ratio"]) for s in segs)), 3),
+        "rollout_anisotropy": round(float(max(max(s["anisotropy"]) for s in segs)), 3),
+        "rollout_anisotropy_ground_truth": round(
+            float(max(max(s["anisotropy_sim"]) for s in segs)), 3
+        ),
     }
+
+    def ratio(r, col, a, b):
+        return float(r["model"][a, col].mean() / b[col].mean())
+
+    drift = {"vs_sim": {}, "self": {}}
+    for key, cols in (("sharpness", [0]), ("colour", [3, 4, 5])):
+        drift["vs_sim"][key] = round(
+            float(np.mean([r["model"][last][:, cols].mean() / r["sim"][last][:, cols].mean()
+                           for r in moving])), 3)
+        drift["self"][key] = round(
+            float(np.mean([r["model"][last][:, cols].mean() / r["model"][early][:, cols].mean()
+                           for r in moving])), 3)
+    drift["self_ground_truth"] = {
+        "sharpness": round(float(np.mean([r["sim"][last][:, 0].mean() / r["sim"][early][:, 0].mean()
+                                          for r in moving])), 3),
+    }
+    out[f"drift_ratio_{n}"] = drift
+    luma = {
+        f"{r['scene']}_{'moving' if r['moving'] else 'idle'}": round(
+            float(r["model"][last, 2].mean() - r["sim"][last, 2].mean()), 2
+        )
+        for r in runs["runs"]
+    }
+    out["luma_drift"] = luma
+    out["luma_drift_max_abs"] = round(float(max(abs(v) for v in luma.values())), 2)
+    return out
+
+
+#: out along a path and back: 16 frames of a key, coast to rest, the opposite key, coast to rest
+#: (the simulator's dynamics are sign-symmetric, so the camera returns to the same pixel)
+def revisit_actions(key: int, back: int, hold: int = 16, coast: int = 40) -> list[int]:
+    return [IDLE] * 4 + [key] * hold + [IDLE] * coast + [back] * hold + [IDLE] * coast
+
+
+def revisit(gen: WorldGenerator, steps: int, episodes: int) -> dict:
+    """PSNR of the frame after a loop against the frame before it, both generated (and both
+    real for the ground truth), over loops in the four directions."""
+    got, truth = [], []
+    pairs = [(RIGHT, LEFT), (DOWN, UP), (LEFT, RIGHT), (UP, DOWN)]
+    for i in range(episodes):
+        key, back = pairs[i % 4]
+        acts = revisit_actions(key, back)
+        seed = HELDOUT_SEED0 + 400 + i
+        ep = record(seed, len(acts), actions=acts)
+        before = 3
+        if not np.array_equal(ep.offsets[before], ep.offsets[-1]):
+            raise RuntimeError("revisit script did not return the simulator's camera")
+        frames = rollout(gen, ep, steps, seed)
+        got.append(psnr(frames[-1], frames[before]))
+        truth.append(psnr(ep.frames[-1], ep.frames[before]))
+    return {"revisit_psnr_db": round(float(np.mean(got)), 2),
+            "revisit_psnr_db_ground_truth": round(float(np.mean(truth)), 2)}
 
 
 def _scene_classifier(n_frames: int = 48) -> SceneClassifier:
@@ -178,9 +291,9 @@ def evaluate(
     """Run every metric; ``quick`` uses fewer episodes (<= 2 minutes on a 2-core CPU)."""
     t0 = time.perf_counter()
     f = gen.chunk_frames
-    n_ep, n_chunks = (3, 10) if quick else (12, 20)
+    n_ep, n_frames = (3, 20) if quick else (12, 40)
     seeds = [HELDOUT_SEED0 + 100 + i for i in range(n_ep)]
-    episodes = [record(s, (n_chunks + 1) * f) for s in seeds]
+    episodes = [record(s, n_frames + f) for s in seeds]
     out: dict = {"quick": quick, "steps": steps, "episodes": n_ep}
     out["ae_psnr_db"] = round(np.mean([ae_psnr(gen, ep.frames) for ep in episodes]), 2)
     tf = [s for ep, sd in zip(episodes, seeds) for s in teacher_forced(gen, ep, steps, sd)]
@@ -214,21 +327,18 @@ def evaluate(
     for i in range(n_sw):
         a, b = SCENE_NAMES[i % 4], SCENE_NAMES[(i + 1 + i // 4) % 4]
         sw_frame = switch_chunk * f
-        ep = record(
-            HELDOUT_SEED0 + 200 + i,
-            sw_frame + 2 * FPS + f,
-            scene=a,
-            switch_at=sw_frame,
-            switch_to=b,
-        )
+        ep = record(HELDOUT_SEED0 + 200 + i, sw_frame + 2 * FPS + f, a, {sw_frame: b})
         new_prompt = SCENES[b]["prompts"][i % len(SCENES[b]["prompts"])]
-        frames = rollout(gen, ep, steps, HELDOUT_SEED0 + 200 + i, (switch_chunk, new_prompt))
+        frames = rollout(gen, ep, steps, HELDOUT_SEED0 + 200 + i, {switch_chunk: new_prompt})
         window = range(sw_frame + FPS, sw_frame + 2 * FPS)
         got += [clf.predict(frames[j]) == b for j in window]
         truth += [clf.predict(ep.frames[j]) == b for j in window]
     out["prompt_switch_accuracy"] = round(float(np.mean(got)), 3)
     out["prompt_switch_accuracy_ground_truth"] = round(float(np.mean(truth)), 3)
-    out["drift_steps"] = drift_steps or (1 if quick else steps)
-    out["drift_ratio_3000"] = drift(gen, HELDOUT_SEED0 + 300, out["drift_steps"])
+    out.update(revisit(gen, steps, 4 if quick else 8))
+    out["drift_steps"] = drift_steps or steps
+    length = 600 if quick else 3000
+    scenes = SCENE_NAMES[:2] if quick else list(SCENE_NAMES)
+    out.update(drift_metrics(long_rollouts(gen, out["drift_steps"], length, scenes)))
     out["wall_s"] = round(time.perf_counter() - t0, 1)
     return out

@@ -1,22 +1,25 @@
 """The built-in world model: a small causal diffusion transformer over autoencoder latents.
 
-Tokens are 2×2 latent patches (a 16×16 latent frame -> 8×8 = 64 tokens). Each frame is
+Tokens are 4×4 latent patches (a 32×32 latent frame -> 8×8 = 64 tokens). Each frame is
 conditioned (adaLN-Zero, DiT) on its noise level σ, its action and the scene-prompt embedding;
-the action is also added to every token of its frame (a strong per-token signal), and the
-previous clean frame is fed into each token through the patch stem (DIAMOND/GameNGen-style frame
-conditioning). Positions: learned over the 8×8 grid, rotary (RoPE) over time, so cached keys stay
-valid as the stream moves on. Attention goes through ``engine.models.attention.attend`` (one call
-site): dense block-causal for training, paged KV cache in the engine. The network predicts the
-clean latent x0 (velocity prediction failed at this width; see DESIGN.md).
+the action is also added to every token of its frame (a strong per-token signal). Positions:
+learned over the 8×8 grid, rotary (RoPE) over time, so cached keys stay valid as the stream
+moves on. Attention goes through ``engine.models.attention.attend`` (one call site): dense
+block-causal for training, paged KV cache in the engine. The network predicts the clean latent
+x0 (velocity prediction failed at this width; see DESIGN.md).
 
-With ``motion_warp`` the model also predicts, per frame, the camera's displacement since the
-previous frame (a global translation in latent pixels, pooled from the frame's output tokens)
-and its residual base is the previous frame *shifted* by it (bilinear ``grid_sample``) rather
-than the previous frame itself: motion-compensated prediction as in video codecs and
-flow-based frame synthesis (Liu et al. 2017, "Video Frame Synthesis using Deep Voxel Flow";
-Reda et al. 2018, "SDC-Net"). The transformer then only generates what the shift cannot
-explain: revealed terrain at the border, animated elements, scene changes. Without it, the
-network has to synthesise sub-patch shifts pixel by pixel and learned to copy the last frame.
+Spatial memory (v2). Every frame is fed a *base*: the window of the stream's spatial memory
+(``engine.spatial_memory``) at the frame's camera position, encoded by the autoencoder, with two
+planes saying where memory holds content of the current prompt (*current*) and of an earlier
+one (*stale*, to restyle). The output is residual on that base, so the transformer generates
+only what memory cannot explain: newly revealed ground, animated water, clouds and creatures,
+the player sprite, a new prompt's look. The camera position comes from a learned camera
+dynamics model (:class:`CameraDynamics`, velocity from the previous velocity and the action,
+fitted to the simulator's recorded camera paths): the model decides where the view moves, the
+memory makes sure what was seen stays where it was. Since the base is read from memory once per
+frame at integer pixel offsets, nothing is resampled twice — v1's base was the previous
+*generated* frame shifted by a sub-pixel amount, and its rollouts collapsed into streaks within
+three seconds (issue 11).
 """
 
 from __future__ import annotations
@@ -50,33 +53,6 @@ def _rope_cos_sin(positions: torch.Tensor, head_dim: int) -> tuple[torch.Tensor,
     ang = positions.to(torch.float64)[..., None] * inv
     ang = torch.cat([ang, ang], dim=-1)[:, None]
     return ang.cos().float(), ang.sin().float()
-
-
-def shift_frames(frames: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
-    """Translate frames by a sub-pixel displacement: ``out(u) = frames(u + shift)``.
-
-    Args:
-        frames: ``(N, C, h, w)`` float32.
-        shift: ``(N, 2)`` float32 displacement ``(x, y)`` in pixels of ``frames``; a camera
-            moving right by one pixel (``x = +1``) moves the content one pixel left.
-    Returns ``(N, C, h, w)``: bilinear samples (``torch.nn.functional.grid_sample``); where the
-    shift reveals content outside the frame, the frame is mirrored at its edge. Mirroring fills
-    the revealed strip with terrain-like texture, the same one-step error as repeating the edge
-    pixels but without the edge smears that a free rollout piles up into streaks.
-    """
-    n, _, h, w = frames.shape
-    ys, xs = torch.meshgrid(
-        torch.arange(h, device=frames.device, dtype=frames.dtype),
-        torch.arange(w, device=frames.device, dtype=frames.dtype),
-        indexing="ij",
-    )
-    # pixel -> normalised [-1, 1] coordinates of align_corners=False
-    gx = (2 * (xs + shift[:, 0, None, None]) + 1) / w - 1
-    gy = (2 * (ys + shift[:, 1, None, None]) + 1) / h - 1
-    grid = torch.stack([gx, gy], dim=-1)
-    return F.grid_sample(
-        frames, grid, mode="bilinear", padding_mode="reflection", align_corners=False
-    )
 
 
 def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -120,16 +96,54 @@ class WorldDiTBlock(nn.Module):
         return x + gate2 * self.mlp(h)
 
 
-class WorldDiT(ModelMixin, ConfigMixin):
-    """Causal world transformer.
+class CameraDynamics(nn.Module):
+    """Learned camera motion: ``v_t = v_{t-1} + L([v_{t-1}, a_t]) + MLP([v_{t-1}, a_t])`` with
+    the action one-hot, in image pixels per frame; the camera position is the running sum of
+    ``v``. A linear part (momentum and thrust: what a camera with inertia mostly is) plus a
+    small MLP for the rest; fitted to the simulator's recorded camera paths
+    (``engine.training.train_world.fit_camera_dynamics``). Recurrent because a world with
+    inertia needs the velocity as state."""
 
-    Args (config): ``latent_channels`` (8), ``latent_size`` (16), ``patch_size`` (2), ``dim``,
+    def __init__(self, num_actions: int, hidden: int = 64):
+        super().__init__()
+        self.num_actions = num_actions
+        self.linear = nn.Linear(2 + num_actions, 2)
+        self.mlp = nn.Sequential(
+            nn.Linear(2 + num_actions, hidden), nn.SiLU(), nn.Linear(hidden, 2)
+        )
+        for layer in (self.linear, self.mlp[2]):  # zero at init: the camera stays put
+            nn.init.zeros_(layer.weight)
+            nn.init.zeros_(layer.bias)
+
+    def forward(self, vel: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        """``vel (N, 2)`` float32 px/frame, ``actions (N,)`` int64 -> next velocity ``(N, 2)``."""
+        hot = F.one_hot(actions, self.num_actions).to(vel.dtype)
+        x = torch.cat([vel, hot], dim=-1).to(self.linear.weight.dtype)
+        return vel + (self.linear(x) + self.mlp(x)).float()
+
+    @torch.no_grad()
+    def rollout(
+        self, vel: torch.Tensor, actions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Displacements of a sequence: ``vel (2,)`` before it, ``actions (T,)`` ->
+        ``(T, 2)`` float32 per-frame displacement (px) and the final velocity ``(2,)``."""
+        out = []
+        v = vel.float()[None]
+        for a in actions.reshape(-1):
+            v = self(v, a.reshape(1))
+            out.append(v[0])
+        return torch.stack(out), v[0]
+
+
+class WorldDiT(ModelMixin, ConfigMixin):
+    """Causal world transformer with a spatial-memory base and learned camera dynamics.
+
+    Args (config): ``latent_channels`` (4), ``latent_size`` (32), ``patch_size`` (4), ``dim``,
     ``depth``, ``num_heads``, ``mlp_ratio``, ``num_actions`` (9), ``text_dim`` (384),
     ``chunk_frames`` (frames per chunk it was trained with), ``latent_mean``/``latent_std``
     (per-channel autoencoder latent statistics; the model sees normalised latents),
-    ``residual`` (the output is added to the previous frame, scaled by its clean fraction),
-    ``motion_warp`` (with ``residual``: the previous frame is first shifted by the predicted
-    camera displacement, see the module docstring).
+    ``image_size`` (frame side, px), ``view_box`` (side in px of the view-anchored square at
+    the frame centre that is never written to memory: the player sprite).
     """
 
     def normalize(self, z: torch.Tensor) -> torch.Tensor:
@@ -150,32 +164,30 @@ class WorldDiT(ModelMixin, ConfigMixin):
     @register_to_config
     def __init__(
         self,
-        latent_channels: int = 8,
-        latent_size: int = 16,
-        patch_size: int = 2,
-        dim: int = 192,
+        latent_channels: int = 4,
+        latent_size: int = 32,
+        patch_size: int = 4,
+        dim: int = 128,
         depth: int = 6,
-        num_heads: int = 6,
+        num_heads: int = 4,
         mlp_ratio: float = 3.0,
         num_actions: int = 9,
         text_dim: int = 384,
-        chunk_frames: int = 2,
+        chunk_frames: int = 1,
         latent_mean: tuple[float, ...] | None = None,
         latent_std: tuple[float, ...] | None = None,
-        residual: bool = False,
-        motion_warp: bool = False,
+        image_size: int = 128,
+        view_box: int = 13,
     ):
-        # residual: predict x0 as (1 - σ_prev)·prev + output, so an untrained network starts
-        # from "copy the previous frame" and learns the motion on top of it;
-        # chunk_frames, latent_mean/std: how the model was trained (the engine reads them);
-        # latents are normalised per channel as (z - mean) / std before entering the model
+        # chunk_frames, latent_mean/std, image_size, view_box: how the model was trained (the
+        # engine reads them); latents are normalised per channel as (z - mean) / std
         super().__init__()
         grid = latent_size // patch_size
         self.tokens_per_frame = grid * grid
-        # 1. patch stem over [noisy latent ; previous frame ; previous frame's σ as a plane]
-        #    (overlapping 4x4 patches)
+        # 1. patch stem over [noisy latent ; base ; base σ, current, stale planes]
+        #    (overlapping 2p × 2p patches)
         self.stem = nn.Conv2d(
-            2 * latent_channels + 1,
+            2 * latent_channels + 3,
             dim,
             kernel_size=2 * patch_size,
             stride=patch_size,
@@ -195,52 +207,47 @@ class WorldDiT(ModelMixin, ConfigMixin):
         self.out = nn.Linear(dim, patch_size * patch_size * latent_channels)
         nn.init.zeros_(self.ada_out.weight)
         nn.init.zeros_(self.ada_out.bias)
-        # 5. camera displacement per frame (latent px); zero at init = "no motion"
-        if motion_warp:
-            if not residual:
-                raise ValueError("motion_warp shifts the residual base: it needs residual=True")
-            self.motion = nn.Sequential(nn.Linear(dim, dim), nn.SiLU(), nn.Linear(dim, 2))
-            nn.init.zeros_(self.motion[2].weight)
-            nn.init.zeros_(self.motion[2].bias)
+        # 5. where the camera goes: velocity from the previous velocity and the action
+        self.camera = CameraDynamics(num_actions)
 
     def forward(
         self,
         latents: torch.Tensor,
-        prev: torch.Tensor,
-        prev_sigma: torch.Tensor,
+        base: torch.Tensor,
+        base_sigma: torch.Tensor,
+        known: torch.Tensor,
         sigma: torch.Tensor,
         actions: torch.Tensor,
         text: torch.Tensor,
         positions: torch.Tensor,
         ctx: AttentionContext,
-        return_motion: bool = False,
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    ) -> torch.Tensor:
         """Predict clean latents.
 
         Args:
             latents: ``(B, T, C, h, w)`` noisy latents of T frames (any float dtype).
-            prev: ``(B, T, C, h, w)`` the previous frame fed to each frame (zeros if none): the
-                last frame of the previous chunk, as the model saw it.
-            prev_sigma: ``(B, T)`` noise level of ``prev`` (1 when there is none).
+            base: ``(B, T, C, h, w)`` each frame's memory window, encoded and normalised
+                (unknown pixels read as mid-grey).
+            base_sigma: ``(B, T)`` noise level the base is tagged with (context noise).
+            known: ``(B, T, 2, h, w)`` fraction of each latent pixel's image pixels that memory
+                holds from the current prompt (channel 0) and from an earlier one (channel 1).
             sigma: ``(B, T)`` flow-matching noise level in [0, 1] of each frame.
             actions: ``(B, T)`` int64 action ids (``engine.worlds.actions``).
             text: ``(B, T, text_dim)`` scene-prompt embedding per frame (zeros = no prompt).
             positions: ``(B, T)`` int64 absolute frame indices (rotary time positions).
             ctx: attention context (dense mask or paged KV cache), see ``engine.models.attention``.
-            return_motion: also return the predicted camera displacement (training).
         Returns:
-            ``(B, T, C, h, w)`` float32 predicted x0; with ``return_motion`` also ``(B, T, 2)``
-            float32 displacement ``(x, y)`` of each frame from ``prev`` in latent pixels (zeros
-            without ``motion_warp``).
+            ``(B, T, C, h, w)`` float32 predicted x0: the base (scaled by its clean fraction)
+            plus the network's output.
         """
         cfg = self.config
         b, t, c, hh, ww = latents.shape
         n = self.tokens_per_frame
         # 1. patch stem
-        plane = prev_sigma.to(prev.dtype)[..., None, None, None].expand(b, t, 1, hh, ww)
-        x = torch.cat([latents.to(prev.dtype), prev, plane], dim=2).reshape(
-            b * t, 2 * c + 1, hh, ww
-        )
+        dt = base.dtype
+        plane = base_sigma.to(dt)[..., None, None, None].expand(b, t, 1, hh, ww)
+        x = torch.cat([latents.to(dt), base, plane, known.to(dt)], dim=2)
+        x = x.reshape(b * t, 2 * c + 3, hh, ww)
         x = self.stem(x.to(self.stem.weight.dtype)).flatten(2).transpose(1, 2)  # (B*T, n, dim)
         x = x + self.pos + self.action_tok(actions).reshape(b * t, 1, -1)
         x = x.reshape(b, t, n, -1)
@@ -256,7 +263,7 @@ class WorldDiT(ModelMixin, ConfigMixin):
         # 3. blocks
         for layer, block in enumerate(self.blocks):
             x = block(x, cond, rope, layer, ctx)
-        # 4. output
+        # 4. output, residual on the base
         h = self.norm_out(x)
         shift, scale = self.ada_out(cond).chunk(2, dim=-1)
         x = self.out(h * (1 + scale) + shift).float()  # (B, T, n, p*p*C)
@@ -264,14 +271,4 @@ class WorldDiT(ModelMixin, ConfigMixin):
         g = hh // p
         x = x.reshape(b, t, g, g, p, p, c).permute(0, 1, 6, 2, 4, 3, 5)
         x = x.reshape(b, t, c, hh, ww)
-        motion = None
-        if cfg.residual:
-            base = prev.float()
-            if cfg.motion_warp:
-                motion = self.motion(h.mean(dim=2)).float()
-                base = shift_frames(base.reshape(b * t, c, hh, ww), motion.reshape(b * t, 2))
-                base = base.reshape(b, t, c, hh, ww)
-            x = x + (1 - prev_sigma.float())[..., None, None, None] * base
-        if not return_motion:
-            return x
-        return x, torch.zeros(b, t, 2, device=x.device) if motion is None else motion
+        return x + (1 - base_sigma.float())[..., None, None, None] * base.float()

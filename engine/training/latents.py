@@ -1,5 +1,6 @@
 """Pre-encoded training data for the world model: every recorded frame encoded once by the
-trained autoencoder (kept in RAM, float16), plus the prompt-embedding table."""
+trained autoencoder (kept in RAM, float16), each frame's spatial-memory base as the engine would
+read it, and the prompt-embedding table."""
 
 from __future__ import annotations
 
@@ -11,61 +12,133 @@ import torch
 from tqdm import tqdm
 
 from engine import text
-from engine.models.autoencoder import frames_to_tensor
-from engine.training.common import pick_device
+from engine.models.autoencoder import DOWNSAMPLE, frames_to_tensor, tensor_to_frames
+from engine.spatial_memory import SpatialMemory, centre_box, model_inputs
+from engine.training.common import autocast, pick_device
 from engine.worlds.recorder import PROMPTS, load_shard
+from engine.worlds.simulator import SIZE, SPRITE
+
+#: side of the view-anchored square never written to memory: the player sprite + 3 px margin
+#: (decoded frames blur its colours outward)
+VIEW_BOX = SPRITE + 6
 
 
 @dataclass
 class LatentDataset:
-    """``latents (E, L, C, 16, 16)`` float16, ``actions/prompt (E, L)`` int64,
-    ``prompt_emb (num_prompts, 384)`` float32, ``camera (E, L, 2)`` int64 crop origin of each
-    frame in world pixels (the simulator's ground-truth camera path)."""
+    """``latents (E, L, C, h, w)`` float16 (the frames), ``base (E, L, C, h, w)`` float16 (each
+    frame's memory window, encoded), ``known (E, L, 2, h, w)`` uint8 (current/stale fractions
+    × 255), ``actions/prompt (E, L)`` int64, ``prompt_emb (num_prompts, 384)`` float32,
+    ``camera (E, L, 2)`` int64 crop origin of each frame in world pixels (the simulator's
+    ground-truth camera path)."""
 
     latents: torch.Tensor
+    base: torch.Tensor
+    known: torch.Tensor
     actions: torch.Tensor
     prompt: torch.Tensor
     prompt_emb: torch.Tensor
     camera: torch.Tensor
 
     def sample(self, rng: np.random.Generator, batch: int, frames: int):
-        """Random clips: latents ``(B, F, C, h, w)`` float32, actions ``(B, F)``,
-        text ``(B, F, 384)``, camera ``(B, F, 2)`` float32 world pixels."""
+        """Random clips: latents, base ``(B, F, C, h, w)`` float32, known ``(B, F, 2, h, w)``
+        float32 in [0, 1], actions ``(B, F)``, text ``(B, F, 384)``, camera ``(B, F, 2)``
+        float32 world pixels."""
         e = torch.as_tensor(rng.integers(0, self.latents.shape[0], batch))
         s = torch.as_tensor(rng.integers(0, self.latents.shape[1] - frames + 1, batch))
         idx = s[:, None] + torch.arange(frames)[None]
-        lat = self.latents[e[:, None], idx].float()
+        rows = e[:, None]
         return (
-            lat,
-            self.actions[e[:, None], idx],
-            self.prompt_emb[self.prompt[e[:, None], idx]],
-            self.camera[e[:, None], idx].float(),
+            self.latents[rows, idx].float(),
+            self.base[rows, idx].float(),
+            self.known[rows, idx].float() / 255.0,
+            self.actions[rows, idx],
+            self.prompt_emb[self.prompt[rows, idx]],
+            self.camera[rows, idx].float(),
         )
 
 
+def memory_bases(
+    recon: np.ndarray, camera: np.ndarray, switch: np.ndarray, chunk_frames: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Replay one episode through a :class:`SpatialMemory` as the engine does: each chunk's
+    frames read their base at their camera position from the memory as of the chunk's start,
+    then the chunk is written (write-once, sprite excluded); a scene switch starts an epoch.
+
+    ``recon (L, S, S, 3)`` uint8 the frames as the engine would have written them (autoencoder
+    reconstructions: in a stream memory holds decoded frames), ``camera (L, 2)`` crop origins,
+    ``switch (L,)`` bool. Returns base pictures ``(L, S, S, 3)`` uint8 and known planes
+    ``(L, 2, S/d, S/d)`` float32."""
+    memory = SpatialMemory()
+    exclude = centre_box(recon.shape[1], VIEW_BOX)
+    bases, known = [], []
+    for c in range(0, len(recon), chunk_frames):
+        span = range(c, min(c + chunk_frames, len(recon)))
+        if switch[span].any():
+            memory.new_epoch()
+        for i in span:
+            rgb, planes = model_inputs(memory.read(*camera[i], recon.shape[1]), DOWNSAMPLE)
+            bases.append(rgb)
+            known.append(planes)
+        for i in span:
+            memory.write(*camera[i], recon[i], exclude)
+    return np.stack(bases), np.stack(known)
+
+
 @torch.no_grad()
-def encode_shards(ae, shard_dirs: list[Path], cache: Path | None = None) -> LatentDataset:
-    """Encode every frame of the shards (cached to ``cache`` as a .pt file when given)."""
+def encode_shards(
+    ae, shard_dirs: list[Path], chunk_frames: int = 1, cache: Path | None = None
+) -> LatentDataset:
+    """Encode every frame of the shards and its memory base (cached to ``cache`` as a .pt file
+    when given)."""
     if cache is not None and cache.exists():
         return LatentDataset(**torch.load(cache))
     device = pick_device()
     ae = ae.to(device).eval()
-    lats, acts, prompts, cams = [], [], [], []
+    c, g = ae.config.latent_channels, SIZE // DOWNSAMPLE
+    out: dict[str, list] = {k: [] for k in ("lat", "base", "known", "act", "prompt", "cam")}
+
+    # NOTE: mini-batches of 4 frames: on one core a batch of 64 took 31 ms a frame to encode,
+    # a batch of 4 took 11 (the activations stay in cache); bf16 only where the CPU has it
+    def encode(frames: np.ndarray) -> torch.Tensor:
+        x = frames_to_tensor(frames).to(device)
+        with autocast(device):
+            return torch.cat([ae.encoder(x[i : i + 4]).float() for i in range(0, len(x), 4)])
+
+    def decode(z: torch.Tensor) -> np.ndarray:
+        with autocast(device):
+            y = torch.cat([ae.decoder(z[i : i + 4]).float() for i in range(0, len(z), 4)])
+        return tensor_to_frames(y.clamp(-1, 1)).cpu().numpy()
+
     for d in shard_dirs:
         shard = load_shard(d)
         frames = shard["frames"]
         e, n = frames.shape[:2]
-        out = torch.empty(e, n, ae.config.latent_channels, 16, 16, dtype=torch.float16)
+        lat = torch.empty(e, n, c, g, g, dtype=torch.float16)
+        base = torch.empty(e, n, c, g, g, dtype=torch.float16)
+        known = torch.empty(e, n, 2, g, g, dtype=torch.uint8)
         for i in tqdm(range(e), desc=f"encoding {d.name}", unit="episode"):
-            # fp32: bf16 convolutions run ~6x slower than fp32 on this CPU (oneDNN)
-            out[i] = ae.encoder(frames_to_tensor(np.array(frames[i])).to(device)).float().cpu()
-        lats.append(out)
-        acts.append(torch.as_tensor(np.asarray(shard["actions"]), dtype=torch.int64))
-        prompts.append(torch.as_tensor(np.asarray(shard["prompt"]), dtype=torch.int64))
-        cams.append(torch.as_tensor(np.asarray(shard["camera"]), dtype=torch.int64))
+            z = encode(np.array(frames[i]))
+            recon = decode(z)
+            rgb, planes = memory_bases(
+                recon, np.asarray(shard["camera"][i]), np.asarray(shard["switch"][i]), chunk_frames
+            )
+            lat[i] = z.cpu()
+            base[i] = encode(rgb).cpu()
+            known[i] = torch.as_tensor(planes * 255).round().to(torch.uint8)
+        out["lat"].append(lat)
+        out["base"].append(base)
+        out["known"].append(known)
+        for key, name in (("act", "actions"), ("prompt", "prompt"), ("cam", "camera")):
+            out[key].append(torch.as_tensor(np.asarray(shard[name]), dtype=torch.int64))
     emb = torch.as_tensor(np.stack([text.embed(p) for p in PROMPTS]))
     data = LatentDataset(
-        torch.cat(lats), torch.cat(acts), torch.cat(prompts), emb, torch.cat(cams)
+        torch.cat(out["lat"]),
+        torch.cat(out["base"]),
+        torch.cat(out["known"]),
+        torch.cat(out["act"]),
+        torch.cat(out["prompt"]),
+        emb,
+        torch.cat(out["cam"]),
     )
     if cache is not None:
         cache.parent.mkdir(parents=True, exist_ok=True)

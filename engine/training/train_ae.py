@@ -63,8 +63,10 @@ def train_ae(
     seed: int = 0,
     eval_every: int = 250,
     decoder_only: bool = False,
+    max_minutes: float | None = None,
 ) -> dict:
-    """Train (or resume) and return ``{"steps", "heldout_psnr_db", "wall_s"}``.
+    """Train (or resume) and return ``{"steps", "heldout_psnr_db", "wall_s"}``; stop after
+    ``steps`` steps or ``max_minutes`` of wall time in this call.
 
     ``decoder_only``: start from the weights in ``out_dir`` and tune only the decoder, so the
     latents a world model was trained on stay valid (GameNGen tuned its decoder the same way).
@@ -98,6 +100,8 @@ def train_ae(
     bar = tqdm(total=steps, initial=step, desc="train-ae", unit="step")
     t0 = time.perf_counter()
     while step < steps:
+        if max_minutes is not None and time.perf_counter() - t0 > 60 * max_minutes:
+            break
         x = frames_to_tensor(_sample(frames, rng, batch)).to(device)
         with autocast(device):
             if decoder_only:
@@ -115,7 +119,8 @@ def train_ae(
         step += 1
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item():.4f}")
-        if step % eval_every == 0 or step == steps:
+        timeout = max_minutes is not None and time.perf_counter() - t0 > 60 * max_minutes
+        if step % eval_every == 0 or step == steps or timeout:
             psnr = heldout_psnr(ae, held, device)
             bar.write(f"step {step}: held-out PSNR {psnr:.2f} dB")
             if psnr > best:

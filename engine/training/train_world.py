@@ -1,14 +1,18 @@
 """Train the built-in world model (``worldstream train-world``).
 
 Flow matching on normalised autoencoder latents, x_σ = (1 - σ)·x0 + σ·ε, the network predicting
-x0. Clips of ``frames`` frames in chunks of ``chunk_frames``; block-causal attention; an
-independent noise level per chunk (Diffusion Forcing), drawn logit-normal (SD3). Half of the
-batches are inference-like: the chunks before a random chunk k are noise-augmented context at a
-small level σ ~ U[0, ctx_sigma_max] (GameNGen/DIAMOND context noise; the level is conditioning),
-so the model learns to continue from the cache-filled context it sees when streaming. Text
-embeddings are dropped 10% of the time. AdamW with warmup, EMA of the weights (diffusers
+x0 on top of each frame's spatial-memory base (``engine.spatial_memory``; the bases are replayed
+from the recorded episodes exactly as the engine reads them, see
+``engine.training.latents.memory_bases``). Clips of ``frames`` frames in chunks of
+``chunk_frames``; block-causal attention; an independent noise level per chunk (Diffusion
+Forcing), drawn logit-normal (SD3). Most rows are inference-like: the chunks before a random
+chunk k are noise-augmented context at a small level σ ~ U[0, ctx_sigma_max] (GameNGen/DIAMOND
+context noise; the level is conditioning), and every base is noised the same way, so the model
+learns to continue from the cache-filled context and the decoded memory it sees when streaming.
+Text embeddings are dropped 10% of the time. AdamW with warmup, EMA of the weights (diffusers
 ``EMAModel``); checkpoints every ``ckpt_every`` steps for resume; EMA weights exported to
-``out_dir`` with ``save_pretrained``.
+``out_dir`` with ``save_pretrained``. The camera dynamics are fitted first, on the recorded
+camera paths (:func:`fit_camera_dynamics`).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from diffusers.training_utils import EMAModel
 from tqdm import tqdm
 
 from engine.models.attention import DenseContext, block_causal_frame_mask, expand_frame_mask
-from engine.models.world_dit import WorldDiT
+from engine.models.world_dit import CameraDynamics, WorldDiT
 from engine.training.common import (
     autocast,
     load_checkpoint,
@@ -32,8 +36,7 @@ from engine.training.common import (
     save_checkpoint,
     seed_everything,
 )
-from engine.training.latents import LatentDataset
-from engine.worlds.simulator import SIZE as IMAGE_SIZE
+from engine.training.latents import VIEW_BOX, LatentDataset
 
 
 def sample_chunk_sigmas(
@@ -54,114 +57,79 @@ def sample_chunk_sigmas(
     return torch.where(inference_like[:, None] & before_k, ctx, sig)
 
 
-def _previous_index(frames: int, chunk_frames: int) -> torch.Tensor:
-    """``(F,)`` index of the frame fed as ``prev`` to each frame: the last frame of the
-    previous chunk (-1 for chunk 0)."""
-    return torch.arange(frames) // chunk_frames * chunk_frames - 1
+def fit_camera_dynamics(
+    camera_model: CameraDynamics, camera: torch.Tensor, actions: torch.Tensor, steps: int = 100
+) -> float:
+    """Fit :class:`CameraDynamics` to recorded camera paths: unrolled over whole episodes (they
+    start at rest), matching each path relative to its frame 0, with L-BFGS (``torch.optim``;
+    a few hundred parameters, a smooth loss: it converges where Adam crawled, and fitting
+    whole paths keeps errors from compounding over a long drive).
 
+    ``camera (E, L, 2)`` integer crop origins (px), ``actions (E, L)`` int64. The recorded
+    origins are the floor of the true position, so targets carry up to 1 px of rounding noise,
+    which averages out (one-step regression on differenced positions was biased by it).
+    Returns the final RMS position error (px)."""
+    e, n = actions.shape
+    target = (camera - camera[:, :1]).float()
+    opt = torch.optim.LBFGS(
+        camera_model.parameters(), lr=1.0, max_iter=steps, line_search_fn="strong_wolfe"
+    )
 
-def previous_frames(x: torch.Tensor, sigma: torch.Tensor, chunk_frames: int):
-    """The frame fed to every frame of chunk c: the last frame of chunk c-1 as the model sees it
-    (zeros with σ = 1 for chunk 0). ``x (B, F, C, h, w)``, ``sigma (B, F)``."""
-    b, f = sigma.shape
-    last = _previous_index(f, chunk_frames)
-    prev = x[:, last.clamp(min=0)].clone()
-    prev_sigma = sigma[:, last.clamp(min=0)].clone()
-    prev[:, last < 0] = 0.0
-    prev_sigma[:, last < 0] = 1.0
-    return prev, prev_sigma
+    def path_loss():
+        v = camera_model(torch.zeros(e, 2), actions[:, 0])
+        pos = torch.zeros(e, 2)
+        path = [pos]
+        for t in range(1, n):
+            v = camera_model(v, actions[:, t])
+            pos = pos + v
+            path.append(pos)
+        return torch.mean((torch.stack(path, dim=1) - target) ** 2)
 
+    def closure():
+        opt.zero_grad(set_to_none=True)
+        loss = path_loss()
+        loss.backward()
+        return loss
 
-def camera_motion_target(camera: torch.Tensor, chunk_frames: int, latent_scale: float):
-    """Ground-truth displacement of each frame from its ``prev`` frame.
-
-    ``camera (B, F, 2)`` crop origins in image pixels -> ``(B, F, 2)`` displacement in latent
-    pixels (image pixels / ``latent_scale``) and a ``(F,)`` bool mask of frames that have a
-    ``prev`` (chunk 0 has none)."""
-    last = _previous_index(camera.shape[1], chunk_frames)
-    target = (camera - camera[:, last.clamp(min=0)]) / latent_scale
-    return target, last >= 0
-
-
-def generated_chunk(
-    model: WorldDiT,
-    z: torch.Tensor,
-    k: torch.Tensor,
-    gen: torch.Generator,
-    chunk_frames: int,
-    cond: tuple,
-) -> torch.Tensor:
-    """``z (B, F, C, h, w)`` with chunk ``k[b]`` of each row replaced by the model's own one-step
-    prediction of it (no gradient) from the clean chunks before it and chunk k at a noise level
-    U[0.5, 1]: the degraded, model-made context a free rollout feeds the next chunk.
-    ``cond`` = (actions, text, positions, attention context) of the clip."""
-    b, f = z.shape[:2]
-    chunk = (torch.arange(f) // chunk_frames)[None].to(z.device)
-    level = 0.5 + 0.5 * torch.rand(b, 1, generator=gen).to(z.device)
-    sig = torch.where(chunk < k[:, None], 0.0, torch.where(chunk == k[:, None], level, 1.0))
-    s = sig[..., None, None, None]
-    x = (1 - s) * z + s * torch.randn(z.shape, generator=gen).to(z.device)
-    prev, prev_sigma = previous_frames(x, sig, chunk_frames)
-    with torch.no_grad(), autocast(z.device):
-        pred = model(x, prev, prev_sigma, sig, *cond).float()
-    return torch.where((chunk == k[:, None])[..., None, None, None], pred, z)
+    opt.step(closure)
+    with torch.no_grad():
+        return float(path_loss().sqrt())
 
 
 def world_loss(
     model: WorldDiT,
     lat: torch.Tensor,
+    base: torch.Tensor,
+    known: torch.Tensor,
     actions: torch.Tensor,
     txt: torch.Tensor,
-    camera: torch.Tensor,
     gen: torch.Generator,
     chunk_frames: int,
     ctx_sigma_max: float,
     ctx: DenseContext,
     device: torch.device,
     p_context: float = 0.9,
-    motion_weight: float = 1.0,
-    p_generated: float = 0.0,
 ) -> torch.Tensor:
-    """Flow-matching x0 loss over the clip; with ``motion_warp`` plus ``motion_weight`` × the
-    squared error of the predicted camera displacement against the simulator's camera path
-    (``camera (B, F, 2)`` image px).
-
-    In a fraction ``p_generated`` of the rows, chunk k (random, not the last) is replaced by the
-    model's own prediction (:func:`generated_chunk`) and chunks 0..k become context: the model
-    learns to continue from, and correct, its own blurred output, as it must in a free rollout
-    (scheduled sampling, Bengio et al. 2015; the exposure-bias problem Self-Forcing targets)."""
+    """Flow-matching x0 loss over a clip: ``lat``/``base (B, F, C, h, w)`` autoencoder latents
+    of the frames and of their memory bases, ``known (B, F, 2, h, w)``, ``actions (B, F)``,
+    ``txt (B, F, 384)``."""
     b, f = actions.shape
     nc = f // chunk_frames
     z = model.normalize(lat.to(device))
+    zb = model.normalize(base.to(device))
     sig = sample_chunk_sigmas(gen, b, nc, ctx_sigma_max, p_context)
-    rows = (torch.rand(b, generator=gen) < p_generated) & (nc >= 2)
-    k = torch.randint(0, max(nc - 1, 1), (b,), generator=gen)
-    ctx_sig = torch.rand(b, nc, generator=gen) * ctx_sigma_max
-    sig = torch.where(rows[:, None] & (torch.arange(nc)[None] <= k[:, None]), ctx_sig, sig)
     sig = sig.repeat_interleave(chunk_frames, dim=1).to(device)
-    noise = torch.randn(z.shape, generator=gen).to(device)
+    base_sig = (torch.rand(b, f, generator=gen) * ctx_sigma_max).to(device)
+    bs = base_sig[..., None, None, None]
+    zb = (1 - bs) * zb + bs * torch.randn(zb.shape, generator=gen).to(device)
     txt = txt.to(device) * (torch.rand(b, 1, 1, generator=gen) >= 0.1).to(device)
     offset = torch.randint(0, 1000, (b, 1), generator=gen)
     pos = (offset + torch.arange(f)[None]).to(device)
-    actions = actions.to(device)
-    clean = z
-    if rows.any():
-        clean = z.clone()
-        r = rows.to(device)
-        clean[r] = generated_chunk(
-            model, z[r], k[rows].to(device), gen, chunk_frames, (actions[r], txt[r], pos[r], ctx)
-        )
     s = sig[..., None, None, None]
-    x = (1 - s) * clean + s * noise
-    prev, prev_sigma = previous_frames(x, sig, chunk_frames)
+    x = (1 - s) * z + s * torch.randn(z.shape, generator=gen).to(device)
     with autocast(device):
-        pred, motion = model(x, prev, prev_sigma, sig, actions, txt, pos, ctx, return_motion=True)
-    loss = torch.mean((pred - z) ** 2)
-    if model.config.motion_warp:
-        scale = IMAGE_SIZE / model.config.latent_size
-        target, has_prev = camera_motion_target(camera.to(device), chunk_frames, scale)
-        loss = loss + motion_weight * torch.mean((motion - target)[:, has_prev] ** 2)
-    return loss
+        pred = model(x, zb, base_sig, known.to(device), sig, actions.to(device), txt, pos, ctx)
+    return torch.mean((pred - z) ** 2)
 
 
 def latent_stats(data: LatentDataset) -> tuple[list[float], list[float]]:
@@ -177,7 +145,7 @@ def train_world(
     steps: int,
     batch: int = 16,
     frames: int = 8,
-    chunk_frames: int = 2,
+    chunk_frames: int = 1,
     dim: int = 128,
     depth: int = 6,
     num_heads: int = 4,
@@ -187,47 +155,44 @@ def train_world(
     ckpt_every: int = 100,
     export_every: int = 500,
     max_minutes: float | None = None,
-    residual: bool = False,
-    motion_warp: bool = False,
     init_from: Path | None = None,
     p_context: float = 0.9,
-    p_generated: float = 0.0,
+    camera_steps: int = 300,
 ) -> dict:
     """Train or resume up to ``steps`` steps (or ``max_minutes`` of wall time this call).
 
-    ``init_from``: a saved WorldDiT to warm-start a fresh run from (its output layer is zeroed
-    when switching to ``residual``, so training starts from "copy the previous frame")."""
+    ``init_from``: a saved WorldDiT of the same shape to warm-start a fresh run from."""
     if frames % chunk_frames:
         raise ValueError(f"frames ({frames}) must be a multiple of chunk_frames ({chunk_frames})")
     device = pick_device()
     seed_everything(seed)
     mean, std = latent_stats(data)
+    latent_size = data.latents.shape[-1]
     model = WorldDiT(
+        latent_channels=data.latents.shape[2],
+        latent_size=latent_size,
+        patch_size=latent_size // 8,  # 8 x 8 tokens per frame
         dim=dim,
         depth=depth,
         num_heads=num_heads,
         chunk_frames=chunk_frames,
-        latent_channels=data.latents.shape[2],
         latent_mean=tuple(mean),
         latent_std=tuple(std),
-        residual=residual,
-        motion_warp=motion_warp,
+        view_box=VIEW_BOX,
     ).to(device)
-    if init_from is not None and not (run_dir / "world_checkpoint.pt").exists():
-        warm = WorldDiT.from_pretrained(init_from)
-        # a warm start without a motion head keeps this model's zero-initialised one
-        missing, unexpected = model.load_state_dict(warm.state_dict(), strict=False)
-        if unexpected or any(not k.startswith("motion.") for k in missing):
-            raise ValueError(f"{init_from}: weights do not fit this model ({missing=}, "
-                             f"{unexpected=})")
-        if residual and not warm.config.residual:
-            torch.nn.init.zeros_(model.out.weight)
-            torch.nn.init.zeros_(model.out.bias)
-    ema = EMAModel(model.parameters(), decay=0.999)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    ckpt_path = run_dir / "world_checkpoint.pt"
+    fresh = not ckpt_path.exists()
+    if init_from is not None and fresh:
+        model.load_state_dict(WorldDiT.from_pretrained(init_from).state_dict())
+    elif fresh:
+        rms = fit_camera_dynamics(model.camera, data.camera, data.actions, camera_steps)
+        tqdm.write(f"camera dynamics fitted: RMS position error {rms:.2f} px")
+    model.camera.requires_grad_(False)  # fitted once, on the camera paths alone
+    params = [p for p in model.parameters() if p.requires_grad]
+    ema = EMAModel(params, decay=0.999)
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
     sched = get_constant_schedule_with_warmup(opt, 200)
     step, wall = 0, 0.0
-    ckpt_path = run_dir / "world_checkpoint.pt"
     if (ck := load_checkpoint(ckpt_path)) is not None:
         model.load_state_dict(ck["model"])
         ema.load_state_dict(ck["ema"])
@@ -257,26 +222,26 @@ def train_world(
         )
 
     def export() -> None:
-        ema.store(model.parameters())
-        ema.copy_to(model.parameters())
+        ema.store(params)
+        ema.copy_to(params)
         model.save_pretrained(out_dir)
-        ema.restore(model.parameters())
+        ema.restore(params)
 
     bar = tqdm(total=steps, initial=step, desc="train-world", unit="step")
     while step < steps:
         if max_minutes is not None and time.perf_counter() - t0 > 60 * max_minutes:
             break
-        lat, actions, txt, camera = data.sample(rng, batch, frames)
+        lat, base, known, actions, txt, _ = data.sample(rng, batch, frames)
         loss = world_loss(
-            model, lat, actions, txt, camera, gen, chunk_frames, ctx_sigma_max, ctx, device,
-            p_context, p_generated=p_generated,
+            model, lat, base, known, actions, txt, gen, chunk_frames, ctx_sigma_max, ctx,
+            device, p_context,
         )
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         sched.step()
-        ema.step(model.parameters())
+        ema.step(params)
         step += 1
         losses.append(loss.item())
         bar.update(1)

@@ -57,9 +57,12 @@ class HumanLikePolicy:
         return self.action
 
 
-def record_episode(seed: int, length: int, switch_prob: float = 1 / 120) -> dict[str, np.ndarray]:
+def record_episode(
+    seed: int, length: int, switch_prob: float = 1 / 120, transition_frames: int | None = None
+) -> dict[str, np.ndarray]:
     """One episode of ``length`` frames from world ``seed`` (start scene and prompt drawn
-    from it)."""
+    from it); scene switches cross-fade over ``transition_frames`` frames (None: the
+    simulator's default, 0: the switch frame is already the new scene)."""
     rng = np.random.default_rng([seed, 1])
     scene_idx = int(rng.integers(len(SCENE_NAMES)))
     sim = WorldSimulator(seed, SCENE_NAMES[scene_idx])
@@ -78,7 +81,10 @@ def record_episode(seed: int, length: int, switch_prob: float = 1 / 120) -> dict
         if i > 0 and rng.random() < switch_prob:
             scene_idx = int((scene_idx + rng.integers(1, len(SCENE_NAMES))) % len(SCENE_NAMES))
             prompt_idx = _draw_prompt(rng, scene_idx)
-            sim.set_scene(SCENE_NAMES[scene_idx])
+            if transition_frames is None:
+                sim.set_scene(SCENE_NAMES[scene_idx])
+            else:
+                sim.set_scene(SCENE_NAMES[scene_idx], transition_frames)
             out["switch"][i] = True
         action = policy()
         out["frames"][i] = sim.step(action)
@@ -93,13 +99,17 @@ def _draw_prompt(rng: np.random.Generator, scene_idx: int) -> int:
 
 
 def record_shard(
-    out_dir: str | Path, seeds: list[int], length: int, switch_prob: float = 1 / 120
+    out_dir: str | Path,
+    seeds: list[int],
+    length: int,
+    switch_prob: float = 1 / 120,
+    transition_frames: int | None = None,
 ) -> Path:
     """Record one episode per seed into the shard folder ``out_dir`` (tqdm progress)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     episodes = [
-        record_episode(s, length, switch_prob)
+        record_episode(s, length, switch_prob, transition_frames)
         for s in tqdm(seeds, desc=f"recording {out.name}", unit="episode")
     ]
     for key in episodes[0]:

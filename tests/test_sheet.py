@@ -1,0 +1,37 @@
+"""The side-by-side sheet and the action-script unrolling behind it."""
+
+import json
+
+import numpy as np
+from PIL import Image
+
+from app.action_script import load_action_script
+from engine.evaluation.sheet import save_sheet, side_by_side
+from engine.worlds.actions import IDLE, keys_to_action
+from tests.test_generator import tiny_generator
+
+
+def test_action_script_unrolls_to_per_frame_actions_and_prompts(tmp_path):
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"events": [
+        {"frame": 0, "keys": []},
+        {"frame": 2, "keys": ["right"]},
+        {"frame": 4, "prompt": "a snowy forest"},
+        {"frame": 5, "keys": ["down", "right"]},
+    ]}))
+    actions, prompts = load_action_script(path).per_frame(7)
+    right, down_right = keys_to_action(["right"]), keys_to_action(["down", "right"])
+    assert actions == [IDLE, IDLE, right, right, right, down_right, down_right]
+    assert prompts == {4: "a snowy forest"}
+
+
+def test_sheet_pairs_model_and_simulator_frames(tmp_path):
+    gen = tiny_generator()
+    actions = [keys_to_action(["right"])] * 12
+    model, sim = side_by_side(gen, actions, "a snowy forest", {6: "hot desert dunes"}, steps=1)
+    assert model.shape == sim.shape == (12, 128, 128, 3)
+    assert np.array_equal(model[:2], sim[:2])  # both start from the simulator's first chunk
+    assert not np.array_equal(sim[0], sim[-1])  # the simulator moved right
+    out = save_sheet(model, sim, tmp_path / "sheet.png", "test", moments=(0, 5, 10, 40))
+    img = np.asarray(Image.open(out))
+    assert img.shape[0] > 200 and img.shape[1] > 3 * 128  # two rows, three moments (40 > 12)
