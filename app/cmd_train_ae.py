@@ -15,7 +15,7 @@ def register(sub) -> None:
     )
     p.add_argument("--out", type=Path, default=Path("assets/builtin/vae"))
     p.add_argument("--run-dir", type=Path, default=Path("runs/ae"), help="checkpoints (resume)")
-    p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--steps", type=int, default=2400)
     p.add_argument("--max-minutes", type=float, default=None, help="stop this call after N min")
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--lr", type=float, default=1e-3)

@@ -81,6 +81,10 @@ class GeneratorConfig:
     model's change to them (``memory + decode(x0) - decode(base)``) instead of ``decode(x0)``:
     remembered ground keeps its full sharpness instead of the autoencoder's, and the model's
     changes (water, clouds, creatures) still show; costs one more decode per frame.
+    ``restyle_chunks``: after a prompt switch, this many chunks each start a new memory epoch,
+    so everything in view reads as stale and is restyled again (at least 1: the switch itself);
+    the model restyles in one frame what the simulator cross-fades over 12, and a second or
+    third pass finishes what the first left half done.
     ``autoencoder_dtype``: the autoencoder's compute dtype (None: bf16 on CUDA and on CPUs
     with native bf16, where it halves encode + decode time — 35 -> 19 ms a frame measured on
     an AVX-512-BF16 EPYC core — else ``dtype``).
@@ -102,6 +106,7 @@ class GeneratorConfig:
     ctx_noise: bool = True
     memory_tiles: int = 256
     pixel_residual: bool = True
+    restyle_chunks: int = 1
     dtype: torch.dtype = torch.float32
     autoencoder_dtype: torch.dtype | None = None
     attention_backend: str = "auto"
@@ -115,8 +120,8 @@ class GeneratorConfig:
             raise ValueError(f"ctx_sigma must be in [0, 1), got {self.ctx_sigma}")
         if self.max_states < 1 or self.topk_pages < 0 or self.spatial_pages < 0:
             raise ValueError("max_states must be >= 1, topk_pages and spatial_pages >= 0")
-        if self.memory_tiles < 1:
-            raise ValueError(f"memory_tiles must be >= 1, got {self.memory_tiles}")
+        if self.memory_tiles < 1 or self.restyle_chunks < 1:
+            raise ValueError("memory_tiles and restyle_chunks must be >= 1")
 
 
 @dataclass
@@ -157,6 +162,7 @@ class WorldState:
     history: deque = field(default_factory=deque)  # _ChunkRecord per retained chunk, newest last
     start_frames: np.ndarray | None = None  # (F, H, W, 3) uint8, pending prefill
     needs_recache: bool = False
+    restyle_left: int = 0  # chunks that still start a new memory epoch (after a prompt switch)
     freed: bool = False
 
     @property
@@ -344,7 +350,7 @@ class WorldGenerator:
         with self._lock:
             state.prompt, state.text = text, emb
             state.needs_recache = self.config.recache and bool(state.history)
-            state.memory.new_epoch()
+            state.restyle_left = self.config.restyle_chunks
 
     def fork(self, state: WorldState) -> WorldState:
         with self._lock:
@@ -358,6 +364,7 @@ class WorldGenerator:
                 deque(replace(r, undo=list(r.undo)) for r in state.history),
                 state.start_frames,
                 state.needs_recache,
+                state.restyle_left,
             )
 
     def free(self, state: WorldState) -> None:
@@ -435,6 +442,9 @@ class WorldGenerator:
         size = self.width
         records, pictures, current = [], [], []
         for state, acts in zip(states, actions):
+            if move and state.restyle_left > 0:
+                state.memory.new_epoch()  # what was shown before now reads as stale
+                state.restyle_left -= 1
             pos, vel = state.camera
             if move:
                 disp, vel = self.model.camera.rollout(

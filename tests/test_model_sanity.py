@@ -48,10 +48,10 @@ def test_shipped_model_denoises_toward_the_truth():
 
 def test_shipped_camera_dynamics_follow_the_simulator():
     gen = load_builtin_backend()
-    for seed in (900_900, 900_901):
+    for seed in (900_900, 900_902, 900_903):
         ep = record(seed, 60)
         disp, _ = gen.model.camera.rollout(torch.zeros(2), torch.tensor(ep.actions))
         path = torch.cumsum(disp, 0).numpy()
         truth = ep.offsets - ep.offsets[0]
         assert np.abs(truth).max() > 40  # the episode moves
-        assert np.abs(path - path[0] - truth).max() < 3.0
+        assert np.abs(path - path[0] - truth).max() < 2.0  # measured: < 0.9 px

@@ -8,7 +8,12 @@ from engine.models.world_dit import CameraDynamics, WorldDiT
 from engine.sampler import denoise
 from engine.spatial_memory import centre_box
 from engine.training.latents import VIEW_BOX, LatentDataset, memory_bases
-from engine.training.train_world import fit_camera_dynamics, sample_chunk_sigmas, train_world
+from engine.training.train_world import (
+    degrade_bases,
+    fit_camera_dynamics,
+    sample_chunk_sigmas,
+    train_world,
+)
 from engine.worlds.recorder import record_episode
 
 
@@ -91,3 +96,16 @@ def test_train_world_resumes_and_exports(tmp_path):
     assert model.config.latent_mean is not None and len(model.config.latent_std) == 4
     assert model.config.view_box == VIEW_BOX
     assert model.camera.mlp[2].weight.abs().sum() > 0  # the camera dynamics were fitted
+
+
+def test_degrade_bases_blurs_and_casts_only_the_chosen_frames():
+    g = torch.Generator().manual_seed(0)
+    zb = torch.randn(4, 8, 4, 32, 32, generator=g)
+    assert torch.equal(degrade_bases(zb, g, 0.0), zb)
+    out = degrade_bases(zb, g, 1.0)
+    # a 3x3 box blur plus a per-channel constant: the Laplacian-like detail drops, the mean moves
+    detail = lambda x: (x[..., 1:, :] - x[..., :-1, :]).pow(2).mean()  # noqa: E731
+    assert detail(out) < 0.3 * detail(zb)
+    half = degrade_bases(zb, torch.Generator().manual_seed(1), 0.5)
+    changed = (half != zb).flatten(2).any(-1).float().mean().item()
+    assert 0.3 < changed < 0.7

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from diffusers.optimization import get_constant_schedule_with_warmup
 from diffusers.training_utils import EMAModel
 from tqdm import tqdm
@@ -96,6 +97,23 @@ def fit_camera_dynamics(
         return float(path_loss().sqrt())
 
 
+def degrade_bases(zb: torch.Tensor, gen: torch.Generator, p: float) -> torch.Tensor:
+    """In a fraction ``p`` of the frames, blur the base latents ``(B, F, C, h, w)`` (3 × 3 box)
+    and shift each channel by N(0, 0.3²) (normalised units: a colour cast).
+
+    NOTE: in training, memory holds the autoencoder's reconstructions of real frames; in a
+    free rollout it holds the model's own output, blurrier and drifting in colour, and new
+    ground is generated next to it. Trained on clean memory only, step-1,000 weights copied
+    that drift into every new strip until a snowy world had turned green by frame 70: the
+    model must learn that memory can be off and that the prompt says what the world looks
+    like (exposure bias, as context noise handles it for the temporal context)."""
+    b, f, c, h, w = zb.shape
+    hit = (torch.rand(b, f, 1, 1, 1, generator=gen) < p).to(zb.device)
+    blurred = F.avg_pool2d(zb.reshape(b * f, c, h, w), 3, 1, 1, count_include_pad=False)
+    cast = 0.3 * torch.randn(b, f, c, 1, 1, generator=gen).to(zb.device)
+    return torch.where(hit, blurred.reshape(zb.shape) + cast, zb)
+
+
 def world_loss(
     model: WorldDiT,
     lat: torch.Tensor,
@@ -109,16 +127,21 @@ def world_loss(
     ctx: DenseContext,
     device: torch.device,
     p_context: float = 0.9,
+    new_weight: float = 4.0,
+    p_degrade: float = 0.3,
 ) -> torch.Tensor:
     """Flow-matching x0 loss over a clip: ``lat``/``base (B, F, C, h, w)`` autoencoder latents
     of the frames and of their memory bases, ``known (B, F, 2, h, w)``, ``actions (B, F)``,
-    ``txt (B, F, 384)``."""
+    ``txt (B, F, 384)``. Squared error weighted ``1 + new_weight`` where memory held nothing of
+    the current prompt (what the model must generate), 1 where it only copies. A fraction
+    ``p_degrade`` of the bases is degraded first (:func:`degrade_bases`)."""
     b, f = actions.shape
     nc = f // chunk_frames
     z = model.normalize(lat.to(device))
     zb = model.normalize(base.to(device))
     sig = sample_chunk_sigmas(gen, b, nc, ctx_sigma_max, p_context)
     sig = sig.repeat_interleave(chunk_frames, dim=1).to(device)
+    zb = degrade_bases(zb, gen, p_degrade)
     base_sig = (torch.rand(b, f, generator=gen) * ctx_sigma_max).to(device)
     bs = base_sig[..., None, None, None]
     zb = (1 - bs) * zb + bs * torch.randn(zb.shape, generator=gen).to(device)
@@ -127,9 +150,14 @@ def world_loss(
     pos = (offset + torch.arange(f)[None]).to(device)
     s = sig[..., None, None, None]
     x = (1 - s) * z + s * torch.randn(z.shape, generator=gen).to(device)
+    known = known.to(device)
     with autocast(device):
-        pred = model(x, zb, base_sig, known.to(device), sig, actions.to(device), txt, pos, ctx)
-    return torch.mean((pred - z) ** 2)
+        pred = model(x, zb, base_sig, known, sig, actions.to(device), txt, pos, ctx)
+    # NOTE: most of a frame is remembered ground the model only has to copy; without weighting,
+    # the few percent it must generate (new ground at the border, the sprite, restyled ground)
+    # were a few percent of the loss, and at step 500 new ground came out in no scene's colours
+    weight = 1.0 + new_weight * (1.0 - known[:, :, :1])
+    return torch.sum(weight * (pred - z) ** 2) / torch.sum(weight.expand_as(pred))
 
 
 def latent_stats(data: LatentDataset) -> tuple[list[float], list[float]]:
