@@ -87,7 +87,10 @@ def run(args) -> int:
             sids.append(info.session_id)
             recorders.append(
                 Recorder(
-                    engine.subscribe(info.session_id, args.frames + 64), outs[i], args.fps
+                    engine.subscribe(info.session_id, args.frames + 64),
+                    outs[i],
+                    args.fps,
+                    max_frames=args.frames,
                 ).start()
             )
             counters.append(engine.subscribe(info.session_id, args.frames + 64))
@@ -96,8 +99,6 @@ def run(args) -> int:
         t0 = None  # the script's clock starts with the first frame (after model warm-up)
         seq = 0
         while any(len(g) < args.frames for g in got):
-            if t0 is None and any(got):
-                t0 = time.perf_counter()
             now = 0.0 if t0 is None else time.perf_counter() - t0
             for i, sid in enumerate(sids):
                 while pending[i] and pending[i][0].frame / args.fps <= now:
@@ -110,6 +111,8 @@ def run(args) -> int:
                         engine.submit(sid, PromptCommand(seq, t_ms, e.prompt))
                 while len(got[i]) < args.frames and (f := counters[i].get_nowait()) is not None:
                     got[i].append(f)
+                    if t0 is None:
+                        t0 = time.perf_counter()
                 while not engine.events(sid).empty():
                     ev = engine.events(sid).get_nowait()
                     if ev.kind in ("error", "closed"):
@@ -127,7 +130,8 @@ def run(args) -> int:
                     "out": str(outs[i]),
                     "prompt": prompts[i % len(prompts)],
                     "frames": recorders[i].frames_written,
-                    "fps": round(len(got[i]) / wall, 2),
+                    # frame rate over the intervals after the first frame (None for one frame)
+                    "fps": round((len(got[i]) - 1) / wall, 2) if len(got[i]) > 1 else None,
                     "ms_per_chunk": round(sum(gen_ms) / max(len(gen_ms), 1), 1),
                 }
             )

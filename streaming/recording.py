@@ -28,12 +28,18 @@ class Recorder:
             the live transport; a slow disk drops frames there instead of delaying the stream.
         path: the MP4 file to write (created or truncated).
         fps: frame rate; frame ``index`` gaps (drops) become timestamp gaps.
+        max_frames: finish the file after this many frames (None: until :meth:`stop`).
     ``error`` holds the exception that ended the writer early, if any.
     """
 
-    def __init__(self, slot: FrameSlot, path: str | Path, fps: int):
+    def __init__(
+        self, slot: FrameSlot, path: str | Path, fps: int, max_frames: int | None = None
+    ):
         if fps < 1:
             raise ValueError(f"fps must be >= 1, got {fps}")
+        if max_frames is not None and max_frames < 1:
+            raise ValueError(f"max_frames must be >= 1, got {max_frames}")
+        self.max_frames = max_frames
         self.path = Path(path)
         self.fps = fps
         self.frames_written = 0
@@ -77,6 +83,8 @@ class Recorder:
                         stream = self._add_stream(container, rgb)
                         first_index = frame.index
                     self._write(container, stream, rgb, frame.index - first_index)
+                    if self.max_frames is not None and self.frames_written >= self.max_frames:
+                        break
                 if stream is not None:
                     for packet in stream.encode(None):
                         container.mux(packet)
