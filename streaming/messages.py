@@ -156,20 +156,53 @@ def _seq_of(data: Any) -> int | None:
     return seq if isinstance(seq, int) and not isinstance(seq, bool) else None
 
 
+#: deepest nesting of arrays/objects a client message may have (the protocol needs 3)
+MAX_JSON_DEPTH = 16
+
+
+def json_depth(text: str) -> int:
+    """Deepest nesting of ``[``/``{`` in a JSON text, strings skipped; computed without parsing
+    (Python's parser raises RecursionError on ~1,000 levels: 2 KB of brackets)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    return deepest
+
+
 def parse_client_message(raw: str | bytes) -> Any:
     """Validate one client text message; returns an instance of one ``*Message`` class above.
 
     Raises :class:`MessageError`: ``too_large`` (over ``MAX_MESSAGE_BYTES``), ``malformed``
-    (not UTF-8 / not a JSON object), ``unknown_type``, or pydantic's error type for the first
-    invalid field.
+    (not UTF-8 / not a JSON object / nested deeper than ``MAX_JSON_DEPTH``), ``unknown_type``,
+    or pydantic's error type for the first invalid field.
     """
     size = len(raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw)
     if size > MAX_MESSAGE_BYTES:
         raise MessageError("too_large", "message",
                            f"{size} bytes exceeds the limit of {MAX_MESSAGE_BYTES} bytes")
     try:
-        data = json.loads(raw)
-    except (UnicodeDecodeError, ValueError) as err:
+        text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+    except UnicodeDecodeError as err:
+        raise MessageError("malformed", "message", f"not valid JSON: {err}") from None
+    if json_depth(text) > MAX_JSON_DEPTH:
+        raise MessageError("malformed", "message", f"nested deeper than {MAX_JSON_DEPTH} levels")
+    try:
+        data = json.loads(text)
+    except ValueError as err:
         raise MessageError("malformed", "message", f"not valid JSON: {err}") from None
     if not isinstance(data, dict):
         raise MessageError("malformed", "message", "must be a JSON object")

@@ -209,3 +209,11 @@ def test_offer_must_be_an_offer():
     with pytest.raises(m.MessageError) as info:
         m.parse_body(m.OfferRequest, b'{"sdp":"v=0","type":"answer"}')
     assert info.value.field == "type"
+
+
+def test_nesting_is_bounded_before_parsing():
+    deep_field = '{"type":"ping","seq":1,"t":0,"x":' + "[" * 20 + "]" * 20 + "}"
+    for raw in ("[" * 1100 + "]" * 1100, deep_field):
+        err = reject(raw)
+        assert err.code == "malformed" and "nested" in err.reason
+    assert m.json_depth('{"a": "[[[[\\"{{"}') == 1  # brackets inside strings do not count

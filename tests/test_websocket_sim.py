@@ -72,3 +72,26 @@ def test_websocket_stream_follows_hold_right(sim_engine):
     assert np.median(np.abs([dy for _, dy in moving])) < 0.5
     assert headers[0]["action_seq"] == -1 and headers[-1]["action_seq"] == 1
     assert any(t["type"] == "stats" for t in texts)
+
+
+async def _nested_then_ping(url: str) -> list[dict]:
+    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+        s = (await http.post("/api/sessions", json={"prompt": "a green meadow with ponds"})).json()
+    ws_url = url.replace("http", "ws") + f"/api/sessions/{s['session_id']}/ws?token={s['token']}"
+    replies = []
+    async with websockets.connect(ws_url) as ws:
+        await ws.send("[" * 1100 + "]" * 1100)  # 2,200 bytes: under the size limit
+        await ws.send('{"type":"ping","seq":7,"t":1}')
+        while len(replies) < 2:
+            msg = json.loads(await asyncio.wait_for(ws.recv(), 30))
+            if msg["type"] in ("error", "pong"):
+                replies.append(msg)
+    return replies
+
+
+def test_deeply_nested_json_gets_an_error_and_the_socket_lives(sim_engine):
+    """Issue 12, item 6: 2 KB of nested brackets closed the WebSocket with a RecursionError."""
+    with LiveServer(create_app(sim_engine, ui=False)) as server:
+        error, pong = asyncio.run(_nested_then_ping(server.url))
+    assert error["type"] == "error" and error["code"] == "malformed"
+    assert pong["type"] == "pong" and pong["seq"] == 7
