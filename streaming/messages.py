@@ -28,6 +28,11 @@ MAX_FORK_BRANCHES = 8
 Key = Literal["up", "down", "left", "right"]
 
 
+#: the largest ``seq``: JavaScript's Number.MAX_SAFE_INTEGER (a browser cannot count further);
+#: an unbounded one (10**100) was accepted and then made every later message "old"
+MAX_SEQ = 2**53 - 1
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
@@ -43,12 +48,20 @@ class ActionMessage(_Strict):
     """The full set of held keys from now on (empty = idle); ``t`` = client clock, ms."""
 
     type: Literal["action"]
-    seq: int = Field(ge=0)
+    seq: int = Field(ge=0, le=MAX_SEQ)
     t: float
     keys: list[Key] = Field(max_length=4)
     pointer: list[float] | None = Field(default=None, min_length=2, max_length=2)  # [dx, dy]
 
     _t_finite = field_validator("t")(_finite)
+
+    @field_validator("pointer")
+    @classmethod
+    def _pointer_finite(cls, pointer: list[float] | None) -> list[float] | None:
+        if pointer is not None:
+            for value in pointer:
+                _finite(value)
+        return pointer
 
     @field_validator("keys")
     @classmethod
@@ -65,7 +78,7 @@ class Blend(_Strict):
 
 class PromptMessage(_Strict):
     type: Literal["prompt"]
-    seq: int = Field(ge=0)
+    seq: int = Field(ge=0, le=MAX_SEQ)
     t: float
     text: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
     blend: Blend | None = None
@@ -82,7 +95,7 @@ class PromptMessage(_Strict):
 
 class SettingsMessage(_Strict):
     type: Literal["settings"]
-    seq: int = Field(ge=0)
+    seq: int = Field(ge=0, le=MAX_SEQ)
     steps: int | None = Field(default=None, ge=1, le=8)
     chunk_frames: int | None = Field(default=None, ge=1, le=8)
     fps: int | None = Field(default=None, ge=1, le=60)
@@ -92,25 +105,25 @@ class SettingsMessage(_Strict):
 
 class ForkMessage(_Strict):
     type: Literal["fork"]
-    seq: int = Field(ge=0)
+    seq: int = Field(ge=0, le=MAX_SEQ)
     k: int = Field(ge=1, le=MAX_FORK_BRANCHES)
 
 
 class AdoptMessage(_Strict):
     type: Literal["adopt"]
-    seq: int = Field(ge=0)
+    seq: int = Field(ge=0, le=MAX_SEQ)
     branch: int = Field(ge=0, lt=MAX_FORK_BRANCHES)
 
 
 class RewindMessage(_Strict):
     type: Literal["rewind"]
-    seq: int = Field(ge=0)
+    seq: int = Field(ge=0, le=MAX_SEQ)
     chunks: int = Field(ge=1, le=64)
 
 
 class PingMessage(_Strict):
     type: Literal["ping"]
-    seq: int = Field(ge=0)
+    seq: int = Field(ge=0, le=MAX_SEQ)
     t: float
 
     _t_finite = field_validator("t")(_finite)
@@ -126,7 +139,7 @@ class RecordMessage(_Strict):
     """Extension: start or stop recording the session to MP4."""
 
     type: Literal["record"]
-    seq: int = Field(ge=0)
+    seq: int = Field(ge=0, le=MAX_SEQ)
     on: bool
 
 

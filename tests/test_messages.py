@@ -217,3 +217,14 @@ def test_nesting_is_bounded_before_parsing():
         err = reject(raw)
         assert err.code == "malformed" and "nested" in err.reason
     assert m.json_depth('{"a": "[[[[\\"{{"}') == 1  # brackets inside strings do not count
+
+
+def test_out_of_range_numbers_are_refused():
+    """Issue 12, item 11: seq 10**100 froze steering; a pointer of [NaN, Infinity] passed."""
+    err = reject('{"type":"action","seq":' + "1" + "0" * 100 + ',"t":1,"keys":[]}')
+    assert err.field == "seq"
+    assert m.parse_client_message(json.dumps(
+        {"type": "action", "seq": m.MAX_SEQ, "t": 1, "keys": []})).seq == m.MAX_SEQ
+    for bad in ("[NaN, 1]", "[1, Infinity]", "[-Infinity, 0]"):
+        err = reject('{"type":"action","seq":1,"t":1,"keys":[],"pointer":' + bad + "}")
+        assert err.field.startswith("pointer")
