@@ -103,7 +103,8 @@ class WebRTCTransport:
 
     async def answer(self, session: StreamSession, sdp: str) -> RTCSessionDescription:
         """Negotiate a peer connection for ``session`` from the client's offer; raises
-        ValueError when the offer has no video m-line."""
+        ValueError when the offer has no video m-line or aiortc cannot negotiate it (a
+        malformed SDP: the client's error, answered 400, not the server's)."""
         pc = RTCPeerConnection(RTCConfiguration(iceServers=self._ice_servers))
         self._pcs.add(pc)
         loop = asyncio.get_running_loop()
@@ -151,9 +152,12 @@ class WebRTCTransport:
             _prefer_vp8(video[0])
             pc.addTrack(track)  # attaches to the offered recvonly transceiver
             await pc.setLocalDescription(await pc.createAnswer())
-        except Exception:
+        except ValueError:
             await self._close(pc)
             raise
+        except Exception as err:  # aiortc's parser raises KeyError, IndexError, ...
+            await self._close(pc)
+            raise ValueError(f"the offer could not be negotiated ({type(err).__name__})") from err
         return pc.localDescription
 
     @staticmethod

@@ -153,3 +153,37 @@ def test_webrtc_stream_follows_hold_right(sim_engine):
     assert np.median(np.abs([dy for _, dy in moving])) < 0.5
     assert metas[-1]["action_seq"] == 1 and metas[0]["action_seq"] == -1
     assert all(m["index"] > n["index"] for n, m in zip(metas, metas[1:], strict=False))
+
+
+async def _mutated_offers(url: str) -> list[int]:
+    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+        created = (await http.post("/api/sessions", json={"prompt": "a green meadow"})).json()
+        pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        pc.addTransceiver("video", direction="recvonly")
+        pc.createDataChannel("control")
+        await pc.setLocalDescription(await pc.createOffer())
+        sdp = pc.localDescription.sdp
+        await pc.close()
+        keep = [line for line in sdp.splitlines()
+                if not line.startswith(("a=rtpmap", "a=fmtp", "a=rtcp-fb"))]
+        mutations = [
+            sdp.replace("m=video", "m=audio"),
+            sdp.replace("a=setup:actpass", "a=setup:bogus"),
+            "\r\n".join(keep) + "\r\n",
+            sdp[: sdp.index("m=video") + len("m=video")],
+        ]
+        codes = []
+        for bad in mutations:
+            r = await http.post(f"/api/sessions/{created['session_id']}/offer",
+                                json={"sdp": bad, "type": "offer"},
+                                headers={"Authorization": f"Bearer {created['token']}"})
+            codes.append(r.status_code)
+        codes.append((await http.get("/api/health")).status_code)  # the server still serves
+        return codes
+
+
+def test_malformed_offers_get_400_not_500(sim_engine):
+    """Issue 12, item 5: mutated offers answered 500."""
+    with LiveServer(create_app(sim_engine, ui=False)) as server:
+        codes = asyncio.run(_mutated_offers(server.url))
+    assert codes == [400, 400, 400, 400, 200]
