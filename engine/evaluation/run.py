@@ -124,20 +124,9 @@ def rollout(
     """Free rollout from the true first chunk with the episode's actions; ``switches`` maps a
     chunk index to the prompt switched to before it. Returns all frames, the true first chunk
     included."""
-    f = gen.chunk_frames
-    state = gen.new_state(ep.prompt, seed, start_frames=ep.frames[:f])
-    out = [ep.frames[:f]]
-    try:
-        for c, acts in _chunks(ep, f):
-            if switches and c in switches:
-                gen.set_prompt(state, switches[c])
-            (res,) = gen.generate([ChunkJob(state, acts, steps, seed=seed + c)])
-            if res.error:
-                raise res.error
-            out.append(res.frames)
-    finally:
-        gen.free(state)
-    return np.concatenate(out)
+    out = ep.frames.copy()
+    streamed_rollout(gen, ep, steps, seed, out.__setitem__, switches)
+    return out[: len(ep.actions) // gen.chunk_frames * gen.chunk_frames]
 
 
 def action_hits(frames: np.ndarray, offsets: np.ndarray, f: int) -> list[bool]:
@@ -152,14 +141,23 @@ def action_hits(frames: np.ndarray, offsets: np.ndarray, f: int) -> list[bool]:
     return hits
 
 
-def streamed_rollout(gen: WorldGenerator, ep: Episode, steps: int, seed: int, on_frame) -> None:
+def streamed_rollout(
+    gen: WorldGenerator,
+    ep: Episode,
+    steps: int,
+    seed: int,
+    on_frame,
+    switches: dict[int, str] | None = None,
+) -> None:
     """Free rollout of the whole episode from its true first chunk, calling
     ``on_frame(index, model_frame)`` for every generated frame (nothing is kept: long rollouts
-    of thousands of frames stay in constant memory)."""
+    of thousands of frames stay in constant memory); ``switches`` as in :func:`rollout`."""
     f = gen.chunk_frames
     state = gen.new_state(ep.prompt, seed, start_frames=ep.frames[:f])
     try:
         for c, acts in tqdm(list(_chunks(ep, f)), desc="rollout", unit="chunk", leave=False):
+            if switches and c in switches:
+                gen.set_prompt(state, switches[c])
             (res,) = gen.generate([ChunkJob(state, acts, steps, seed=seed + c)])
             if res.error:
                 raise res.error
@@ -222,9 +220,6 @@ def drift_metrics(runs: dict) -> dict:
             float(max(max(s["anisotropy_sim"]) for s in segs)), 3
         ),
     }
-
-    def ratio(r, col, a, b):
-        return float(r["model"][a, col].mean() / b[col].mean())
 
     drift = {"vs_sim": {}, "self": {}}
     for key, cols in (("sharpness", [0]), ("colour", [3, 4, 5])):
