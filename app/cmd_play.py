@@ -24,19 +24,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="wan-causal: the causal checkpoint file (default DIR/causal.*)")
     parser.add_argument("--max-sessions", type=int, default=4,
                         help="sessions served at once; more get 503 (default 4)")
+    parser.add_argument("--mode", choices=("responsive", "quality"), default="responsive",
+                        help="starting mode of each session (the page can switch): responsive "
+                             "= 1-frame chunks at 2 steps, quality = 2-frame chunks (where the "
+                             "model has them) at 4 steps (default responsive)")
     parser.set_defaults(func=run)
 
 
-def play_config(max_sessions: int, chunk_frames: int = 2):
-    """The engine settings of an interactive session.
-
-    NOTE: every frame generated ahead of the playout clock was conditioned on older keys, so
-    the engine's look-ahead adds straight to action-to-photon latency: keep one chunk of
-    slack (the smallest buffer the engine accepts), not the default two."""
+def play_config(max_sessions: int, mode: str = "responsive"):
+    """The engine settings of an interactive session: chunks start just in time for their
+    playout deadline (``EngineConfig.jit_margin_ms``), so no frame is generated ahead on older
+    keys; ``mode`` is the sessions' starting mode (``engine.config.MODES``)."""
     from engine.config import EngineConfig
 
-    return EngineConfig(max_sessions=max_sessions, buffer_max_frames=max(4, chunk_frames),
-                        batch_join_frames=0)
+    return EngineConfig(max_sessions=max_sessions, mode=mode)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -71,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     from engine.text import scene_for_prompt
 
     scene_for_prompt("warm-up")
-    engine = Engine(backend, play_config(args.max_sessions, backend.chunk_frames)).start()
+    engine = Engine(backend, play_config(args.max_sessions, args.mode)).start()
     try:
         app = create_app(engine, Limits(max_sessions=args.max_sessions))
         print(f"worldstream: serving {args.model!r} on http://{args.host}:{args.port}", flush=True)

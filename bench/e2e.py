@@ -7,21 +7,33 @@ channel) opens a session, replays an action script (``--script``: a JSON list of
 metadata message by RTP timestamp (aiortc's receiver rebases timestamps on the first packet it
 gets, so the constant offset is found as the one that matches most frames), which names the
 newest action the frame was conditioned on. Reported: action-to-photon p50/p95/p99 (client
-send -> decoded frame received; "photon" = the headless client has the decoded picture), fps
+send -> the frame's last RTP packet received: the moment a browser starts decoding it), fps
 received, dropped frames (generated indices never received), inter-frame jitter, and the
 per-stage ms of the path (queue, denoise, cache fill, decode from the engine; server queue from
-the server; encode + transport = frame arrival - its metadata arrival).
+the server; encode + transport = frame complete at the client - its metadata arrival).
 
-Without ``--url`` the suite serves the app in-process (``--model builtin|sim``) on a loopback
-port. The session is also written as a latency-lab export (``bench.analyse`` format).
+NOTE: aiortc's receiver hands a frame to its decoder only when the *next* frame's first packet
+arrives (``aiortc/jitterbuffer.py``: a frame is complete when the timestamp changes; browsers
+use the RTP marker bit), one frame interval later. The client therefore notes when each frame's
+marker packet arrives (a wrapper around the receiver's private ``_handle_rtp_packet``: aiortc
+has no public packet hook) and reports the decoded time separately
+(``action_to_decoded_ms``).
+
+Without ``--url`` the suite serves the app in-process (``--model builtin|sim``, ``--mode``) on a
+loopback port; then every frame the server sent is also kept, and each decoded frame is
+compared with it (``corrupted_frames``: PSNR under :data:`CORRUPT_PSNR_DB`, i.e. a broken
+picture, not codec loss). ``--stress N`` runs N busy processes beside the server and client.
+The session is also written as a latency-lab export (``bench.analyse`` format).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import random
+import subprocess
 import sys
 import threading
 import time
@@ -33,6 +45,9 @@ from bench import harness
 from bench.stats import match_actions, summarize
 
 RTP_MOD = 2**32
+#: a decoded frame this far below the frame sent is corrupted (VP8 at the stream's bitrate
+#: keeps 128x128 frames above ~30 dB; a frame decoded against a lost reference falls far below)
+CORRUPT_PSNR_DB = 20.0
 #: RTP ticks a received timestamp may differ from the one sent: aiortc's encoder rounds the
 #: 90 kHz pts on the way (measured: 12000 sent arrives as 11999)
 RTP_TOLERANCE = 2
@@ -96,7 +111,10 @@ class ClientLog:
 
     actions: list[dict] = field(default_factory=list)       # seq, t_ms, keys
     messages: list[dict] = field(default_factory=list)      # frame messages + "t_recv_ms"
-    frames: list[tuple[int, float]] = field(default_factory=list)  # (pts, t_recv_ms)
+    frames: list[tuple[int, float]] = field(default_factory=list)  # (pts, t_decoded_ms)
+    complete_ms: dict[int, float] = field(default_factory=dict)  # RTP ts -> marker packet in
+    rtp_origin: int | None = None  # RTP timestamp of the first packet (aiortc's pts 0)
+    pictures: dict[int, object] = field(default_factory=dict)  # pts -> decoded rgb (optional)
     errors: list[dict] = field(default_factory=list)
     first_photon_ms: float | None = None  # offer sent -> first decoded frame
 
@@ -105,11 +123,37 @@ def _now_ms() -> float:
     return time.perf_counter_ns() / 1e6
 
 
+def watch_packets(receiver, log: ClientLog) -> None:
+    """Note when each frame's last RTP packet (marker bit) arrives (see the module NOTE)."""
+    handle = receiver._handle_rtp_packet
+
+    async def noted(packet, arrival_time_ms):
+        if log.rtp_origin is None:
+            log.rtp_origin = packet.timestamp
+        if packet.marker:
+            log.complete_ms.setdefault(packet.timestamp, _now_ms())
+        await handle(packet, arrival_time_ms)
+
+    receiver._handle_rtp_packet = noted
+
+
+def photon_ms(log: ClientLog, pts: int, t_decoded_ms: float) -> float:
+    """When the frame of pts ``pts`` was complete at the client (its marker packet), or its
+    decode time when that packet was not seen."""
+    if log.rtp_origin is None:
+        return t_decoded_ms
+    return min(log.complete_ms.get((pts + log.rtp_origin) % RTP_MOD, t_decoded_ms), t_decoded_ms)
+
+
 async def run_client(url: str, script: list[dict], *, seconds: float, fps: int | None,
-                     prompt: str, seed: int = 0,
-                     first_frame_timeout_s: float = 120.0) -> tuple[ClientLog, dict]:
-    """Open a session at ``url``; once the first video frame is in, replay ``script`` and
-    stream for ``seconds``; close. Returns the log and the session's creation reply. Raises
+                     prompt: str, seed: int = 0, first_frame_timeout_s: float = 120.0,
+                     settings: dict | None = None, keep_pictures: bool = False,
+                     on_session=None) -> tuple[ClientLog, dict]:
+    """Open a session at ``url`` (``settings``: the fields of a ``settings`` message sent
+    first, e.g. ``{"mode": "responsive"}``); once the
+    first video frame is in, replay ``script`` and stream for ``seconds``; close.
+    ``keep_pictures``: keep every decoded frame's rgb in ``log.pictures``; ``on_session(id)``
+    runs once the session exists. Returns the log and the session's creation reply. Raises
     RuntimeError on HTTP errors, or when no frame comes within ``first_frame_timeout_s``."""
     import httpx
     from aiortc import RTCPeerConnection, RTCSessionDescription
@@ -122,9 +166,11 @@ async def run_client(url: str, script: list[dict], *, seconds: float, fps: int |
         if reply.status_code != 201:
             raise RuntimeError(f"POST /api/sessions: {reply.status_code} {reply.text}")
         session = reply.json()
+        if on_session is not None:
+            on_session(session["session_id"])
         auth = {"Authorization": f"Bearer {session['token']}"}
         pc = RTCPeerConnection()
-        pc.addTransceiver("video", direction="recvonly")
+        watch_packets(pc.addTransceiver("video", direction="recvonly").receiver, log)
         channel = pc.createDataChannel("control", ordered=True)
         opened = asyncio.Event()
         readers: list[asyncio.Task] = []
@@ -145,7 +191,10 @@ async def run_client(url: str, script: list[dict], *, seconds: float, fps: int |
                     frame = await track.recv()
                 except MediaStreamError:
                     return
-                log.frames.append((int(frame.pts), _now_ms()))
+                t = _now_ms()
+                log.frames.append((int(frame.pts), t))
+                if keep_pictures:
+                    log.pictures[int(frame.pts)] = frame.to_ndarray(format="rgb24")
 
         @pc.on("track")
         def on_track(track):
@@ -161,6 +210,8 @@ async def run_client(url: str, script: list[dict], *, seconds: float, fps: int |
                 raise RuntimeError(f"offer: {answer.status_code} {answer.text}")
             await pc.setRemoteDescription(RTCSessionDescription(**answer.json()))
             await asyncio.wait_for(opened.wait(), 30)
+            if settings:
+                channel.send(json.dumps({"type": "settings", "seq": 0, **settings}))
             # the script starts with the stream: start-up is time to first photon, not latency
             deadline = time.monotonic() + first_frame_timeout_s
             while not log.frames:
@@ -186,13 +237,19 @@ async def run_client(url: str, script: list[dict], *, seconds: float, fps: int |
     return log, session
 
 
-def analyse_log(log: ClientLog, fps: float, warmup_s: float = 1.0) -> dict:
+def analyse_log(log: ClientLog, fps: float, warmup_s: float = 1.0,
+                sent: dict[int, object] | None = None) -> dict:
     """Figures of one client log (see the module docstring); frames received in the first
-    ``warmup_s`` after the first frame are left out of fps and jitter (stream start-up)."""
+    ``warmup_s`` after the first frame are left out of fps and jitter (stream start-up).
+    ``sent``: frame index -> the rgb the server sent, to count corrupted frames."""
     matched = match_frames(log)
+    decoded = match_frames(log, decoded=True)
     seqs = [a["seq"] for a in log.actions]
-    lat = match_actions(seqs, [a["t_ms"] for a in log.actions],
-                        [m["action_seq"] for _, m in matched], [t for t, _ in matched])
+    times = [a["t_ms"] for a in log.actions]
+    lat = match_actions(seqs, times, [m["action_seq"] for _, m in matched],
+                        [t for t, _ in matched])
+    lat_decoded = match_actions(seqs, times, [m["action_seq"] for _, m in decoded],
+                                [t for t, _ in decoded])
     t_frames = [t for _, t in log.frames]
     steady = [t for t in t_frames if t_frames and t >= t_frames[0] + warmup_s * 1e3]
     span_s = (steady[-1] - steady[0]) / 1e3 if len(steady) > 1 else 0.0
@@ -210,6 +267,8 @@ def analyse_log(log: ClientLog, fps: float, warmup_s: float = 1.0) -> dict:
         stages.setdefault("encode_transport", []).append(t - m["t_recv_ms"])
     return {
         "action_to_photon_ms": summarize(lat[~np.isnan(lat)]),
+        "action_to_decoded_ms": summarize(lat_decoded[~np.isnan(lat_decoded)]),
+        **corruption(log, sent),
         "actions_sent": len(seqs), "actions_unanswered": int(np.isnan(lat).sum()),
         "frames_received": len(log.frames), "frames_matched": len(matched),
         "fps": (len(steady) - 1) / span_s if span_s > 0 else 0.0,
@@ -222,9 +281,14 @@ def analyse_log(log: ClientLog, fps: float, warmup_s: float = 1.0) -> dict:
     }
 
 
-def match_frames(log: ClientLog) -> list[tuple[float, dict]]:
-    """``(t_recv_ms, frame message)`` of every received frame whose metadata was received
-    (RTP timestamp after the offset of :func:`rtp_offset`, within :data:`RTP_TOLERANCE`)."""
+def match_frames(log: ClientLog, decoded: bool = False) -> list[tuple[float, dict]]:
+    """``(t_photon_ms, frame message)`` of every received frame whose metadata was received
+    (RTP timestamp after the offset of :func:`rtp_offset`, within :data:`RTP_TOLERANCE`);
+    ``decoded``: the time aiortc decoded it instead (:func:`photon_ms`)."""
+    return [(t if decoded else photon_ms(log, pts, t), m) for pts, t, m in _matched(log)]
+
+
+def _matched(log: ClientLog) -> list[tuple[int, float, dict]]:
     offset = rtp_offset([p for p, _ in log.frames], [m["rtp_ts"] for m in log.messages])
     if offset is None:
         return []
@@ -234,8 +298,33 @@ def match_frames(log: ClientLog) -> list[tuple[float, dict]]:
     for pts, t in log.frames:
         rtp = _nearest(sent, (pts - offset) % RTP_MOD)
         if rtp is not None:
-            matched.append((t, by_rtp[rtp]))
+            matched.append((pts, t, by_rtp[rtp]))
     return matched
+
+
+def psnr_db(a, b) -> float:
+    """PSNR of two uint8 pictures of one shape, dB (inf when identical)."""
+    err = np.mean((np.asarray(a, np.float64) - np.asarray(b, np.float64)) ** 2)
+    return float("inf") if err == 0 else float(10 * np.log10(255.0**2 / err))
+
+
+def corruption(log: ClientLog, sent: dict[int, object] | None) -> dict:
+    """``corrupted_frames`` (decoded frames under :data:`CORRUPT_PSNR_DB` against the frame
+    the server sent with that index), ``frames_checked`` and the PSNR p5/p50 (dB); empty when
+    no sent frames or pictures were kept."""
+    if not sent or not log.pictures:
+        return {}
+    scores = []
+    for pts, _, m in _matched(log):
+        picture, original = log.pictures.get(pts), sent.get(m["index"])
+        if picture is not None and original is not None:
+            h, w = np.asarray(original).shape[:2]
+            scores.append(psnr_db(np.asarray(picture)[:h, :w], original))
+    finite = np.asarray([min(v, 99.0) for v in scores])
+    return {"corrupted_frames": int((finite < CORRUPT_PSNR_DB).sum()),
+            "frames_checked": len(scores),
+            "psnr_db_p5": float(np.percentile(finite, 5)) if scores else None,
+            "psnr_db_p50": float(np.median(finite)) if scores else None}
 
 
 def to_export(log: ClientLog) -> list[dict]:
@@ -250,6 +339,47 @@ def to_export(log: ClientLog) -> list[dict]:
                     "frame_index": hit[1]["index"] if hit else None,
                     "stages_ms": hit[1].get("stages_ms") if hit else None})
     return out
+
+
+class SentFrames:
+    """Every frame the in-process engine sends on one session (``frames``: index -> rgb),
+    taken from a slot of its own, for the corruption check."""
+
+    def __init__(self, engine):
+        self.engine, self.frames = engine, {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def follow(self, session_id: str) -> None:
+        slot = self.engine.subscribe(session_id, maxlen=4096)
+
+        def drain():
+            while not self._stop.is_set():
+                frame = slot.get(timeout=0.1)
+                if frame is not None:
+                    self.frames[frame.index] = frame.rgb
+        self._thread = threading.Thread(target=drain, daemon=True)
+        self._thread.start()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+
+
+@contextlib.contextmanager
+def busy_processes(n: int):
+    """``n`` processes spinning on a CPU core each (``--stress``), stopped on exit."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        yield procs
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
 
 
 class _Server:
@@ -289,14 +419,22 @@ def _markdown(payload: dict) -> str:
 
     r = payload["e2e"]
     lat = r["action_to_photon_ms"]
-    rows = [["action-to-photon p50 / p95 / p99 (ms)",
+    dec = r["action_to_decoded_ms"]
+    rows = [["action-to-photon p50 / p95 / p99 (ms, frame complete at the client)",
              f"{lat['p50'] or 0:.0f} / {lat['p95'] or 0:.0f} / {lat['p99'] or 0:.0f}"],
+            ["action-to-decoded p50 / p95 (ms, + aiortc's one-frame hold)",
+             f"{dec['p50'] or 0:.0f} / {dec['p95'] or 0:.0f}"],
             ["actions sent / measured", f"{r['actions_sent']} / {lat['count']}"],
             ["fps received", r["fps"]], ["frames received", r["frames_received"]],
             ["time to first photon (ms, offer -> first frame)", r["first_photon_ms"]],
             ["dropped frames", f"{r['dropped_frames']} of {r['frames_generated']}"],
             ["jitter std (ms)", r["jitter"]["std_ms"]],
             ["jitter p95 |dev| (ms)", r["jitter"]["p95_abs_dev_ms"]]]
+    if "corrupted_frames" in r:
+        rows += [["corrupted frames / checked",
+                  f"{r['corrupted_frames']} / {r['frames_checked']}"],
+                 ["PSNR decoded vs sent p5 / p50 (dB)",
+                  f"{r['psnr_db_p5']:.1f} / {r['psnr_db_p50']:.1f}"]]
     rows += [[f"stage {k} (ms, p50)", v] for k, v in r["stages_ms"].items()]
     return ("# End to end: headless WebRTC client\n\n" + context_md(payload) + "\n"
             + table(["figure", "value"], rows))
@@ -311,7 +449,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="backend of the in-process server")
     parser.add_argument("--seconds", type=float, default=None, help="default 20 (4 smoke)")
     parser.add_argument("--fps", type=int, default=None, help="session fps (server default)")
-    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--mode", choices=("responsive", "quality"), default="responsive",
+                        help="the session's mode (engine.config.MODES; default responsive)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="denoising steps (default: the mode's)")
+    parser.add_argument("--stress", type=int, default=0, metavar="N",
+                        help="run N busy processes beside the server and client")
     parser.add_argument("--script", default=None, help="action script JSON")
     parser.add_argument("--prompt", default=harness.PROMPT)
     parser.add_argument("--export", default=None,
@@ -327,40 +470,47 @@ def main(argv: list[str] | None = None) -> int:
     seconds = args.seconds or (4.0 if args.smoke else 20.0)
     script = (json.loads(open(args.script).read()) if args.script
               else random_script(seconds))
-    model, server_settings = None, {"url": args.url}
-    if args.url:
-        log, session = asyncio.run(run_client(args.url, script, seconds=seconds, fps=args.fps,
-                                              prompt=args.prompt))
-    else:
-        from engine.config import EngineConfig
-        from engine.engine import Engine
-
-        if args.model == "sim":
-            from engine.registry import load_backend
-
-            backend = load_backend("sim")
-            model = {"name": "sim (ground-truth simulator)", "weights": "none",
-                     "resolution": f"{backend.width}x{backend.height}"}
+    model, server_settings, sent = None, {"url": args.url}, None
+    settings = {"mode": args.mode, **({"steps": args.steps} if args.steps else {})}
+    client = {"seconds": seconds, "fps": args.fps, "prompt": args.prompt, "settings": settings}
+    with busy_processes(args.stress):
+        if args.url:
+            log, session = asyncio.run(run_client(args.url, script, **client))
         else:
-            models = harness.load_models(args.weights, smoke=args.smoke)
-            backend = harness.make_generator(models, max_states=4)
-            model = models.describe()
-        engine = Engine(backend, EngineConfig(steps=args.steps)).start()
-        try:
-            from bench.streams import measure_ttff
+            from engine.config import EngineConfig
+            from engine.engine import Engine
 
-            measure_ttff(engine, repeats=1, timeout_s=300)  # loads the text encoder
-            with _Server(engine) as server:
-                server_settings = {"url": "in-process " + server.url, "backend": args.model,
-                                   "engine": "EngineConfig defaults (degradation on)"}
-                log, session = asyncio.run(run_client(server.url, script, seconds=seconds,
-                                                      fps=args.fps, prompt=args.prompt))
-        finally:
-            engine.stop()
-    figures = analyse_log(log, session["fps"])
+            if args.model == "sim":
+                from engine.registry import load_backend
+
+                backend = load_backend("sim")
+                model = {"name": "sim (ground-truth simulator)", "weights": "none",
+                         "resolution": f"{backend.width}x{backend.height}"}
+            else:
+                models = harness.load_models(args.weights, smoke=args.smoke)
+                backend = harness.make_generator(models, max_states=4)
+                model = models.describe()
+            engine = Engine(backend, EngineConfig(mode=args.mode)).start()
+            try:
+                from bench.streams import measure_ttff
+
+                measure_ttff(engine, repeats=1, timeout_s=300)  # loads the text encoder
+                with _Server(engine) as server, SentFrames(engine) as sent:
+                    server_settings = {
+                        "url": "in-process " + server.url, "backend": args.model,
+                        "engine": f"EngineConfig(mode={args.mode!r}) (degradation on)",
+                        "chunk_frames": engine.chunk_frames,
+                        "steps": args.steps or engine.default_steps}
+                    log, session = asyncio.run(run_client(
+                        server.url, script, keep_pictures=True, on_session=sent.follow,
+                        **client))
+            finally:
+                engine.stop()
+    figures = analyse_log(log, session["fps"], sent=sent.frames if sent else None)
     payload = results.stamp_payload("e2e", {
         "hardware": hardware_info(), "model": model or {"name": "remote server"},
-        "settings": {"seconds": seconds, "fps": session["fps"], "steps": args.steps,
+        "settings": {"seconds": seconds, "fps": session["fps"], "mode": args.mode,
+                     "stress_processes": args.stress,
                      "actions": len(log.actions), "threads": args.threads, **server_settings,
                      "resolution": f"{session['width']}x{session['height']}"},
         "e2e": figures}, argv)

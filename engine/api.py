@@ -54,12 +54,16 @@ class PromptCommand:
 
 @dataclass(frozen=True)
 class SettingsCommand:
+    """New stream settings; None keeps a value. ``mode`` (``engine.config.MODES``) sets
+    ``chunk_frames`` and ``steps`` first; explicit values in the same command override it."""
+
     seq: int
     steps: int | None = None
     chunk_frames: int | None = None
     fps: int | None = None
     memory_frames: int | None = None
     attention: str | None = None
+    mode: str | None = None
 
 
 @dataclass(frozen=True)
@@ -101,6 +105,9 @@ class Frame:
     (-1 before any action). ``action_t_ms``: that action's client timestamp (None before any).
     ``stages_ms``: wall time of each generation stage of the chunk this frame belongs to
     (e.g. ``denoise``, ``cache_fill``, ``decode``). ``t_ready_ns``: perf_counter_ns when ready.
+    ``present_ns``: perf_counter_ns at which the session's playout clock shows the frame (0: at
+    once). The engine's clock sets it; transports and recordings pace by it, so the engine and
+    every viewer follow one clock (a settings or degradation fps change reaches them all).
     """
 
     session_id: str
@@ -112,6 +119,7 @@ class Frame:
     stages_ms: dict[str, float] = field(default_factory=dict)
     t_ready_ns: int = 0
     action_t_ms: float | None = None
+    present_ns: int = 0
 
 
 @dataclass
@@ -133,10 +141,13 @@ class SessionInfo:
 
 
 class FrameSlot:
-    """Thread-safe bounded FIFO of frames; when full the oldest frame is dropped (counted).
+    """Thread-safe bounded FIFO of frames; when full the oldest frame is dropped (counted in
+    ``dropped``).
 
-    The producer is the engine thread, the consumer a transport (one slot per consumer), so a
-    slow consumer drops frames instead of building delay.
+    The producer is the engine thread, the consumer a transport or a recorder (one slot per
+    consumer), so a slow consumer drops frames instead of building delay. A paced consumer takes
+    frames with :meth:`take_due` (frames past their presentation time are dropped, counted in
+    ``stale``); a recorder takes every frame with :meth:`get`.
     """
 
     def __init__(self, maxlen: int = 8):
@@ -146,6 +157,7 @@ class FrameSlot:
         self._maxlen = maxlen
         self._cond = threading.Condition()
         self.dropped = 0
+        self.stale = 0
         self.closed = False
 
     def put(self, frame: Frame) -> None:
@@ -166,6 +178,22 @@ class FrameSlot:
     def get_nowait(self) -> Frame | None:
         with self._cond:
             return self._frames.popleft() if self._frames else None
+
+    def take_due(self, now_ns: int) -> tuple[Frame | None, int | None]:
+        """Latest wins: the newest frame whose ``present_ns`` is due by ``now_ns``, dropping
+        (and counting in ``stale``) the older due frames a slow consumer did not take in time.
+        Returns ``(frame, None)``, or ``(None, present_ns of the oldest frame held)`` when none
+        is due yet, or ``(None, None)`` when the slot is empty."""
+        with self._cond:
+            frames = self._frames
+            while len(frames) >= 2 and frames[1].present_ns <= now_ns:
+                frames.popleft()
+                self.stale += 1
+            if not frames:
+                return None, None
+            if frames[0].present_ns <= now_ns:
+                return frames.popleft(), None
+            return None, frames[0].present_ns
 
     def __len__(self) -> int:
         with self._cond:
@@ -202,3 +230,5 @@ class EngineAPI(Protocol):
     def num_sessions(self) -> int: ...
 
     def metrics(self) -> dict[str, Any]: ...
+
+    def latency_budget(self, session_id: str) -> dict[str, Any]: ...  # raises SessionClosedError

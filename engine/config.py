@@ -8,6 +8,24 @@ MAX_STEPS = 4
 MAX_CHUNK_FRAMES = 4
 
 
+@dataclass(frozen=True)
+class Mode:
+    """A latency/quality preset of a stream: frames per chunk (the backend's supported size
+    nearest to it is used) and denoising steps."""
+
+    name: str
+    chunk_frames: int
+    steps: int
+
+
+#: the two modes a user picks (page, ``--mode``, ``settings.mode``): *responsive* answers a key
+#: within one small chunk at few steps; *quality* spends more steps on larger chunks
+MODES: dict[str, Mode] = {
+    "responsive": Mode("responsive", chunk_frames=1, steps=2),
+    "quality": Mode("quality", chunk_frames=2, steps=4),
+}
+
+
 @dataclass
 class EngineConfig:
     """Settings of :class:`engine.engine.Engine`. ``__post_init__`` raises ValueError naming
@@ -17,12 +35,18 @@ class EngineConfig:
         max_sessions: sessions admitted at once (the backend's ``max_states`` also limits).
         fps: default target frames per second of a session (None: backend ``default_fps``).
         max_fps: the highest fps a client may request.
-        steps: default denoising steps per chunk (1-4).
-        chunk_frames: frames per chunk (1-4; None: backend ``chunk_frames``).
+        mode: the sessions' starting mode (a key of :data:`MODES`; it sets chunk frames and
+            steps) or None: ``steps`` and ``chunk_frames`` below.
+        steps: default denoising steps per chunk (1-4) when ``mode`` is None.
+        chunk_frames: frames per chunk (1-4; None: backend ``chunk_frames``) when ``mode`` is
+            None.
         max_batch: most chunk jobs in one ``backend.generate`` call.
-        buffer_max_frames: frames a session may be generated ahead of its playout clock.
-        batch_join_frames: a chunk is generated once its buffer has room for it plus this many
-            frames; until then it only joins batches of other sessions (0: no joining).
+        buffer_max_frames: the most frames a session may be generated ahead of its playout
+            clock (chunks start just in time, see ``jit_margin_ms``; this bounds the start).
+        batch_join_frames: a chunk may join a batch started for another session up to this
+            many frame intervals before its own just-in-time start (0: no joining).
+        jit_margin_ms: a chunk starts at its first frame's presentation time minus the p95 of
+            the session's recent chunk times minus this margin, ms.
         slot_maxlen: default size of a subscriber's frame slot.
         preview_chunks: chunks generated per branch of a fork.
         max_fork: the largest ``k`` of a fork.
@@ -39,11 +63,13 @@ class EngineConfig:
     max_sessions: int = 4
     fps: int | None = None
     max_fps: int = 60
+    mode: str | None = None
     steps: int = 4
     chunk_frames: int | None = None
     max_batch: int = 8
     buffer_max_frames: int = 8
     batch_join_frames: int = 2
+    jit_margin_ms: float = 5.0
     slot_maxlen: int = 8
     preview_chunks: int = 2
     max_fork: int = 4
@@ -66,6 +92,8 @@ class EngineConfig:
             minimum = 0 if f.name == "batch_join_frames" else 1
             if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
                 raise ValueError(f"{f.name} must be an int >= {minimum}, got {value!r}")
+        if self.mode is not None and self.mode not in MODES:
+            raise ValueError(f"mode must be one of {sorted(MODES)} or None, got {self.mode!r}")
         if not 1 <= self.steps <= MAX_STEPS:
             raise ValueError(f"steps must be in [1, {MAX_STEPS}], got {self.steps}")
         if not 1 <= self.min_steps <= self.steps:
@@ -82,6 +110,8 @@ class EngineConfig:
             raise ValueError(f"min_fps ({self.min_fps}) must be <= max_fps ({self.max_fps})")
         if not 0.0 < self.fps_degrade_factor < 1.0:
             raise ValueError(f"fps_degrade_factor must be in (0, 1), got {self.fps_degrade_factor}")
+        if not self.jit_margin_ms >= 0:
+            raise ValueError(f"jit_margin_ms must be >= 0, got {self.jit_margin_ms!r}")
         for name in ("retry_after_s", "metrics_window_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")

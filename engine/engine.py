@@ -16,6 +16,7 @@ import random
 import threading
 import time
 import uuid
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -35,7 +36,7 @@ from engine.api import (
     SettingsCommand,
 )
 from engine.backend import ChunkJob, ChunkResult, WorldBackend
-from engine.config import MAX_CHUNK_FRAMES, MAX_STEPS, EngineConfig
+from engine.config import MAX_CHUNK_FRAMES, MAX_STEPS, MODES, EngineConfig
 from engine.scheduler import NS, BatchPlan, ChunkRequest, DegradeController, plan_batch
 from engine.session import Branch, Session
 from engine.text import check_prompt
@@ -90,6 +91,9 @@ class Engine:
         self.chunk_sizes = tuple(getattr(backend, "supported_chunk_frames",
                                          (backend.chunk_frames,)))
         self.chunk_frames = config.chunk_frames or backend.chunk_frames
+        self.default_steps = config.steps
+        if config.mode is not None:
+            self.chunk_frames, self.default_steps = self.mode_settings(config.mode)
         if self.chunk_frames not in self.chunk_sizes:
             raise ValueError(f"chunk_frames {self.chunk_frames} not supported by model "
                              f"{backend.name!r} (supported: {list(self.chunk_sizes)})")
@@ -107,6 +111,14 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._num_batches = 0
         self._num_jobs = 0
+
+    def mode_settings(self, name: str) -> tuple[int, int]:
+        """``(chunk_frames, steps)`` of mode ``name`` on this backend: the supported chunk
+        size nearest to the mode's (the smaller on a tie), its steps within the config's
+        bounds. Raises KeyError for an unknown mode."""
+        mode = MODES[name]
+        chunk = min(self.chunk_sizes, key=lambda c: (abs(c - mode.chunk_frames), c))
+        return chunk, min(max(mode.steps, self.config.min_steps), MAX_STEPS)
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> Engine:
@@ -172,11 +184,12 @@ class Engine:
                 uuid.uuid4().hex, prompt, seed, fps=fps,
                 chunk_frames=self.chunk_frames, created_ns=time.perf_counter_ns(),
                 degrade=DegradeController(
-                    cfg.steps, fps, min_steps=cfg.min_steps, min_fps=cfg.min_fps,
+                    self.default_steps, fps, min_steps=cfg.min_steps, min_fps=cfg.min_fps,
                     factor=cfg.fps_degrade_factor, misses=cfg.degrade_after_misses,
                     recover=cfg.recover_after_chunks),
                 stats_window_s=cfg.metrics_window_s,
             )
+            session.mode = cfg.mode
             self._sessions[session.session_id] = session
         self._commands.put(("create", session))
         return SessionInfo(session.session_id, self.backend.width, self.backend.height, fps)
@@ -264,6 +277,23 @@ class Engine:
                 "sessions": per_session,
             }
 
+    def latency_budget(self, session_id: str) -> dict[str, Any]:
+        """The session's designed latency budget (JSON-ready): ``mode`` (None: custom),
+        ``chunk_frames``, ``steps``, ``fps``, ``plan_ms`` (the chunk time it is planned with:
+        p95 of recent chunks + ``jit_margin_ms``), ``wait_ms`` (mean wait of an action for the
+        next chunk to start: half a chunk interval), ``floor_ms`` = wait + plan: the
+        action-to-frame latency of these settings before any transport, and
+        ``after_delivery_ms`` (mean of the backend's work after delivery, e.g. the cache fill:
+        engine time, not on the action's path). Raises SessionClosedError."""
+        with self._lock:
+            s = self._session(session_id)
+            plan = self.plan_ms(s)
+            wait = 500.0 * s.chunk_frames / s.clock.fps
+            after = float(np.mean(s.stats.finish_ms)) if s.stats.finish_ms else 0.0
+            return {"mode": s.mode, "chunk_frames": s.chunk_frames, "steps": s.steps,
+                    "fps": s.degrade.fps, "plan_ms": round(plan, 1), "wait_ms": round(wait, 1),
+                    "floor_ms": round(plan + wait, 1), "after_delivery_ms": round(after, 1)}
+
     # ------------------------------------------------------------ engine thread
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -281,23 +311,34 @@ class Engine:
         with self._lock:
             return [s for s in self._sessions.values() if s.state is not None]
 
-    def _urgent_at(self, s: Session) -> int:
-        """When the session's next chunk must start (its buffer leaves room for the chunk
-        plus ``batch_join_frames``)."""
-        room = self.config.buffer_max_frames - self.config.batch_join_frames
-        return s.clock.due_at_ns(s.frame_index, s.chunk_frames, room)
+    def plan_ms(self, s: Session) -> float:
+        """The generation time a chunk of ``s`` is planned with, ms: the p95 of its recent
+        chunks (a whole chunk's duration before 3 are measured) plus ``jit_margin_ms``."""
+        chunk_ms = 1e3 * s.chunk_frames / s.clock.fps
+        return s.stats.gen_estimate_ms(chunk_ms) + self.config.jit_margin_ms
+
+    def _start_at(self, s: Session) -> int:
+        """Just in time: the ``perf_counter_ns`` at which the session's next chunk starts so
+        that it is ready when its first frame is due (deadline minus :meth:`plan_ms`), never
+        earlier than ``buffer_max_frames`` allows. Before the clock starts: at once."""
+        if not s.clock.started:
+            return s.clock.anchor_ns
+        start = s.clock.deadline_ns(s.frame_index) - round(self.plan_ms(s) * 1e6)
+        earliest = s.clock.due_at_ns(s.frame_index, s.chunk_frames, self.config.buffer_max_frames)
+        return max(start, earliest)
 
     def _requests(self, now_ns: int) -> list[ChunkRequest]:
-        """Every eligible chunk: streams whose buffer has room for it (urgent or joining),
+        """Every eligible chunk: streams whose chunk starts now (urgent) or within
+        ``batch_join_frames`` frame intervals (may join a batch started for another session),
         branches awaiting previews (urgent: the user is waiting)."""
-        bmax = self.config.buffer_max_frames
         requests = []
         for s in self._live():
-            due_at = s.clock.due_at_ns(s.frame_index, s.chunk_frames, bmax)
-            if due_at <= now_ns:
+            start = self._start_at(s)
+            join_from = start - round(self.config.batch_join_frames * NS / s.clock.fps)
+            if join_from <= now_ns:
                 requests.append(ChunkRequest(s.session_id, None, s.chunk_frames, s.steps,
-                                             s.clock.deadline_ns(s.frame_index), due_at,
-                                             urgent=self._urgent_at(s) <= now_ns))
+                                             s.clock.deadline_ns(s.frame_index), start,
+                                             urgent=start <= now_ns))
             for i, branch in enumerate(s.branches):
                 if branch.chunks_left > 0:
                     requests.append(ChunkRequest(s.session_id, i, s.chunk_frames, s.steps,
@@ -305,12 +346,13 @@ class Engine:
         return requests
 
     def _idle_timeout(self, now_ns: int) -> float:
-        """Seconds until the next chunk becomes urgent (0 when one is urgent now)."""
+        """Seconds until the next chunk starts (0 when one starts now); a command wakes the
+        engine earlier, so an action is applied before the next chunk starts."""
         wake = now_ns + int(_MAX_IDLE_S * NS)
         for s in self._live():
             if any(b.chunks_left > 0 for b in s.branches):
                 return 0.0
-            wake = min(wake, self._urgent_at(s))
+            wake = min(wake, self._start_at(s))
         return max(wake - now_ns, 0) / NS
 
     def _drain(self, timeout: float) -> None:
@@ -391,6 +433,12 @@ class Engine:
 
     def _apply_settings(self, s: Session, c: SettingsCommand, now_ns: int) -> None:
         cfg = self.config
+        if c.mode is not None:
+            if c.mode not in MODES:
+                raise _InvalidCommand("mode", f"mode must be one of {sorted(MODES)}, "
+                                              f"got {c.mode!r}")
+            chunk, steps = self.mode_settings(c.mode)
+            c = replace(c, chunk_frames=c.chunk_frames or chunk, steps=c.steps or steps)
         checks = {
             "steps": (c.steps, 1, MAX_STEPS),
             "chunk_frames": (c.chunk_frames, 1, MAX_CHUNK_FRAMES),
@@ -422,12 +470,18 @@ class Engine:
             except ValueError as exc:
                 raise _InvalidCommand(next(iter(model_settings)), str(exc)) from None
             s.settings.update(model_settings)
-        if c.chunk_frames is not None:
-            s.chunk_frames = c.chunk_frames
-        if c.steps is not None or c.fps is not None:
-            with self._lock:  # metrics() reads both
+        with self._lock:  # metrics() and latency_budget() read these
+            if c.chunk_frames is not None or c.steps is not None:
+                s.stats.gen_ms.clear()  # chunk time changes: plan from fresh measurements
+            if c.chunk_frames is not None:
+                s.chunk_frames = c.chunk_frames
+            if c.mode is not None:
+                s.mode = c.mode
+            if c.steps is not None or c.fps is not None:
                 s.degrade.set_requested(steps=c.steps, fps=c.fps)
                 s.clock.set_fps(s.degrade.fps, now_ns)
+        s.emit("info", seq=c.seq, mode=s.mode, chunk_frames=s.chunk_frames, steps=s.steps,
+               fps=s.degrade.fps)
 
     def _account(self, s: Session, delta: int) -> None:
         """Count ``delta`` backend states more (or fewer) for ``s`` against the budget."""
@@ -532,13 +586,32 @@ class Engine:
             if error is not None:
                 self._fail(s, f"chunk generation failed: {error!r}")
                 continue
-            # "queue": from the moment the chunk fitted in the playout buffer to the batch start
-            stages = {"queue": max(t_start - req.due_at_ns, 0) / 1e6, **res.stages_ms}
+            # "queue": how much later than planned (just in time) the chunk started
+            stages = {"queue": max(t_start - req.start_ns, 0) / 1e6, **res.stages_ms}
             if req.branch is None:
                 self._deliver(s, res.frames, stages, t_ready, gen_ms,
                               action_seq, action_t_ms, prompt_version)
             else:
                 self._preview_chunk(s, req.branch, res.frames)
+        self._finish_batch([s for s, *_ in meta])
+
+    def _finish_batch(self, sessions: list[Session]) -> None:
+        """The backend's work left for after delivery (optional hook ``finish()``: e.g. the
+        built-in model's cache fill), off the action-to-photon path; a failure ends the
+        batch's sessions."""
+        finish = getattr(self.backend, "finish", None)
+        if finish is None:
+            return
+        try:
+            stages = finish()
+        except Exception as exc:
+            for s in sessions:
+                if not s.closed:
+                    self._fail(s, f"chunk finish failed: {exc!r}")
+            return
+        with self._lock:
+            for s in sessions:
+                s.stats.finish_ms.append(sum(stages.values()))
 
     def _sessions_get(self, session_id: str) -> Session | None:
         with self._lock:

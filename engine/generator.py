@@ -30,9 +30,11 @@ All methods take one lock: the engine thread generates while other threads may f
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -288,6 +290,32 @@ class WorldGenerator:
         self.backend = kernels.resolve_backend(cfg.attention_backend, self.device)
         self._lock = threading.RLock()
         self._budget = StateBudget(cfg.max_states)
+        # the cache fill and memory writes of the last generate(), run by finish() after the
+        # frames were delivered (off the action-to-photon path) or before any other call
+        self._deferred: list[Callable[[], None]] = []
+
+    @contextlib.contextmanager
+    def _settled(self):
+        """The generator's lock, taken with the deferred work of the last generate() done
+        first, so every call sees committed states."""
+        with self._lock:
+            self._run_deferred()
+            yield
+
+    def _run_deferred(self) -> None:
+        deferred, self._deferred = self._deferred, []
+        for work in deferred:
+            work()
+
+    def finish(self) -> dict[str, float]:
+        """Run the work :meth:`generate` left for after delivery: each chunk's cache fill
+        (its clean latents' keys/values into the KV cache), page-table append and spatial
+        memory write. Returns ``{"cache_fill": ms}``. The engine calls it once the frames are
+        on their way; any other call runs it first, so calling it is optional."""
+        t0 = time.perf_counter()
+        with self._lock:
+            self._run_deferred()
+        return {"cache_fill": (time.perf_counter() - t0) * 1e3}
 
     # -- state lifecycle ------------------------------------------------------------------
     def new_state(
@@ -306,7 +334,7 @@ class WorldGenerator:
                 f"start_frames must be ({self.chunk_frames}, {self.height}, "
                 f"{self.width}, 3) uint8, got {start_frames.shape}"
             )
-        with self._lock:
+        with self._settled():
             self._budget.reserve()
             if start_frames is None:
                 sim = WorldSimulator(seed, text_encoder.scene_for_prompt(prompt))
@@ -335,7 +363,7 @@ class WorldGenerator:
         produced them) to the state's context and memory instead of generating them: teacher
         forcing, and restoring a session from its recent frames. The camera follows the
         actions through the model's camera dynamics."""
-        with self._lock:
+        with self._settled():
             self._prepare(state)
             rec = self._plan([state], [list(actions)])[0][0]
             rec.latents = self.encode_frames(frames)
@@ -347,13 +375,13 @@ class WorldGenerator:
         self, state: WorldState, text: str, blend_text: str | None = None, blend_weight: float = 0.0
     ) -> None:
         emb = torch.as_tensor(np.array(text_encoder.embed_blend(text, blend_text, blend_weight)))
-        with self._lock:
+        with self._settled():
             state.prompt, state.text = text, emb
             state.needs_recache = self.config.recache and bool(state.history)
             state.restyle_left = self.config.restyle_chunks
 
     def fork(self, state: WorldState) -> WorldState:
-        with self._lock:
+        with self._settled():
             self._budget.reserve()
             return WorldState(
                 state.table.fork(),
@@ -368,7 +396,7 @@ class WorldGenerator:
             )
 
     def free(self, state: WorldState) -> None:
-        with self._lock:
+        with self._settled():
             if not state.freed:
                 state.table.free()
                 state.freed = True
@@ -377,7 +405,7 @@ class WorldGenerator:
     def rewind(self, state: WorldState, chunks: int) -> None:
         """Drop the newest ``chunks`` chunks: their pages, their camera motion and what they
         wrote to the spatial memory. ValueError, with nothing changed, beyond what is kept."""
-        with self._lock:
+        with self._settled():
             if chunks >= len(state.history):
                 raise ValueError(
                     f"cannot rewind {chunks} chunks; {max(len(state.history) - 1, 0)} are kept"
@@ -393,7 +421,7 @@ class WorldGenerator:
         """One chunk per job; jobs are batched by (frames, steps). Per-job failures (pool
         exhausted, bad actions) come back as ``ChunkResult.error``."""
         results: list[ChunkResult | None] = [None] * len(jobs)
-        with self._lock:
+        with self._settled():
             groups: dict[tuple[int, int], list[int]] = {}
             for i, job in enumerate(jobs):
                 try:
@@ -661,21 +689,23 @@ class WorldGenerator:
         t2 = time.perf_counter()
         for r, lat in zip(records, x0):
             r.latents = lat.float().cpu() if self.device.type != "cpu" else lat.float()
-        self._forward_fill(states, records, pages, contexts)
-        t3 = time.perf_counter()
         rgb = self._show(x0.reshape(-1, *x0.shape[2:]), views)
         rgb = rgb.reshape(len(live), f, self.height, self.width, 3)
-        for s, r, p, frames in zip(states, records, pages, rgb):
-            s.table.append_chunk(p)
-            s.history.append(r)
-            self._remember(s, r, frames)
-            self._trim_history(s)
-        t4 = time.perf_counter()
+        t3 = time.perf_counter()
+
+        def commit() -> None:  # deferred: see finish()
+            self._forward_fill(states, records, pages, contexts)
+            for s, r, p, frames in zip(states, records, pages, rgb):
+                s.table.append_chunk(p)
+                s.history.append(r)
+                self._remember(s, r, frames)
+                self._trim_history(s)
+
+        self._deferred.append(commit)
         stages = {
             "memory_read": (t1 - t0) * 1e3,
             "denoise": (t2 - t1) * 1e3,
-            "cache_fill": (t3 - t2) * 1e3,
-            "decode": (t4 - t3) * 1e3,
+            "decode": (t3 - t2) * 1e3,
         }
         for n, i in enumerate(live):
             results[i] = ChunkResult(rgb[n], dict(stages))

@@ -3,8 +3,8 @@ deliberate degradation. Torch-free bookkeeping on ints and floats; every time is
 ``now_ns`` argument (``time.perf_counter_ns`` in the engine, a fake clock in tests).
 
 The loop the engine runs: each session (and each branch being previewed) offers at most one
-:class:`ChunkRequest` when its next chunk fits in its playout buffer (*eligible*); a request is
-*urgent* once the buffer has drained a little further (``join`` frames). :func:`plan_batch`
+:class:`ChunkRequest`: *urgent* from the chunk's just-in-time start (its deadline minus the
+planned generation time), *eligible* a few frame intervals before it (``join`` frames). :func:`plan_batch`
 starts a batch only for an urgent request and lets every eligible request with the same
 ``(chunk_frames, steps)`` join it, so sessions whose clocks are offset fall into step and
 share forward passes instead of alternating. After the batch, the engine reports each chunk's
@@ -167,7 +167,7 @@ class ChunkRequest:
     chunk_frames: int
     steps: int
     deadline_ns: int
-    due_at_ns: int
+    start_ns: int  # planned start (just in time); the chunk's "queue" stage is measured from it
     urgent: bool = True
 
     @property

@@ -37,6 +37,7 @@ class SessionStats:
         self.window_ns = int(window_s * NS)
         self.chunks: deque[tuple[int, int]] = deque()  # (t_ready_ns, frames) within the window
         self.gen_ms: deque[float] = deque(maxlen=64)
+        self.finish_ms: deque[float] = deque(maxlen=64)  # backend work after delivery
         self.action_to_frame_ms: deque[float] = deque(maxlen=512)
         self.late_frames = 0  # frames the playout clock waited for (stalls), summed
         self.frames = 0
@@ -55,6 +56,13 @@ class SessionStats:
         span_ns = self.chunks[-1][0] - self.chunks[0][0]
         frames = sum(n for _, n in list(self.chunks)[1:])
         return frames * NS / span_ns if span_ns > 0 else 0.0
+
+    def gen_estimate_ms(self, default_ms: float, samples: int = 32) -> float:
+        """The generation time to plan a chunk with: p95 of the last ``samples`` chunks'
+        batch times, ms (``default_ms`` until 3 chunks are measured)."""
+        if len(self.gen_ms) < 3:
+            return default_ms
+        return float(np.percentile(list(self.gen_ms)[-samples:], 95))
 
     def latency_percentiles(self) -> dict[str, float | None]:
         if not self.action_to_frame_ms:
@@ -92,6 +100,7 @@ class Session:
         self.frame_index = 0  # frames generated on the stream
         self.chunk_index = 0
         self.chunk_frames = chunk_frames
+        self.mode: str | None = None  # engine.config.MODES key, None: custom settings
         self.clock = PlayoutClock(fps, created_ns)
         self.degrade = degrade
         self.settings: dict[str, Any] = {}
@@ -134,7 +143,8 @@ class Session:
             Frame(session_id=self.session_id, index=self.frame_index + i, rgb=rgb[i],
                   action_seq=action_seq, prompt_version=prompt_version,
                   chunk_index=self.chunk_index, stages_ms=dict(stages_ms),
-                  t_ready_ns=t_ready_ns, action_t_ms=action_t_ms)
+                  t_ready_ns=t_ready_ns, action_t_ms=action_t_ms,
+                  present_ns=self.clock.time_of_frame(self.frame_index + i))
             for i in range(rgb.shape[0])
         ]
         self.frame_index += len(frames)

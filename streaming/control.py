@@ -96,7 +96,11 @@ class ControlChannel:
         ).model_dump(exclude_none=True)
 
     def stats_message(self, buffer_depth: int, dropped: int) -> dict[str, Any]:
-        return m.StatsMessage(buffer_depth=buffer_depth, dropped=dropped,
+        try:
+            budget = self.manager.engine.latency_budget(self.session.session_id)
+        except SessionClosedError:
+            budget = None
+        return m.StatsMessage(buffer_depth=buffer_depth, dropped=dropped, budget=budget,
                               **self.session.telemetry.snapshot()).model_dump()
 
     async def pump(self, depth: Callable[[], tuple[int, int]], period_s: float = 1.0,

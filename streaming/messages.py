@@ -101,6 +101,7 @@ class SettingsMessage(_Strict):
     fps: int | None = Field(default=None, ge=1, le=60)
     memory_frames: int | None = Field(default=None, ge=0, le=1024)
     attention: str | None = Field(default=None, min_length=1, max_length=32)
+    mode: Literal["responsive", "quality"] | None = None
 
 
 class ForkMessage(_Strict):
@@ -248,7 +249,8 @@ def to_command(message: Any) -> api.Command:
                                      message.blend.weight)
         case SettingsMessage():
             return api.SettingsCommand(message.seq, message.steps, message.chunk_frames,
-                                       message.fps, message.memory_frames, message.attention)
+                                       message.fps, message.memory_frames, message.attention,
+                                       message.mode)
         case ForkMessage():
             return api.ForkCommand(message.seq, message.k)
         case AdoptMessage():
@@ -291,8 +293,9 @@ class PongMessage(BaseModel):
 
 
 class StatsMessage(BaseModel):
-    """Periodic: frames sent per second, frames dropped, slot depth, generation ms per chunk
-    and server-side queue latency percentiles (ms)."""
+    """Periodic: frames sent per second, frames dropped, slot depth, generation ms per chunk,
+    server-side queue latency percentiles (ms) and the session's designed latency ``budget``
+    (``Engine.latency_budget``: mode, chunk_frames, steps, fps, plan_ms, wait_ms, floor_ms)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -303,6 +306,7 @@ class StatsMessage(BaseModel):
     gen_ms: float | None = None
     queue_ms_p50: float | None = None
     queue_ms_p95: float | None = None
+    budget: dict[str, Any] | None = None
 
 
 class PreviewMessage(BaseModel):

@@ -1,9 +1,14 @@
-"""Frame pacing on an absolute schedule of the 90 kHz video clock, shared by both transports."""
+"""Frame pacing by the engine's playout clock, shared by both transports and the recorder.
+
+There is one clock: the engine stamps every frame with the time its session's playout clock
+shows it (``Frame.present_ns``, ``time.perf_counter_ns``); a transport sends each frame at that
+time and stamps it with the same time on the 90 kHz video clock. A settings or degradation fps
+change therefore reaches the viewer and the recording without a second model of the viewer.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from collections.abc import Callable
 
@@ -11,60 +16,63 @@ from engine.api import Frame, FrameSlot
 
 #: the RTP video clock, Hz
 VIDEO_CLOCK_HZ = 90_000
-#: how often an empty slot is looked at again, s (polling never blocks the event loop)
-POLL_S = 0.004
+#: how often an empty slot is looked at again, s (polling never blocks the event loop; the slot
+#: is filled from the engine thread)
+POLL_S = 0.002
+#: the longest sleep before a frame is due (a closed slot is noticed within it), s
+MAX_WAIT_S = 0.05
 
 
 class SlotClosedError(RuntimeError):
     """The slot was closed (session ended) while waiting for a frame."""
 
 
+def pts_of(present_ns: int, origin_ns: int) -> int:
+    """``present_ns`` on the 90 kHz video clock, counted from ``origin_ns``."""
+    return round((present_ns - origin_ns) * VIDEO_CLOCK_HZ / 1_000_000_000)
+
+
 class Pacer:
-    """Takes frames from ``slot`` (oldest first; the slot is bounded and drops its oldest, so
-    delay stays under its length) at most ``fps`` per second.
+    """Hands out the frames of ``slot`` at their presentation time, latest wins.
 
-    The first take skips to the newest frame held: frames generated before the client was
-    ready (negotiation) would otherwise stay queued ahead of every later frame, a standing
-    delay of up to the slot's length. ``skipped`` counts them.
+    ``next()`` waits until the oldest frame held is due (``present_ns``), then returns the
+    newest due frame: frames a slow consumer (a WebSocket reader without credit, an event loop
+    blocked by a GC pause) did not take in time are dropped, never queued, so a backlog drains
+    at once instead of standing. The frame's pts is its presentation time on the 90 kHz clock
+    from the first frame handed out (pts 0), strictly increasing: an engine stall is a gap in
+    pts, a faster or slower fps is a smaller or larger step.
 
-    pts 0 is the first frame; frame tick n is due at ``start + n / fps`` (absolute, so waiting
-    errors never add up); when the engine stalls, the ticks missed are skipped instead of being
-    caught up in a burst. ``next()`` returns ``(frame, pts)`` with pts on the 90 kHz clock.
+    ``clock`` returns ``perf_counter_ns``-compatible nanoseconds (a fake clock in tests).
     """
 
-    def __init__(self, slot: FrameSlot, fps: int, clock: Callable[[], float] = time.monotonic):
-        if fps < 1:
-            raise ValueError(f"fps must be >= 1, got {fps}")
-        self.slot, self.fps, self._clock = slot, fps, clock
-        self._start: float | None = None
-        self._next_tick = 0
-        self.skipped = 0
-
-    def pts_of_tick(self, tick: int) -> int:
-        return round(tick * VIDEO_CLOCK_HZ / self.fps)
+    def __init__(self, slot: FrameSlot, clock: Callable[[], int] = time.perf_counter_ns):
+        self.slot, self._clock = slot, clock
+        self._origin_ns: int | None = None
+        self._last_pts = -1
 
     async def _take(self, is_live: Callable[[], bool]) -> Frame:
         while True:
-            frame = self.slot.get_nowait()
+            frame, next_ns = self.slot.take_due(self._clock())
             if frame is not None:
                 return frame
             if self.slot.closed or not is_live():
                 raise SlotClosedError("the session's frame slot is closed")
-            await asyncio.sleep(POLL_S)
+            if next_ns is None:  # empty: poll for the engine's next frame
+                await asyncio.sleep(POLL_S)
+            else:  # the oldest frame held is not due yet: sleep until it is (close checked)
+                await asyncio.sleep(min(max(next_ns - self._clock(), 0) / 1e9, MAX_WAIT_S))
 
     async def next(self, is_live: Callable[[], bool] = lambda: True) -> tuple[Frame, int]:
-        """Wait for the next tick and frame; raises SlotClosedError when the slot closes."""
-        if self._start is not None:
-            delay = self._start + self._next_tick / self.fps - self._clock()
-            if delay > 0:
-                await asyncio.sleep(delay)
+        """The next due frame and its pts; raises SlotClosedError when the slot closes."""
         frame = await self._take(is_live)
-        now = self._clock()
-        if self._start is None:
-            while (newer := self.slot.get_nowait()) is not None:
-                frame = newer
-                self.skipped += 1
-            self._start = now
-        tick = max(self._next_tick, math.floor((now - self._start) * self.fps + 1e-6))
-        self._next_tick = tick + 1
-        return frame, self.pts_of_tick(tick)
+        present = frame.present_ns or self._clock()
+        if self._origin_ns is None:
+            self._origin_ns = present
+        pts = max(pts_of(present, self._origin_ns), self._last_pts + 1)
+        self._last_pts = pts
+        return frame, pts
+
+    @property
+    def stale(self) -> int:
+        """Frames dropped because a newer one was already due when they were taken."""
+        return self.slot.stale

@@ -14,8 +14,9 @@ from pathlib import Path
 import av
 import numpy as np
 
-from engine.api import FrameSlot
+from engine.api import Frame, FrameSlot
 from streaming.frames import pad_even
+from streaming.pacing import VIDEO_CLOCK_HZ, pts_of
 
 _MP4_OPTIONS = {"movflags": "frag_keyframe+empty_moov+default_base_moof", "flush_packets": "1"}
 
@@ -27,7 +28,10 @@ class Recorder:
         slot: a slot of its own (``engine.subscribe``), so recording never steals frames from
             the live transport; a slow disk drops frames there instead of delaying the stream.
         path: the MP4 file to write (created or truncated).
-        fps: frame rate; frame ``index`` gaps (drops) become timestamp gaps.
+        fps: the nominal frame rate (keyframe spacing). Timestamps come from each frame's
+            presentation time (``Frame.present_ns``, the engine's playout clock, 90 kHz), so
+            drops, stalls and fps changes play back as they were streamed; frames without one
+            (``present_ns`` 0) are spaced ``1 / fps`` apart by index.
         max_frames: finish the file after this many frames (None: until :meth:`stop`).
     ``error`` holds the exception that ended the writer early, if any.
     """
@@ -69,7 +73,8 @@ class Recorder:
         try:
             with av.open(str(self.path), "w", format="mp4", options=_MP4_OPTIONS) as container:
                 stream = None
-                first_index = None
+                first: Frame | None = None
+                last_pts = -1
                 while True:
                     # after stop(), frames already queued are still written, then the end
                     frame = (self._slot.get_nowait() if self._stop.is_set()
@@ -81,8 +86,9 @@ class Recorder:
                     rgb = pad_even(frame.rgb)
                     if stream is None:
                         stream = self._add_stream(container, rgb)
-                        first_index = frame.index
-                    self._write(container, stream, rgb, frame.index - first_index)
+                        first = frame
+                    last_pts = max(self._pts(frame, first), last_pts + 1)
+                    self._write(container, stream, rgb, last_pts)
                     if self.max_frames is not None and self.frames_written >= self.max_frames:
                         break
                 if stream is not None:
@@ -91,11 +97,17 @@ class Recorder:
         except Exception as err:  # reported through .error; the live stream goes on
             self.error = err
 
+    def _pts(self, frame: Frame, first: Frame) -> int:
+        if frame.present_ns and first.present_ns:
+            return pts_of(frame.present_ns, first.present_ns)
+        return round((frame.index - first.index) * VIDEO_CLOCK_HZ / self.fps)
+
     def _add_stream(self, container, rgb: np.ndarray):
         stream = container.add_stream("libx264", rate=self.fps)
         stream.width, stream.height = rgb.shape[1], rgb.shape[0]
         stream.pix_fmt = "yuv420p"
-        stream.time_base = Fraction(1, self.fps)
+        stream.time_base = Fraction(1, VIDEO_CLOCK_HZ)
+        stream.codec_context.time_base = Fraction(1, VIDEO_CLOCK_HZ)
         # a keyframe (hence an MP4 fragment) every second bounds what a crash can lose
         stream.codec_context.gop_size = self.fps
         stream.codec_context.options = {"preset": "veryfast", "tune": "zerolatency", "crf": "18"}

@@ -28,8 +28,8 @@ from streaming.frames import pad_even
 from streaming.pacing import VIDEO_CLOCK_HZ, Pacer, SlotClosedError
 from streaming.sessions import SessionManager, StreamSession
 
-#: frames the track's slot holds: a chunk arrives as a burst of frames, the slot absorbs it and
-#: drops the oldest when the client falls behind, so delay never exceeds this many frames
+#: frames the track's slot holds: a chunk arrives as a burst of frames, held until each is due
+#: (the pacer drops frames that are past due, so this bounds memory, not delay)
 TRACK_SLOT_FRAMES = 8
 _TIME_BASE = Fraction(1, VIDEO_CLOCK_HZ)
 #: frame messages kept for a data channel that is not open yet (a few seconds of video)
@@ -56,17 +56,18 @@ def configure_vp8_bitrate(bitrate: int) -> None:
 
 class FrameTrack(MediaStreamTrack):
     """A video track whose ``recv()`` returns the session's frames paced by a
-    :class:`~streaming.pacing.Pacer` (bounded drop-oldest slot, 90 kHz pts from 0).
+    :class:`~streaming.pacing.Pacer` (each frame at its presentation time, latest wins, 90 kHz
+    pts from 0).
     ``on_frame(frame, pts)`` runs just before each frame is returned, so the ``frame``
     metadata message leaves before the frame."""
 
     kind = "video"
 
-    def __init__(self, slot: FrameSlot, fps: int,
+    def __init__(self, slot: FrameSlot,
                  on_frame: Callable[[Frame, int], None] | None = None):
         super().__init__()
         self.slot = slot
-        self._pacer = Pacer(slot, fps)
+        self._pacer = Pacer(slot)
         self._on_frame = on_frame
 
     async def recv(self) -> av.VideoFrame:
@@ -121,7 +122,7 @@ class WebRTCTransport:
                 early.append(message)
 
         track = FrameTrack(self.manager.engine.subscribe(session.session_id, TRACK_SLOT_FRAMES),
-                           session.info.fps, on_frame=on_frame)
+                           on_frame=on_frame)
 
         @pc.on("datachannel")
         def on_datachannel(channel: Any) -> None:
@@ -131,7 +132,7 @@ class WebRTCTransport:
             while early:
                 self._send_now(channels, early.popleft())
             pump = asyncio.ensure_future(control.pump(
-                lambda: (len(track.slot), track.slot.dropped)))
+                lambda: (len(track.slot), track.slot.dropped + track.slot.stale)))
 
             @channel.on("message")
             async def on_message(raw: Any) -> None:

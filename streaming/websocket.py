@@ -18,7 +18,7 @@ from streaming.frames import encode_jpeg
 from streaming.pacing import Pacer, SlotClosedError
 from streaming.sessions import SessionManager, StreamSession
 
-#: frames the connection's slot holds (drop-oldest), as for the video track
+#: frames the connection's slot holds (frames past due are dropped), as for the video track
 WS_SLOT_FRAMES = 8
 #: the most ``next`` credits a client can bank: asking far ahead would defeat flow control
 MAX_CREDITS = 4
@@ -58,7 +58,7 @@ class WebSocketConnection:
             await self.ws.send_text(json.dumps(message))
 
     async def _send_frames(self) -> None:
-        pacer = Pacer(self.slot, self.session.info.fps)
+        pacer = Pacer(self.slot)
         while True:
             await self._credits.acquire()
             self._banked -= 1
@@ -86,8 +86,8 @@ class WebSocketConnection:
         closer_loop = asyncio.get_running_loop()
         receive = asyncio.ensure_future(self._receive())
         send = asyncio.ensure_future(self._send_frames())
-        pump = asyncio.ensure_future(self.control.pump(lambda: (len(self.slot),
-                                                                self.slot.dropped)))
+        pump = asyncio.ensure_future(self.control.pump(lambda: (
+            len(self.slot), self.slot.dropped + self.slot.stale)))
         self.session.closers.append(
             lambda: closer_loop.call_soon_threadsafe(self.slot.close))
         try:

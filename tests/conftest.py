@@ -19,7 +19,8 @@ from engine import api  # noqa: E402
 
 class FakeEngine:
     """EngineAPI over a counter: frame n of a session is a flat image of value ``n % 256``,
-    produced at ``fps`` by one thread; commands are recorded in ``submitted``."""
+    produced at ``fps`` by one thread and presented at ``n / fps`` s after the session's first
+    frame; commands are recorded in ``submitted``."""
 
     model_name = "fake"
 
@@ -44,8 +45,11 @@ class FakeEngine:
             with self._lock:
                 for sid, s in self._sessions.items():
                     rgb = np.full((*self.size, 3), s["n"] % 256, np.uint8)
+                    now = time.perf_counter_ns()
+                    s.setdefault("t0", now)
                     frame = api.Frame(sid, s["n"], rgb, s["action_seq"], 0, s["n"] // 2,
-                                      {"denoise": 1.0}, time.perf_counter_ns(), s["action_t"])
+                                      {"denoise": 1.0}, now, s["action_t"],
+                                      present_ns=s["t0"] + round(s["n"] * 1e9 / self.fps))
                     for slot in s["slots"]:
                         slot.put(frame)
                     s["n"] += 1
@@ -97,6 +101,12 @@ class FakeEngine:
 
     def metrics(self):
         return {"sessions": len(self._sessions)}
+
+    def latency_budget(self, sid):
+        with self._lock:
+            self._get(sid)
+        return {"mode": None, "chunk_frames": 2, "steps": 1, "fps": self.fps, "plan_ms": 1.0,
+                "wait_ms": 1e3 / self.fps, "floor_ms": 1.0 + 1e3 / self.fps}
 
 
 @pytest.fixture

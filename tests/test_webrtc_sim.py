@@ -50,41 +50,51 @@ def test_vp8_bitrate_is_raised_and_bounded():
     assert vp8_bitrate(3840, 2160, 60) == 10_000_000
 
 
-def _frame(i: int, shape=(47, 63)) -> Frame:
-    return Frame("s", i, np.full((*shape, 3), i, np.uint8), -1, 0, i)
+MS = 1_000_000
 
 
-def test_pacer_schedule_is_absolute_and_skips_stalls():
-    now = [10.0]
+def _frame(i: int, shape=(47, 63), present_ms: float = 0.0) -> Frame:
+    return Frame("s", i, np.full((*shape, 3), i, np.uint8), -1, 0, i,
+                 present_ns=round(present_ms * MS))
+
+
+def test_pacer_sends_each_frame_at_its_presentation_time():
+    """pts follow the engine's playout clock: 50 ms steps at 20 fps, 25 ms after an fps change
+    to 40, a gap after a stall; a frame is not handed out before it is due."""
+    now = [1_000 * MS]
     slot = FrameSlot(8)
-    pacer = Pacer(slot, 20, clock=lambda: now[0])
+    pacer = Pacer(slot, clock=lambda: now[0])
+    presents = [1_000, 1_050, 1_100, 1_125, 1_150, 1_500]  # fps 20, then 40, then a stall
+    for i, t in enumerate(presents):
+        slot.put(_frame(i, present_ms=t))
 
-    async def take():
-        return await pacer.next()
+    async def take_at(t_ms):
+        now[0] = t_ms * MS
+        return await asyncio.wait_for(pacer.next(), 1)
 
-    slot.put(_frame(0))
-    assert asyncio.run(take())[1] == 0              # pts 0 at the first frame
-    slot.put(_frame(1))
-    now[0] = 10.05
-    assert asyncio.run(take())[1] == TICK           # on time: the next tick
-    now[0] = 10.31                                  # engine stalled for 5 ticks
-    slot.put(_frame(2))
-    assert asyncio.run(take())[1] == 6 * TICK       # missed ticks skipped, no burst
+    got = [asyncio.run(take_at(t))[1] for t in presents]
+    assert got == [0, TICK, 2 * TICK, 2 * TICK + TICK // 2, 3 * TICK, 10 * TICK]
+    slot.put(_frame(6, present_ms=1_550))
+    now[0] = 1_520 * MS                             # not due yet: the pacer waits for it
+    with pytest.raises(asyncio.TimeoutError):
+        asyncio.run(asyncio.wait_for(pacer.next(), 0.05))
 
 
-def test_pacer_first_take_skips_the_backlog():
+def test_pacer_latest_wins_for_a_slow_consumer():
+    """A consumer that comes back late gets the newest due frame; the older due ones are
+    dropped (counted as stale), so no backlog stands between the engine and the viewer."""
     slot = FrameSlot(8)
-    for i in range(5):                              # queued while the client negotiated
-        slot.put(_frame(i))
-    pacer = Pacer(slot, 20, clock=lambda: 0.0)
+    for i in range(6):                              # 6 frames, 50 ms apart, from t = 0
+        slot.put(_frame(i, present_ms=50 * i))
+    pacer = Pacer(slot, clock=lambda: 210 * MS)     # frames 0-4 due, frame 5 not yet
     frame, pts = asyncio.run(pacer.next())
-    assert (frame.index, pts, pacer.skipped, len(slot)) == (4, 0, 4, 0)
+    assert (frame.index, pts, pacer.stale, len(slot)) == (4, 0, 4, 1)
 
 
 def test_track_pads_odd_frames_to_even_and_stamps_90khz():
     slot = FrameSlot(4)
     seen = []
-    track = FrameTrack(slot, 20, on_frame=lambda f, pts: seen.append((f.index, pts)))
+    track = FrameTrack(slot, on_frame=lambda f, pts: seen.append((f.index, pts)))
     slot.put(_frame(7))
     video_frame = asyncio.run(track.recv())
     assert (video_frame.width, video_frame.height) == (64, 48)
@@ -136,13 +146,15 @@ def test_webrtc_stream_follows_hold_right(sim_engine):
     assert codec == "VP8"
     pts = [p for p, _ in frames]
     assert all(b > a for a, b in zip(pts, pts[1:], strict=False)), "pts must increase"
-    assert all((b - a) % TICK == 0 for a, b in zip(pts, pts[1:], strict=False))
+    # paced by the engine's playout clock: one frame interval per frame while it keeps up
+    assert abs(np.median(np.diff(pts)) - TICK) <= 2
     assert frames[0][1].shape == (128, 128, 3)
     # RTP timestamps start at 0 behind aiortc's random origin: the first frame is pts 0, and
-    # every frame received has its `frame` message under the same rtp_ts
+    # every frame received has its `frame` message under the same rtp_ts (aiortc's encoder
+    # may round a 90 kHz timestamp by a tick or two on the way)
     origin = pts[0]
-    sent = {m["rtp_ts"] for m in metas}
-    assert all(((p - origin) % 2**32) in sent for p in pts)
+    sent = np.array(sorted(m["rtp_ts"] for m in metas))
+    assert all(np.abs(sent - (p - origin) % 2**32).min() <= 2 for p in pts)
     mask = player_mask()
     idle = [phase_shift(a, b, mask)[0] for (_, a), (_, b) in zip(frames[5:29], frames[6:30],
                                                                    strict=False)]

@@ -60,7 +60,8 @@ def test_websocket_stream_follows_hold_right(sim_engine):
     headers = [h for h, _ in frames]
     ticks = [h["rtp_ts"] for h in headers]
     assert ticks[0] == 0 and all(b > a for a, b in zip(ticks, ticks[1:], strict=False))
-    assert all(t % (90_000 // FPS) == 0 for t in ticks)
+    # paced by the engine's playout clock: one frame interval per frame while it keeps up
+    assert abs(np.median(np.diff(ticks)) - 90_000 // FPS) <= 2
     assert all(h["type"] == "frame" and "stages_ms" in h for h in headers)
     assert frames[0][1].shape == (128, 128, 3)
     mask = player_mask()
