@@ -147,13 +147,12 @@ def photon_ms(log: ClientLog, pts: int, t_decoded_ms: float) -> float:
 
 async def run_client(url: str, script: list[dict], *, seconds: float, fps: int | None,
                      prompt: str, seed: int = 0, first_frame_timeout_s: float = 120.0,
-                     settings: dict | None = None, keep_pictures: bool = False,
-                     on_session=None) -> tuple[ClientLog, dict]:
+                     settings: dict | None = None,
+                     keep_pictures: bool = False) -> tuple[ClientLog, dict]:
     """Open a session at ``url`` (``settings``: the fields of a ``settings`` message sent
     first, e.g. ``{"mode": "responsive"}``); once the
     first video frame is in, replay ``script`` and stream for ``seconds``; close.
-    ``keep_pictures``: keep every decoded frame's rgb in ``log.pictures``; ``on_session(id)``
-    runs once the session exists. Returns the log and the session's creation reply. Raises
+    ``keep_pictures``: keep every decoded frame's rgb in ``log.pictures``. Returns the log and the session's creation reply. Raises
     RuntimeError on HTTP errors, or when no frame comes within ``first_frame_timeout_s``."""
     import httpx
     from aiortc import RTCPeerConnection, RTCSessionDescription
@@ -166,8 +165,6 @@ async def run_client(url: str, script: list[dict], *, seconds: float, fps: int |
         if reply.status_code != 201:
             raise RuntimeError(f"POST /api/sessions: {reply.status_code} {reply.text}")
         session = reply.json()
-        if on_session is not None:
-            on_session(session["session_id"])
         auth = {"Authorization": f"Bearer {session['token']}"}
         pc = RTCPeerConnection()
         watch_packets(pc.addTransceiver("video", direction="recvonly").receiver, log)
@@ -341,33 +338,48 @@ def to_export(log: ClientLog) -> list[dict]:
     return out
 
 
+def _client_main(url: str, script: list[dict], kwargs: dict) -> tuple[ClientLog, dict]:
+    return asyncio.run(run_client(url, script, **kwargs))
+
+
+def run_client_process(url: str, script: list[dict], **kwargs) -> tuple[ClientLog, dict]:
+    """:func:`run_client` in a process of its own, as a browser would be: in the server's
+    process its decoding and Python work would contend for the server's GIL and skew both."""
+    import concurrent.futures
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=ctx) as pool:
+        return pool.submit(_client_main, url, script, kwargs).result()
+
+
 class SentFrames:
-    """Every frame the in-process engine sends on one session (``frames``: index -> rgb),
-    taken from a slot of its own, for the corruption check."""
+    """Every frame the in-process engine sends on the first session opened after entry
+    (``frames``: index -> rgb), taken from a slot of its own, for the corruption check."""
 
     def __init__(self, engine):
         self.engine, self.frames = engine, {}
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._thread = threading.Thread(target=self._follow, daemon=True)
 
-    def follow(self, session_id: str) -> None:
-        slot = self.engine.subscribe(session_id, maxlen=4096)
-
-        def drain():
-            while not self._stop.is_set():
-                frame = slot.get(timeout=0.1)
-                if frame is not None:
-                    self.frames[frame.index] = frame.rgb
-        self._thread = threading.Thread(target=drain, daemon=True)
-        self._thread.start()
+    def _follow(self) -> None:
+        slot = None
+        while slot is None and not self._stop.wait(0.005):
+            sessions = list(self.engine.metrics()["sessions"])
+            if sessions:
+                slot = self.engine.subscribe(sessions[0], maxlen=4096)
+        while slot is not None and not self._stop.is_set():
+            frame = slot.get(timeout=0.1)
+            if frame is not None:
+                self.frames[frame.index] = frame.rgb
 
     def __enter__(self):
+        self._thread.start()
         return self
 
     def __exit__(self, *exc):
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(5)
+        self._thread.join(5)
 
 
 @contextlib.contextmanager
@@ -501,9 +513,8 @@ def main(argv: list[str] | None = None) -> int:
                         "engine": f"EngineConfig(mode={args.mode!r}) (degradation on)",
                         "chunk_frames": engine.chunk_frames,
                         "steps": args.steps or engine.default_steps}
-                    log, session = asyncio.run(run_client(
-                        server.url, script, keep_pictures=True, on_session=sent.follow,
-                        **client))
+                    log, session = run_client_process(server.url, script, keep_pictures=True,
+                                                      **client)
             finally:
                 engine.stop()
     figures = analyse_log(log, session["fps"], sent=sent.frames if sent else None)

@@ -460,3 +460,107 @@ def test_config_must_fit_the_backend():
         Engine(EchoBackend(), cfg(chunk_frames=4))
     with pytest.raises(ValueError, match="fps 30 outside"):  # echo's default fps is 30
         Engine(EchoBackend(), EngineConfig(max_fps=20))
+
+
+# ---------------------------------------------------------------------------- just in time
+def test_chunk_starts_at_deadline_minus_planned_generation_time():
+    """Hand-worked on a fake clock: 20 fps, chunks of 2, frame 10 presented at t = 1.5 s,
+    recent chunk times 30-40 ms (p95 39.55) + 5 ms margin -> start at 1.5 s - 44.55 ms; with
+    the buffer bound (4 frames) the start may not be earlier than frame 8's presentation."""
+    engine = Engine(EchoBackend(), cfg(fps=20, buffer_max_frames=4, batch_join_frames=1,
+                                       jit_margin_ms=5.0))
+    sid = engine.create_session("a", seed=1).session_id
+    s = engine._sessions[sid]
+    ms = 1_000_000
+    s.clock.anchor(0, 1000 * ms)  # frame 0 at 1.0 s
+    s.frame_index = 10            # frame 10 is due at 1.5 s
+    # no history: planned as a whole chunk (100 ms) + 5 ms, clamped by the 4-frame bound
+    assert engine.plan_ms(s) == pytest.approx(105.0)
+    assert engine._start_at(s) == 1400 * ms
+    for gen in (30.0, 31.0, 32.0, 33.0, 34.0, 35.0, 36.0, 37.0, 38.0, 40.0):
+        s.stats.gen_ms.append(gen)
+    p95 = float(np.percentile([30, 31, 32, 33, 34, 35, 36, 37, 38, 40], 95))
+    assert engine.plan_ms(s) == pytest.approx(p95 + 5.0)
+    assert engine._start_at(s) == 1500 * ms - round((p95 + 5.0) * ms)
+    s.stats.gen_ms.extend([900.0] * 10)  # slower than the buffer allows to plan for
+    assert engine._start_at(s) == 1400 * ms  # frame 8's time: 4 frames ahead at most
+    s.stats.gen_ms.clear()
+    s.stats.gen_ms.extend([30.0] * 5)  # start at 1.5 s - 35 ms
+    s.state = object()  # as if the engine thread had made the backend state
+    (request,) = engine._requests(1500 * ms - 35 * ms)
+    assert request.urgent and request.start_ns == 1500 * ms - 35 * ms
+    (request,) = engine._requests(1500 * ms - 35 * ms - 40 * ms)  # within 1 frame: may join
+    assert not request.urgent
+    assert engine._requests(1500 * ms - 35 * ms - 60 * ms) == []  # before that: nothing
+    s.state = None
+
+
+def test_frames_are_generated_just_in_time_not_ahead():
+    """Echo backend taking 20 ms per chunk of 2 at 20 fps: each chunk is ready shortly before
+    its first frame is presented (never more than its planned time ahead), and presentation
+    times follow the clock, 50 ms apart."""
+    backend = EchoBackend(delay_s=0.02)
+    with Engine(backend, cfg(fps=20, buffer_max_frames=8)) as engine:
+        sid = engine.create_session("a", seed=1).session_id
+        frames = collect(engine.subscribe(sid, maxlen=1000), 40, timeout=5.0)
+        late = engine.metrics()["sessions"][sid]["late_frames"]
+    assert len(frames) == 40 and late <= 2
+    firsts = [f for f in frames[10:] if f.index % 2 == 0]  # first frame of each chunk
+    ahead_ms = [(f.present_ns - f.t_ready_ns) / 1e6 for f in firsts]
+    # planned: p95 of ~20 ms + 5 ms margin ahead; the old look-ahead held 6-8 frames (300 ms+)
+    assert np.median(ahead_ms) < 40, ahead_ms
+    gaps = np.diff([f.present_ns for f in frames[10:]]) / 1e6
+    assert np.median(gaps) == pytest.approx(50.0, abs=0.01)
+
+
+def test_action_arriving_mid_chunk_conditions_the_next_chunk():
+    """An action submitted while a chunk is being generated is held by the very next chunk."""
+    backend = EchoBackend(delay_s=0.08)  # each chunk takes 80 ms
+    with Engine(backend, cfg(fps=20)) as engine:
+        sid = engine.create_session("a", seed=1).session_id
+        slot = engine.subscribe(sid, maxlen=1000)
+        assert len(collect(slot, 4, timeout=5.0)) == 4
+        assert wait_for(lambda: len(backend.calls) >= 3)
+        calls_before = len(backend.calls)
+        assert wait_for(lambda: len(backend.calls) > calls_before)  # a chunk just started
+        in_flight = len(backend.calls)
+        engine.submit(sid, ActionCommand(1, 0.0, frozenset({"right"})))
+        frames = collect(slot, 12, timeout=5.0)
+    chunk_of = {f.chunk_index: f for f in frames}
+    # chunk_index counts chunks from 0: the chunk in flight is in_flight - 1, the next one
+    # in_flight; an action is applied before the next chunk starts
+    assert chunk_of[in_flight - 1].action_seq == -1
+    assert chunk_of[in_flight].action_seq == 1
+    assert chunk_of[in_flight].rgb[0, 0, 0] == keys_to_action(["right"])
+
+
+def test_mode_switch_and_fps_change_reach_the_frames():
+    """settings.mode sets chunk size and steps (explicit values override); settings.fps
+    changes the spacing of presentation times (the clock transports and recordings follow)."""
+    backend = EchoBackend()
+    with Engine(backend, cfg(fps=20)) as engine:
+        sid = engine.create_session("a", seed=1).session_id
+        slot = engine.subscribe(sid, maxlen=1000)
+        events = engine.events(sid)
+        engine.submit(sid, SettingsCommand(1, mode="quality"))
+        info, _ = wait_event(events, "info")
+        # the echo backend has chunks of 2 and 3: quality's 2; its 4 steps
+        assert (info.payload["mode"], info.payload["chunk_frames"], info.payload["steps"]) == (
+            "quality", 2, 4)
+        engine.submit(sid, SettingsCommand(2, mode="responsive", steps=3))
+        info, _ = wait_event(events, "info")
+        assert (info.payload["mode"], info.payload["chunk_frames"], info.payload["steps"]) == (
+            "responsive", 2, 3)
+        budget = engine.latency_budget(sid)
+        assert budget["mode"] == "responsive" and budget["floor_ms"] == pytest.approx(
+            budget["plan_ms"] + budget["wait_ms"], abs=0.11)
+        collect(slot, 10)
+        engine.submit(sid, SettingsCommand(3, fps=40))
+        wait_event(events, "info")
+        slot = engine.subscribe(sid, maxlen=1000)
+        frames = collect(slot, 30, timeout=5.0)
+        engine.submit(sid, SettingsCommand(4, mode="fast"))
+        error, _ = wait_event(events, "error")
+    assert error.payload["field"] == "mode"
+    gaps = np.diff([f.present_ns for f in frames[4:]]) / 1e6
+    assert np.median(gaps) == pytest.approx(25.0, abs=0.01)
