@@ -68,6 +68,9 @@ def _player_html() -> str:
       <div><b id="hud-a2p">–</b><small>action→photon p50 / p95 ms</small></div>
       <div><b id="hud-jb">–</b><small>jitter buffer ms</small></div>
       <div><b id="hud-drop">–</b><small>dropped</small></div>
+      <div><b id="hud-mode">–</b><small>mode · chunk frames / steps</small></div>
+      <div><b id="hud-floor">–</b><small>floor ms (wait + planned chunk)</small></div>
+      <div id="hud-budget" class="ws-budget">latency budget: –</div>
       <canvas id="hud-chart" width="560" height="90"></canvas>
     </div>
     {_lab_panel_html()}
@@ -84,8 +87,10 @@ def _player_html() -> str:
     </fieldset>
     <fieldset><legend>Session</legend>
       <label class="ws-row">seed <input id="ws-seed" type="number" min="0" value="0"></label>
-      <label class="ws-row">steps <select id="ws-steps"><option>1</option><option>2</option>
-        <option>3</option><option selected>4</option></select></label>
+      <label class="ws-row">mode <select id="ws-mode"><option value="responsive" selected>
+        responsive</option><option value="quality">quality</option></select></label>
+      <label class="ws-row">steps <select id="ws-steps"><option>1</option><option selected>2
+        </option><option>3</option><option>4</option></select></label>
       <label class="ws-row">transport <select id="ws-transport"><option value="auto">auto
         </option><option value="webrtc">WebRTC</option><option value="websocket">WebSocket
         </option></select></label>

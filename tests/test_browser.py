@@ -101,6 +101,17 @@ def test_page_plays_steers_and_measures(sim_engine):
             p50, p95 = map(int, re.findall(r"\d+", page.inner_text("#hud-a2p")))
             assert 0 < p50 <= p95 < 5000
             assert float(page.inner_text("#hud-fps")) > 2  # frames flow (a loaded CI box is slow)
+            # the HUD shows the mode, the floor of its settings and the per-stage budget; the
+            # mode picker switches the session (the server's stats confirm it)
+            page.wait_for_function(
+                "document.getElementById('hud-mode').textContent.startsWith('responsive')",
+                timeout=10_000)
+            assert float(page.inner_text("#hud-floor")) > 0
+            assert "planned chunk" in page.inner_text("#hud-budget")
+            page.select_option("#ws-mode", "quality")
+            page.wait_for_function(
+                "document.getElementById('hud-mode').textContent.startsWith('quality')",
+                timeout=10_000)
             # preview futures: 4 thumbnails, clicking one adopts it
             page.click("#ws-fork")
             page.wait_for_function(

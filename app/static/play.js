@@ -18,7 +18,7 @@
     session: null, transport: null, pc: null, dc: null, ws: null, seq: 0,
     held: new Set(), sentAt: new Map(), frames: new Map(), rtpOrigin: null, misses: 0,
     lastActionSeq: -1, a2p: [], presented: [], jitterMs: null, genMs: null, dropped: 0,
-    chart: [], jbLast: null, recording: false, statsTimer: null, connecting: false,
+    chart: [], stageHist: [], budget: null, jbLast: null, recording: false, statsTimer: null, connecting: false,
     // hooks for add-ons (latency_lab.js): action({seq, t, keys, cause}),
     // presented(meta, at, videoFrameMetadata?)
     listeners: { action: [], presented: [] },
@@ -59,11 +59,13 @@
       case "frame":
         msg.received_at = performance.now();
         S.frames.set(msg.rtp_ts, msg);
+        push(S.stageHist, { ...(msg.stages_ms || {}), send_queue: msg.queue_ms }, 30);
         if (S.frames.size > 600) S.frames.delete(S.frames.keys().next().value);
         break;
       case "stats":
         S.genMs = msg.gen_ms;
         S.dropped = msg.dropped;
+        S.budget = msg.budget || null;
         break;
       case "pong":
         S.rttMs = performance.now() - msg.t;
@@ -103,6 +105,9 @@
       log(`adopted future ${msg.adopted + 1}`);
     } else if (msg.rewound !== undefined) {
       log(`rewound ${msg.rewound} chunks`);
+    } else if (msg.chunk_frames !== undefined) {
+      log(`settings: ${msg.mode || "custom"} mode, ${msg.chunk_frames}-frame chunks, `
+        + `${msg.steps} steps, ${msg.fps} fps`);
     } else {
       log(msg.message || `${msg.kind}: ${JSON.stringify(msg)}`);
     }
@@ -166,6 +171,18 @@
   }
 
   // ------------------------------------------------------------------ HUD
+  // the designed budget (server stats) beside the measured p50 of each stage of recent frames
+  function budgetText(b) {
+    const keys = [...new Set(S.stageHist.flatMap((s) => Object.keys(s)))];
+    const stage = (k) => pct(S.stageHist.map((s) => s[k]).filter((v) => v != null), 50);
+    const measured = keys.filter((k) => stage(k) != null)
+      .map((k) => `${k} ${stage(k).toFixed(0)}`).join(" · ");
+    if (!b) return `latency budget: ${measured || "–"}`;
+    return `latency budget: wait ${b.wait_ms.toFixed(0)} + planned chunk ${b.plan_ms.toFixed(0)}`
+      + ` ms at ${b.fps} fps (measured p50: ${measured || "–"}; after delivery: cache fill`
+      + ` ${b.after_delivery_ms.toFixed(0)})`;
+  }
+
   function updateHud() {
     const p = S.presented;
     const fps = p.length > 1 ? (1000 * (p.length - 1)) / (p[p.length - 1] - p[0]) : 0;
@@ -176,6 +193,13 @@
     $("hud-jb").textContent = S.transport === "websocket" ? "n/a"
       : S.jitterMs != null ? S.jitterMs.toFixed(0) : "–";
     $("hud-drop").textContent = String(S.dropped ?? 0);
+    const b = S.budget;
+    if (b) {
+      $("hud-mode").textContent = `${b.mode || "custom"} · ${b.chunk_frames} / ${b.steps}`;
+      $("hud-floor").textContent = b.floor_ms.toFixed(0);
+      if (b.mode) $("ws-mode").value = b.mode;
+    }
+    $("hud-budget").textContent = budgetText(b);
     push(S.chart, { a2p: p50, jb: S.jitterMs, fps }, CHART_POINTS);
     drawChart();
   }
@@ -434,6 +458,10 @@
     $("ws-blend").addEventListener("change", sendPrompt);
     $("ws-apply").onclick = () => send({ type: "settings", seq: nextSeq(),
       steps: parseInt($("ws-steps").value, 10) });
+    $("ws-mode").onchange = () => {
+      send({ type: "settings", seq: nextSeq(), mode: $("ws-mode").value });
+      log(`mode: ${$("ws-mode").value}`);
+    };
     $("ws-restart").onclick = restart;
     $("ws-transport").onchange = restart;
     $("ws-rewind").onclick = () => send({ type: "rewind", seq: nextSeq(), chunks: 2 });
