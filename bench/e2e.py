@@ -150,9 +150,9 @@ async def run_client(url: str, script: list[dict], *, seconds: float, fps: int |
                      settings: dict | None = None,
                      keep_pictures: bool = False) -> tuple[ClientLog, dict]:
     """Open a session at ``url`` (``settings``: the fields of a ``settings`` message sent
-    first, e.g. ``{"mode": "responsive"}``); once the
-    first video frame is in, replay ``script`` and stream for ``seconds``; close.
-    ``keep_pictures``: keep every decoded frame's rgb in ``log.pictures``. Returns the log and the session's creation reply. Raises
+    first, e.g. ``{"mode": "responsive"}``); once the first video frame is in, replay
+    ``script`` and stream for ``seconds``; close. ``keep_pictures``: keep every decoded
+    frame's rgb in ``log.pictures``. Returns the log and the session's creation reply. Raises
     RuntimeError on HTTP errors, or when no frame comes within ``first_frame_timeout_s``."""
     import httpx
     from aiortc import RTCPeerConnection, RTCSessionDescription

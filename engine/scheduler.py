@@ -4,11 +4,11 @@ deliberate degradation. Torch-free bookkeeping on ints and floats; every time is
 
 The loop the engine runs: each session (and each branch being previewed) offers at most one
 :class:`ChunkRequest`: *urgent* from the chunk's just-in-time start (its deadline minus the
-planned generation time), *eligible* a few frame intervals before it (``join`` frames). :func:`plan_batch`
-starts a batch only for an urgent request and lets every eligible request with the same
-``(chunk_frames, steps)`` join it, so sessions whose clocks are offset fall into step and
-share forward passes instead of alternating. After the batch, the engine reports each chunk's
-timeliness to the session's :class:`DegradeController`.
+planned generation time), *eligible* a few frame intervals before it (``join`` frames).
+:func:`plan_batch` starts a batch only for an urgent request and lets every eligible request
+with the same ``(chunk_frames, steps)`` join it, so sessions whose clocks are offset fall into
+step and share forward passes instead of alternating. After the batch, the engine reports each
+chunk's timeliness to the session's :class:`DegradeController`.
 """
 
 from __future__ import annotations

@@ -103,6 +103,21 @@ def test_track_pads_odd_frames_to_even_and_stamps_90khz():
     track.stop()
 
 
+async def _offer(http, created: dict, pc):
+    """Open the ``control`` data channel and post the offer like the page does. Returns (the
+    channel, the list its messages go to, a future of the remote track, the HTTP reply)."""
+    channel = pc.createDataChannel("control", ordered=True)
+    metas: list[dict] = []
+    channel.on("message", lambda raw: metas.append(json.loads(raw)))
+    got_track: asyncio.Future = asyncio.get_running_loop().create_future()
+    pc.on("track", lambda track: got_track.set_result(track))
+    await pc.setLocalDescription(await pc.createOffer())
+    reply = await http.post(f"/api/sessions/{created['session_id']}/offer",
+                            json={"sdp": pc.localDescription.sdp, "type": "offer"},
+                            headers={"Authorization": f"Bearer {created['token']}"})
+    return channel, metas, got_track, reply
+
+
 async def _play(url: str, hold_after: int, total: int):
     """Negotiate like the page does, take ``total`` frames, send "hold right" after
     ``hold_after``. Returns (frames as (pts, rgb), frame messages, codec name)."""
@@ -111,15 +126,7 @@ async def _play(url: str, hold_after: int, total: int):
                                                           "seed": 11, "fps": FPS})).json()
         pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
         pc.addTransceiver("video", direction="recvonly")
-        channel = pc.createDataChannel("control", ordered=True)
-        metas: list[dict] = []
-        channel.on("message", lambda raw: metas.append(json.loads(raw)))
-        got_track: asyncio.Future = asyncio.get_running_loop().create_future()
-        pc.on("track", lambda track: got_track.set_result(track))
-        await pc.setLocalDescription(await pc.createOffer())
-        r = await http.post(f"/api/sessions/{created['session_id']}/offer",
-                            json={"sdp": pc.localDescription.sdp, "type": "offer"},
-                            headers={"Authorization": f"Bearer {created['token']}"})
+        channel, metas, got_track, r = await _offer(http, created, pc)
         assert r.status_code == 200, r.text
         answer = r.json()
         assert answer["type"] == "answer"
@@ -220,15 +227,7 @@ async def _play_lossy(url: str, engine, drop: range, total: int):
                 return
             await handle(packet, arrival_time_ms)
         receiver._handle_rtp_packet = lossy
-        channel = pc.createDataChannel("control", ordered=True)
-        metas: list[dict] = []
-        channel.on("message", lambda raw: metas.append(json.loads(raw)))
-        got_track: asyncio.Future = asyncio.get_running_loop().create_future()
-        pc.on("track", lambda track: got_track.set_result(track))
-        await pc.setLocalDescription(await pc.createOffer())
-        r = await http.post(f"/api/sessions/{created['session_id']}/offer",
-                            json={"sdp": pc.localDescription.sdp, "type": "offer"},
-                            headers={"Authorization": f"Bearer {created['token']}"})
+        channel, metas, got_track, r = await _offer(http, created, pc)
         await pc.setRemoteDescription(RTCSessionDescription(**r.json()))
         track = await asyncio.wait_for(got_track, 20)
         channel_ready = time.monotonic()
