@@ -246,7 +246,8 @@ class Engine:
         ``chunk_frames``, ``buffer_frames`` (generated ahead of the playout clock),
         ``gen_ms_per_chunk`` (mean of recent batches), ``action_to_frame_ms`` (p50/p95/count,
         command receipt -> frame ready), ``degraded``, ``degrade_level``, ``dropped_frames``
-        (subscriber slots), ``late_frames`` (frames the playout clock waited for), ``frames``.
+        (subscriber slots), ``subscribers`` (open slots), ``late_frames`` (frames the playout
+        clock waited for), ``frames``.
         """
         now = time.perf_counter_ns()
         with self._lock:
@@ -264,6 +265,7 @@ class Engine:
                     "degraded": s.degrade.degraded,
                     "degrade_level": s.degrade.level,
                     "dropped_frames": sum(slot.dropped for slot in s.subscribers),
+                    "subscribers": len(s.subscribers),
                     "late_frames": s.stats.late_frames,
                     "frames": s.stats.frames,
                 }
@@ -639,6 +641,9 @@ class Engine:
                            reason="chunks late" if change > 0 else "kept up again")
             frames = s.make_frames(rgb, stages, t_ready, action_seq, action_t_ms, prompt_version)
             s.stats.add_chunk(t_ready, len(frames), gen_ms)
+            # a consumer that went away (connection closed, recording stopped) closed its slot:
+            # stop feeding it instead of counting drops for good
+            s.subscribers = [slot for slot in s.subscribers if not slot.closed]
             slots = list(s.subscribers)
         for slot in slots:
             for frame in frames:

@@ -154,9 +154,11 @@ class WebRTCTransport:
             pc.addTrack(track)  # attaches to the offered recvonly transceiver
             await pc.setLocalDescription(await pc.createAnswer())
         except ValueError:
+            track.stop()  # not attached to the connection yet: its slot must close too
             await self._close(pc)
             raise
         except Exception as err:  # aiortc's parser raises KeyError, IndexError, ...
+            track.stop()
             await self._close(pc)
             raise ValueError(f"the offer could not be negotiated ({type(err).__name__})") from err
         return pc.localDescription

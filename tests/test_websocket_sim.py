@@ -132,3 +132,39 @@ def test_slow_reader_gets_the_newest_frame_and_the_backlog_drains(sim_engine):
     assert np.median([h["queue_ms"] for h in after[2:]]) < 3 * 1e3 / FPS
     # consecutive frames after the stall: one index apart (nothing further piles up)
     assert np.median(np.diff([h["index"] for h in after])) == 1
+
+
+async def _open_close_and_reject(url: str, sockets: int, offers: int) -> str:
+    """Open and close ``sockets`` WebSockets on one session (each reads one frame), post
+    ``offers`` offers without a video line (each refused); returns the session id."""
+    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+        s = (await http.post("/api/sessions", json={"prompt": "a green meadow with ponds",
+                                                    "seed": 2, "fps": FPS})).json()
+        ws_url = (url.replace("http", "ws")
+                  + f"/api/sessions/{s['session_id']}/ws?token={s['token']}")
+        for _ in range(sockets):
+            async with websockets.connect(ws_url) as ws:
+                await ws.send('{"type":"next"}')
+                while isinstance(await asyncio.wait_for(ws.recv(), 30), str):
+                    pass
+        sdp = "v=0\r\no=- 1 1 IN IP4 127.0.0.1\r\ns=-\r\nt=0 0\r\n"
+        for _ in range(offers):
+            r = await http.post(f"/api/sessions/{s['session_id']}/offer",
+                                json={"sdp": sdp, "type": "offer"},
+                                headers={"Authorization": f"Bearer {s['token']}"})
+            assert r.status_code == 400, r.text
+    return s["session_id"]
+
+
+@pytest.mark.slow
+def test_closed_connections_and_refused_offers_stop_receiving_frames(sim_engine):
+    """Issue 12, item 3: every slot a closed connection or a refused offer subscribed is
+    dropped by the engine, so the session's drop counter stops growing."""
+    with LiveServer(create_app(sim_engine, ui=False)) as server:
+        sid = asyncio.run(_open_close_and_reject(server.url, sockets=5, offers=5))
+        time.sleep(0.5)  # a chunk or two: the engine prunes closed slots as it delivers
+        first = sim_engine.metrics()["sessions"][sid]
+        time.sleep(1.0)
+        later = sim_engine.metrics()["sessions"][sid]
+    assert first["subscribers"] == 0 and later["subscribers"] == 0
+    assert later["dropped_frames"] == first["dropped_frames"]
