@@ -31,11 +31,16 @@ def test_pack_unpack_round_trip():
         unpack_frame(data[:10])
 
 
-async def _play(url: str, hold_after: int, total: int):
+async def _session(url: str, seed: int) -> tuple[dict, str]:
+    """A new session on the live server: (creation reply, its WebSocket URL)."""
     async with httpx.AsyncClient(base_url=url, timeout=30) as http:
         s = (await http.post("/api/sessions", json={"prompt": "a green meadow with ponds",
-                                                    "seed": 11, "fps": FPS})).json()
-    ws_url = url.replace("http", "ws") + f"/api/sessions/{s['session_id']}/ws?token={s['token']}"
+                                                    "seed": seed, "fps": FPS})).json()
+    return s, url.replace("http", "ws") + f"/api/sessions/{s['session_id']}/ws?token={s['token']}"
+
+
+async def _play(url: str, hold_after: int, total: int):
+    _, ws_url = await _session(url, 11)
     frames, texts = [], []
     async with websockets.connect(ws_url) as ws:
         await ws.send('{"type":"next"}')
@@ -100,11 +105,8 @@ def test_deeply_nested_json_gets_an_error_and_the_socket_lives(sim_engine):
 
 async def _stall_and_resume(url: str, stall_s: float):
     """Read 20 frames, stop asking for frames for ``stall_s``, then read 20 more. Returns the
-    frame headers before and after the stall, and the last `stats` message."""
-    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
-        s = (await http.post("/api/sessions", json={"prompt": "a green meadow with ponds",
-                                                    "seed": 5, "fps": FPS})).json()
-    ws_url = url.replace("http", "ws") + f"/api/sessions/{s['session_id']}/ws?token={s['token']}"
+    frame headers before and after the stall."""
+    _, ws_url = await _session(url, 5)
     before, after = [], []
     async with websockets.connect(ws_url) as ws:
         async def read(into, n):
@@ -137,11 +139,8 @@ def test_slow_reader_gets_the_newest_frame_and_the_backlog_drains(sim_engine):
 async def _open_close_and_reject(url: str, sockets: int, offers: int) -> str:
     """Open and close ``sockets`` WebSockets on one session (each reads one frame), post
     ``offers`` offers without a video line (each refused); returns the session id."""
+    s, ws_url = await _session(url, 2)
     async with httpx.AsyncClient(base_url=url, timeout=30) as http:
-        s = (await http.post("/api/sessions", json={"prompt": "a green meadow with ponds",
-                                                    "seed": 2, "fps": FPS})).json()
-        ws_url = (url.replace("http", "ws")
-                  + f"/api/sessions/{s['session_id']}/ws?token={s['token']}")
         for _ in range(sockets):
             async with websockets.connect(ws_url) as ws:
                 await ws.send('{"type":"next"}')
