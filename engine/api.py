@@ -205,7 +205,33 @@ class FrameSlot:
             self._cond.notify_all()
 
 
-EventQueue = queue.Queue  # of Event; unbounded but low-rate (errors, previews, notices)
+class EventQueue(queue.Queue):
+    """A session's events for its connections: a ``queue.Queue`` of :class:`Event` that never
+    holds more than ``maxlen`` events nor more than ``max_previews`` previews.
+
+    A preview carries frames (a fork of 4 branches is ~0.8 MB of pixels) and only the newest
+    fork's previews matter, so a new preview evicts the oldest queued one beyond
+    ``max_previews``; past ``maxlen`` the oldest event of any kind goes. ``dropped`` counts
+    evictions. This bounds a session's memory when its client stops reading (issue 12: a client
+    forking every 40 ms without reading grew the server by 500 MB in 45 s). ``put`` never
+    blocks."""
+
+    def __init__(self, maxlen: int = 64, max_previews: int = 8):
+        super().__init__()
+        self.maxlen, self.max_previews = maxlen, max_previews
+        self.dropped = 0
+
+    def _put(self, item: Event) -> None:  # called by put() under the queue's lock
+        events = self.queue
+        events.append(item)
+        if item.kind == "preview":
+            previews = [e for e in events if e.kind == "preview"]
+            for old in previews[: max(len(previews) - self.max_previews, 0)]:
+                events.remove(old)
+                self.dropped += 1
+        while len(events) > self.maxlen:
+            events.popleft()
+            self.dropped += 1
 
 
 class EngineAPI(Protocol):

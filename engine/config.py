@@ -49,6 +49,8 @@ class EngineConfig:
             the session's recent chunk times minus this margin, ms.
         slot_maxlen: default size of a subscriber's frame slot.
         preview_chunks: chunks generated per branch of a fork.
+        preview_max_wait_ms: fork previews run in the slack between stream chunks, or once
+            they have waited this long (then a stream may be late once).
         max_fork: the largest ``k`` of a fork.
         rewind_chunks: the deepest rewind accepted (the backend may keep less).
         degrade_after_misses: consecutive late chunks of a session before it degrades one level.
@@ -58,6 +60,8 @@ class EngineConfig:
         fps_degrade_factor: fps multiplier per fps degradation level, in (0, 1).
         retry_after_s: the ``retry_after_s`` of a CapacityError.
         metrics_window_s: span of the measured-fps window.
+        prompts_per_s: prompt encodings per second per session (off the engine thread); faster
+            prompts are coalesced, the latest wins (``engine.prompts``).
     """
 
     max_sessions: int = 4
@@ -72,6 +76,7 @@ class EngineConfig:
     jit_margin_ms: float = 5.0
     slot_maxlen: int = 8
     preview_chunks: int = 2
+    preview_max_wait_ms: float = 250.0
     max_fork: int = 4
     rewind_chunks: int = 8
     degrade_after_misses: int = 3
@@ -81,6 +86,7 @@ class EngineConfig:
     fps_degrade_factor: float = 0.75
     retry_after_s: float = 5.0
     metrics_window_s: float = 2.0
+    prompts_per_s: float = 4.0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -112,6 +118,8 @@ class EngineConfig:
             raise ValueError(f"fps_degrade_factor must be in (0, 1), got {self.fps_degrade_factor}")
         if not self.jit_margin_ms >= 0:
             raise ValueError(f"jit_margin_ms must be >= 0, got {self.jit_margin_ms!r}")
-        for name in ("retry_after_s", "metrics_window_s"):
+        if not self.preview_max_wait_ms >= 0:
+            raise ValueError(f"preview_max_wait_ms must be >= 0, got {self.preview_max_wait_ms!r}")
+        for name in ("retry_after_s", "metrics_window_s", "prompts_per_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")

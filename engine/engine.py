@@ -37,6 +37,7 @@ from engine.api import (
 )
 from engine.backend import ChunkJob, ChunkResult, WorldBackend
 from engine.config import MAX_CHUNK_FRAMES, MAX_STEPS, MODES, EngineConfig
+from engine.prompts import PromptPrefetcher
 from engine.scheduler import NS, BatchPlan, ChunkRequest, DegradeController, plan_batch
 from engine.session import Branch, Session
 from engine.text import check_prompt
@@ -47,6 +48,8 @@ _COMMAND_TYPES = (ActionCommand, PromptCommand, SettingsCommand, ForkCommand, Ad
                   RewindCommand)
 #: the longest the engine thread sleeps with nothing due (it wakes at once on a command)
 _MAX_IDLE_S = 0.05
+#: how often the engine looks for slack while fork previews wait for it
+_PREVIEW_POLL_NS = 2_000_000
 
 
 class _InvalidCommand(ValueError):
@@ -107,6 +110,11 @@ class Engine:
         self._sessions: dict[str, Session] = {}
         self._live_states = 0  # backend states of sessions and branches, incl. reservations
         self._commands: queue.Queue[tuple] = queue.Queue()
+        # NOTE: optional backend hook (thread-safe): encode a prompt ahead, off this thread
+        prepare = getattr(backend, "prepare_prompt", None)
+        self._prompts = None if prepare is None else PromptPrefetcher(
+            lambda c: prepare(c.text, c.blend_text, c.blend_weight), self._commands.put,
+            config.prompts_per_s)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._num_batches = 0
@@ -126,11 +134,15 @@ class Engine:
             raise RuntimeError("engine already started")
         self._thread = threading.Thread(target=self._run, name="worldstream-engine", daemon=True)
         self._thread.start()
+        if self._prompts is not None:
+            self._prompts.start()
         return self
 
     def stop(self) -> None:
         """Stop the engine thread, free every state, close every session. Idempotent."""
         self._stop.set()
+        if self._prompts is not None:
+            self._prompts.stop()
         self._commands.put(("wake",))
         if self._thread is not None:
             self._thread.join()
@@ -208,7 +220,11 @@ class Engine:
         receipt_ns = time.perf_counter_ns()
         with self._lock:
             session = self._session(session_id)
-        self._commands.put(("command", session, command, receipt_ns))
+        item = ("command", session, command, receipt_ns)
+        if self._prompts is None:
+            self._commands.put(item)
+        else:
+            self._prompts.submit(session_id, item)
 
     def subscribe(self, session_id: str, maxlen: int | None = None) -> FrameSlot:
         """A new frame slot receiving every frame of the session from now on."""
@@ -233,6 +249,8 @@ class Engine:
             # this close has freed them (a client reconnecting at once gets no spurious 503)
             self._live_states -= session.num_states
             session.num_states = 0
+        if self._prompts is not None:
+            self._prompts.forget(session_id)
         self._commands.put(("close", session))
 
     def num_sessions(self) -> int:
@@ -334,17 +352,31 @@ class Engine:
         ``batch_join_frames`` frame intervals (may join a batch started for another session),
         branches awaiting previews (urgent: the user is waiting)."""
         requests = []
-        for s in self._live():
-            start = self._start_at(s)
+        live = self._live()
+        starts = {s.session_id: self._start_at(s) for s in live}
+        next_stream_ns = min(starts.values(), default=None)
+        max_wait_ns = round(self.config.preview_max_wait_ms * 1e6)
+        for s in live:
+            start = starts[s.session_id]
             join_from = start - round(self.config.batch_join_frames * NS / s.clock.fps)
             if join_from <= now_ns:
                 requests.append(ChunkRequest(s.session_id, None, s.chunk_frames, s.steps,
                                              s.clock.deadline_ns(s.frame_index), start,
                                              urgent=start <= now_ns))
-            for i, branch in enumerate(s.branches):
-                if branch.chunks_left > 0:
-                    requests.append(ChunkRequest(s.session_id, i, s.chunk_frames, s.steps,
-                                                 branch.requested_ns, branch.requested_ns))
+            pending = [(i, b) for i, b in enumerate(s.branches) if b.chunks_left > 0]
+            if not pending:
+                continue
+            # NOTE: previews are one session's extra work: they run in the slack before the
+            # next stream chunk is due, or once they have waited preview_max_wait_ms, so a
+            # client forking at its rate limit cannot starve the other streams (issue 12)
+            chunk_ms = 1e3 * s.chunk_frames / s.clock.fps
+            cost_ns = round(s.stats.gen_estimate_ms(chunk_ms) * len(pending) * 1e6)
+            fits = next_stream_ns is None or now_ns + cost_ns <= next_stream_ns
+            for i, branch in pending:
+                requests.append(ChunkRequest(
+                    s.session_id, i, s.chunk_frames, s.steps, branch.requested_ns,
+                    branch.requested_ns,
+                    urgent=fits or now_ns - branch.requested_ns >= max_wait_ns))
         return requests
 
     def _idle_timeout(self, now_ns: int) -> float:
@@ -353,7 +385,8 @@ class Engine:
         wake = now_ns + int(_MAX_IDLE_S * NS)
         for s in self._live():
             if any(b.chunks_left > 0 for b in s.branches):
-                return 0.0
+                # previews wait for slack: look again soon rather than spin
+                wake = min(wake, now_ns + _PREVIEW_POLL_NS)
             wake = min(wake, self._start_at(s))
         return max(wake - now_ns, 0) / NS
 
@@ -633,7 +666,12 @@ class Engine:
                     # the viewer waited: show the new frames from now on instead of catching up
                     s.stats.late_frames += math.ceil(-buffer)
                     s.clock.anchor(s.frame_index, t_ready)
-                change = s.degrade.record(late)
+                # NOTE: degradation judges the session's own work: a chunk that was late only
+                # because it started late (another session's previews, a command's work) is
+                # not this session's fault, and lowering its steps or fps would not help it
+                # (issue 12: a neighbour's prompt flood left this session degraded for good)
+                own_miss = late and gen_ms > 1e3 * len(rgb) / s.clock.fps
+                change = s.degrade.record(own_miss)
                 if change:
                     s.clock.set_fps(s.degrade.fps, t_ready)
                     s.emit("degraded", degraded=s.degrade.degraded, level=s.degrade.level,
@@ -671,6 +709,8 @@ class Engine:
         """Free the session's backend states, return its share of the state budget (including
         a reservation whose state was never made), close its slots and emit "closed" (engine
         thread, or after the thread stopped). Idempotent."""
+        if self._prompts is not None:
+            self._prompts.forget(s.session_id)
         states = [b.state for b in s.branches] + ([s.state] if s.state is not None else [])
         s.state, s.branches = None, []
         for state in states:

@@ -371,6 +371,13 @@ class WorldGenerator:
             self._remember(state, rec, frames)
             self._trim_history(state)
 
+    def prepare_prompt(self, text: str, blend_text: str | None = None,
+                       blend_weight: float = 0.0) -> None:
+        """Encode a prompt ahead (thread-safe; the engine calls it off its thread): warms the
+        text-embedding cache so that :meth:`set_prompt` is a lookup. ValueError for a bad
+        prompt."""
+        text_encoder.embed_blend(text, blend_text, blend_weight)
+
     def set_prompt(
         self, state: WorldState, text: str, blend_text: str | None = None, blend_weight: float = 0.0
     ) -> None:

@@ -193,7 +193,8 @@ def _urgency(request: ChunkRequest) -> tuple:
 def plan_batch(requests: list[ChunkRequest], max_batch: int) -> BatchPlan | None:
     """Earliest deadline first: the urgent request with the earliest deadline fixes
     ``(chunk_frames, steps)``; the other eligible requests with that key join in deadline
-    order, up to ``max_batch``. None when no request is urgent. Requests left out stay
+    order, up to ``max_batch`` (streams that are not yet urgent may join; previews only when
+    urgent). None when no request is urgent. Requests left out stay
     eligible and are planned next time."""
     if max_batch < 1:
         raise ValueError(f"max_batch must be >= 1, got {max_batch}")
@@ -201,7 +202,8 @@ def plan_batch(requests: list[ChunkRequest], max_batch: int) -> BatchPlan | None
     if not urgent:
         return None
     head = min(urgent, key=_urgency)
-    joiners = sorted((r for r in requests if r.batch_key == head.batch_key and r is not head),
-                     key=_urgency)
+    # a preview waiting for slack (not urgent) does not ride along: it would lengthen the batch
+    joiners = sorted((r for r in requests if r.batch_key == head.batch_key and r is not head
+                      and (r.urgent or r.branch is None)), key=_urgency)
     return BatchPlan(chunk_frames=head.chunk_frames, steps=head.steps,
                      requests=[head, *joiners[: max_batch - 1]])

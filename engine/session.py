@@ -7,14 +7,13 @@ lock). No torch here: ``state`` and branch states are opaque backend objects.
 
 from __future__ import annotations
 
-import queue
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from engine.api import ActionCommand, Event, Frame, FrameSlot
+from engine.api import ActionCommand, Event, EventQueue, Frame, FrameSlot
 from engine.scheduler import NS, DegradeController, PlayoutClock
 from engine.worlds.actions import IDLE, keys_to_action
 
@@ -108,7 +107,7 @@ class Session:
         self.fork_seq = -1
         self.branches: list[Branch] = []
         self.subscribers: list[FrameSlot] = []
-        self.events: queue.Queue[Event] = queue.Queue()
+        self.events = EventQueue()
         self.stats = SessionStats(stats_window_s)
         self.closed = False
         self.released = False

@@ -106,6 +106,14 @@ class SimBackend:
         self.num_states += 1
         return state
 
+    def prepare_prompt(self, text: str, blend_text: str | None = None,
+                       blend_weight: float = 0.0) -> None:
+        """Classify the prompts ahead (thread-safe; the engine calls it off its thread): warms
+        the text-embedding cache that ``set_prompt`` reads."""
+        self._scene_for(text)
+        if blend_text is not None:
+            self._scene_for(blend_text)
+
     def set_prompt(self, state: SimState, text: str, blend_text: str | None = None,
                    blend_weight: float = 0.0) -> None:
         """Cross-fade to the scene of the heavier prompt (``blend_text`` when its weight is
