@@ -28,7 +28,12 @@ from streaming.sessions import (  # noqa: E402
     StreamSession,
     UnknownSessionError,
 )
-from streaming.webrtc import WebRTCTransport, configure_vp8_bitrate, vp8_bitrate  # noqa: E402
+from streaming.webrtc import (  # noqa: E402
+    TooManyPeerConnectionsError,
+    WebRTCTransport,
+    configure_vp8_bitrate,
+    vp8_bitrate,
+)
 from streaming.websocket import WebSocketConnection  # noqa: E402
 
 STATIC_DIR = Path(__file__).parent / "static"
@@ -140,6 +145,8 @@ def create_app(engine: EngineAPI, limits: Limits | None = None, *, ui: bool = Tr
         body = await _body(request, m.OfferRequest)
         try:
             answer = await webrtc.answer(session, body.sdp)
+        except TooManyPeerConnectionsError as err:
+            raise ApiError(429, str(err), "sdp", headers={"Retry-After": "5"}) from None
         except ValueError as err:
             raise ApiError(400, f"sdp: {err}", "sdp") from None
         return {"sdp": answer.sdp, "type": answer.type}
@@ -152,9 +159,15 @@ def create_app(engine: EngineAPI, limits: Limits | None = None, *, ui: bool = Tr
 
     @app.get("/api/sessions/{session_id}/recording.mp4")
     async def recording(session_id: str, request: Request, token: str | None = None) -> Response:
-        # a download link cannot set headers: the token may also come as ?token= (extension)
-        session = authorized(session_id, _bearer(request) or token)
-        path = session.recording_path
+        # a download link cannot set headers: the token may also come as ?token= (extension);
+        # the recording of a closed session stays downloadable for limits.recording_keep_s
+        token = _bearer(request) or token
+        try:
+            path = manager.kept_recording(session_id, token)
+        except UnknownSessionError:  # not a closed session's: a live one's, or nothing
+            path = authorized(session_id, token).recording_path
+        except BadTokenError as err:
+            raise ApiError(401, str(err), "authorization") from None
         if path is None or not path.exists():
             raise ApiError(404, "this session has no recording; send {\"type\":\"record\"}",
                            "recording")

@@ -230,8 +230,18 @@ class Engine:
         """A new frame slot receiving every frame of the session from now on."""
         slot = FrameSlot(self.config.slot_maxlen if maxlen is None else maxlen)
         with self._lock:
-            self._session(session_id).subscribers.append(slot)
+            session = self._session(session_id)
+            # also pruned on delivery; a paused session delivers nothing
+            session.subscribers = [s for s in session.subscribers if not s.closed] + [slot]
         return slot
+
+    def set_paused(self, session_id: str, paused: bool) -> None:
+        """Pause (no chunks generated) or resume a session, e.g. while no viewer is attached.
+        A resumed stream restarts its playout clock: the pause is not a deadline miss. Raises
+        SessionClosedError for an unknown or closed session."""
+        with self._lock:
+            session = self._session(session_id)
+        self._commands.put(("pause", session, bool(paused)))
 
     def events(self, session_id: str) -> EventQueue:
         with self._lock:
@@ -283,7 +293,7 @@ class Engine:
                     "degraded": s.degrade.degraded,
                     "degrade_level": s.degrade.level,
                     "dropped_frames": sum(slot.dropped for slot in s.subscribers),
-                    "subscribers": len(s.subscribers),
+                    "subscribers": sum(not slot.closed for slot in s.subscribers),
                     "late_frames": s.stats.late_frames,
                     "frames": s.stats.frames,
                 }
@@ -329,7 +339,7 @@ class Engine:
 
     def _live(self) -> list[Session]:
         with self._lock:
-            return [s for s in self._sessions.values() if s.state is not None]
+            return [s for s in self._sessions.values() if s.state is not None and not s.paused]
 
     def plan_ms(self, s: Session) -> float:
         """The generation time a chunk of ``s`` is planned with, ms: the p95 of its recent
@@ -412,6 +422,13 @@ class Engine:
             self._release(session)
             return
         if session.closed:
+            return
+        if kind == "pause":
+            with self._lock:  # metrics() reads the clock
+                if session.paused and not item[2]:
+                    session.clock.started = False  # the next chunk starts it again
+                    session.clock.anchor_ns = time.perf_counter_ns()
+                session.paused = item[2]
             return
         if kind == "create":
             try:

@@ -111,6 +111,7 @@ class Session:
         self.stats = SessionStats(stats_window_s)
         self.closed = False
         self.released = False
+        self.paused = False  # no chunks while paused (no viewer attached)
         self.num_states = 1  # backend states counted against the budget (reserved at admission)
 
     @property

@@ -17,7 +17,17 @@ class Limits:
     client message or authenticated request for this long is closed. ``retry_after_s``: what a
     503 tells the client to wait. ``frame_log_frames``: frame records kept per session for the
     latency lab (``streaming.framelog``). Message size and prompt length are schema limits
-    (``streaming.messages``)."""
+    (``streaming.messages``).
+
+    Resources a client can hold (issue 12): ``detached_grace_s``: a session with no open
+    transport (never connected, or its tab crashed without a DELETE) is paused at once and
+    closed after this long. ``recording_keep_s``: a closed session's recording stays
+    downloadable this long. ``peer_connections_per_session``: WebRTC peer connections a session
+    may hold (pending or connected; more: 429); ``offer_connect_timeout_s``: a peer connection
+    not connected by then is closed (its UDP sockets freed). ``sessions_per_client``: sessions
+    one client address may hold (None: no limit; on loopback every client has one address).
+    ``auth_failures_per_s`` / ``auth_failure_burst``: token bucket of failed authentications
+    per client address (then 429)."""
 
     max_sessions: int = 4
     messages_per_s: float = 30.0
@@ -25,16 +35,26 @@ class Limits:
     idle_timeout_s: float = 120.0
     retry_after_s: float = 5.0
     frame_log_frames: int = FRAME_LOG_FRAMES
+    detached_grace_s: float = 15.0
+    recording_keep_s: float = 900.0
+    peer_connections_per_session: int = 2
+    offer_connect_timeout_s: float = 15.0
+    sessions_per_client: int | None = None
+    auth_failures_per_s: float = 2.0
+    auth_failure_burst: int = 20
 
     def __post_init__(self) -> None:
-        if self.max_sessions < 1:
-            raise ValueError(f"max_sessions must be >= 1, got {self.max_sessions}")
-        if self.messages_per_s <= 0 or self.message_burst < 1:
-            raise ValueError("messages_per_s must be > 0 and message_burst >= 1")
-        if self.idle_timeout_s <= 0:
-            raise ValueError(f"idle_timeout_s must be > 0, got {self.idle_timeout_s}")
-        if self.frame_log_frames < 1:
-            raise ValueError(f"frame_log_frames must be >= 1, got {self.frame_log_frames}")
+        for name in ("max_sessions", "message_burst", "frame_log_frames",
+                     "peer_connections_per_session", "auth_failure_burst"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.sessions_per_client is not None and self.sessions_per_client < 1:
+            raise ValueError(f"sessions_per_client must be >= 1 or None, "
+                             f"got {self.sessions_per_client}")
+        for name in ("messages_per_s", "idle_timeout_s", "detached_grace_s", "recording_keep_s",
+                     "offer_connect_timeout_s", "auth_failures_per_s", "retry_after_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
 
 
 class RateLimiter:

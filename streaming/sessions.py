@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import hmac
+import os
 import secrets
+import shutil
 import tempfile
 import threading
 import time
@@ -19,6 +21,42 @@ from streaming.framelog import FrameLog
 from streaming.limits import Limits, RateLimiter
 from streaming.recording import Recorder
 from streaming.telemetry import StreamTelemetry
+
+#: temporary recording folders are named ``worldstream-rec-<pid>-<random>``: a folder whose
+#: process is gone is swept at the next start
+REC_DIR_PREFIX = "worldstream-rec-"
+
+
+def sweep_stale_recording_dirs(root: str | Path | None = None) -> list[Path]:
+    """Remove recording folders under ``root`` (default: the temp dir) left by processes that
+    no longer run (a crash or a kill skips the clean stop). Returns the removed folders."""
+    removed = []
+    for path in Path(root or tempfile.gettempdir()).glob(f"{REC_DIR_PREFIX}*-*"):
+        pid = path.name[len(REC_DIR_PREFIX):].split("-", 1)[0]
+        if not pid.isdigit() or not path.is_dir() or _process_alive(int(pid)):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
+
+
+@dataclass
+class _KeptRecording:
+    """The recording of a closed session, downloadable with its token until ``expires``."""
+
+    token: str
+    path: Path
+    expires: float
 
 
 class UnknownSessionError(KeyError):
@@ -44,6 +82,9 @@ class StreamSession:
     recorder: Recorder | None = None
     recording_path: Path | None = None
     closers: list[Callable[[], Any]] = field(default_factory=list)
+    client: str | None = None
+    transports: int = 0  # open transports: WebSocket connections, connected peer connections
+    detached_since: float | None = None  # when the last transport went (or creation)
 
     @property
     def session_id(self) -> str:
@@ -57,8 +98,13 @@ class SessionManager:
     def __init__(self, engine: EngineAPI, limits: Limits, recording_dir: str | Path | None = None,
                  clock: Callable[[], float] = time.monotonic):
         self.engine, self.limits, self._clock = engine, limits, clock
-        self._recording_dir = Path(recording_dir or tempfile.mkdtemp(prefix="worldstream-rec-"))
+        self._own_recording_dir = recording_dir is None
+        if self._own_recording_dir:
+            sweep_stale_recording_dirs()
+            recording_dir = tempfile.mkdtemp(prefix=f"{REC_DIR_PREFIX}{os.getpid()}-")
+        self._recording_dir = Path(recording_dir)
         self._sessions: dict[str, StreamSession] = {}
+        self._kept: dict[str, _KeptRecording] = {}
         self._lock = threading.Lock()
 
     @property
@@ -73,20 +119,57 @@ class SessionManager:
         with self._lock:
             return list(self._sessions.values())
 
-    def create(self, prompt: str, seed: int | None = None, fps: int | None = None) -> StreamSession:
-        """Start an engine session; raises CapacityError when full, ValueError on bad input."""
+    def create(self, prompt: str, seed: int | None = None, fps: int | None = None,
+               client: str | None = None) -> StreamSession:
+        """Start an engine session for ``client`` (its address); raises CapacityError when the
+        server or the client's share is full, ValueError on bad input. The session is paused
+        until a transport attaches (:meth:`attach`)."""
+        limits = self.limits
         with self._lock:
-            if len(self._sessions) >= self.limits.max_sessions:
-                raise CapacityError(f"all {self.limits.max_sessions} sessions are in use",
-                                    self.limits.retry_after_s)
+            if len(self._sessions) >= limits.max_sessions:
+                raise CapacityError(f"all {limits.max_sessions} sessions are in use",
+                                    limits.retry_after_s)
+            if limits.sessions_per_client is not None and client is not None and sum(
+                    s.client == client for s in self._sessions.values()
+            ) >= limits.sessions_per_client:
+                raise CapacityError(f"this client already holds {limits.sessions_per_client} "
+                                    "sessions; close one first", limits.retry_after_s)
             info = self.engine.create_session(prompt, seed=seed, fps=fps)
+            now = self._clock()
             session = StreamSession(
                 info=info, token=secrets.token_urlsafe(24),
-                rate=RateLimiter(self.limits.messages_per_s, self.limits.message_burst,
-                                 self._clock),
-                last_active=self._clock(), framelog=FrameLog(self.limits.frame_log_frames))
+                rate=RateLimiter(limits.messages_per_s, limits.message_burst, self._clock),
+                last_active=now, framelog=FrameLog(limits.frame_log_frames), client=client,
+                detached_since=now)
             self._sessions[info.session_id] = session
-            return session
+        self._pause(session, True)
+        return session
+
+    def _pause(self, session: StreamSession, paused: bool) -> None:
+        with contextlib.suppress(SessionClosedError):
+            self.engine.set_paused(session.session_id, paused)
+
+    def attach(self, session: StreamSession) -> None:
+        """A transport of ``session`` opened: generation runs while at least one is open."""
+        with self._lock:
+            session.transports += 1
+            first = session.transports == 1
+            session.detached_since = None
+        if first:
+            self._pause(session, False)
+
+    def detach(self, session: StreamSession) -> None:
+        """A transport of ``session`` went. With none left the session pauses (no frames for
+        nobody), its recording stops (the file stays downloadable) and it is closed after
+        ``limits.detached_grace_s`` unless a transport attaches again."""
+        with self._lock:
+            session.transports = max(session.transports - 1, 0)
+            last = session.transports == 0
+            if last:
+                session.detached_since = self._clock()
+        if last:
+            self._pause(session, True)
+            self.stop_recording(session)
 
     def authenticate(self, session_id: str, token: str | None) -> StreamSession:
         """The session if ``token`` is its token (also marks it active); raises
@@ -118,29 +201,63 @@ class SessionManager:
             session.recorder = None
         return session.recording_path
 
+    def kept_recording(self, session_id: str, token: str | None) -> Path:
+        """The recording of a closed session, kept for ``limits.recording_keep_s``, if
+        ``token`` was its token. Raises UnknownSessionError (no kept recording of that id),
+        BadTokenError."""
+        with self._lock:
+            kept = self._kept.get(session_id)
+        if kept is None:
+            raise UnknownSessionError(session_id)
+        if not token or not hmac.compare_digest(token.encode(), kept.token.encode()):
+            raise BadTokenError("missing or wrong bearer token")
+        return kept.path
+
     def close(self, session_id: str) -> None:
-        """Close the session, its transports and its recorder. Idempotent."""
+        """Close the session, its transports and its recorder; its recording stays
+        downloadable for ``limits.recording_keep_s``. Idempotent."""
         with self._lock:
             session = self._sessions.pop(session_id, None)
         if session is None:
             return
         self.stop_recording(session)
-        if session.recording_path is not None:
-            session.recording_path.unlink(missing_ok=True)
+        if session.recording_path is not None and session.recording_path.exists():
+            with self._lock:
+                self._kept[session_id] = _KeptRecording(
+                    session.token, session.recording_path,
+                    self._clock() + self.limits.recording_keep_s)
         for closer in session.closers:
             closer()
         with contextlib.suppress(SessionClosedError):  # the engine may have ended it first
             self.engine.close_session(session_id)
 
     def reap_idle(self) -> list[str]:
-        """Close every session idle for over ``limits.idle_timeout_s``; returns their ids."""
-        now = self._clock()
-        idle = [s.session_id for s in self.sessions()
-                if now - s.last_active > self.limits.idle_timeout_s]
-        for session_id in idle:
+        """Close every session idle for over ``limits.idle_timeout_s`` or without a transport
+        for over ``limits.detached_grace_s``; delete kept recordings past their time. Returns
+        the closed sessions' ids."""
+        now, limits = self._clock(), self.limits
+        gone = [s.session_id for s in self.sessions()
+                if now - s.last_active > limits.idle_timeout_s
+                or (s.detached_since is not None
+                    and now - s.detached_since > limits.detached_grace_s)]
+        for session_id in gone:
             self.close(session_id)
-        return idle
+        with self._lock:
+            expired = [sid for sid, k in self._kept.items() if k.expires <= now]
+            paths = [self._kept.pop(sid).path for sid in expired]
+        for path in paths:
+            path.unlink(missing_ok=True)
+        return gone
 
     def close_all(self) -> None:
+        """Close every session and delete every recording (the server stops: nobody can
+        download them any more); a temporary recording folder is removed."""
         for session in self.sessions():
             self.close(session.session_id)
+        with self._lock:
+            paths = [k.path for k in self._kept.values()]
+            self._kept.clear()
+        for path in paths:
+            path.unlink(missing_ok=True)
+        if self._own_recording_dir:
+            shutil.rmtree(self._recording_dir, ignore_errors=True)

@@ -8,6 +8,7 @@ import contextlib
 import json
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
@@ -93,23 +94,70 @@ def _prefer_vp8(transceiver: Any) -> None:
     transceiver.setCodecPreferences(vp8 + others)
 
 
+class TooManyPeerConnectionsError(Exception):
+    """The session holds ``limits.peer_connections_per_session`` peer connections (HTTP 429)."""
+
+
+def ice_ufrag(sdp: str) -> str | None:
+    """The offer's ICE username fragment (``a=ice-ufrag:``), None when it has none."""
+    for line in sdp.splitlines():
+        if line.startswith("a=ice-ufrag:"):
+            return line.split(":", 1)[1].strip()
+    return None
+
+
+@dataclass
+class _Peer:
+    """A peer connection's owner and state, for the per-session cap and attach/detach."""
+
+    session: StreamSession
+    ufrag: str | None
+    closer: Callable[[], Any]
+    attached: bool = False
+
+
 class WebRTCTransport:
     """Answers offers and owns the peer connections. ``ice_servers``: none by default (the
-    playground serves loopback/LAN; aiortc would otherwise contact a public STUN server)."""
+    playground serves loopback/LAN; aiortc would otherwise contact a public STUN server).
+
+    Bounded per session (issue 12: offers whose peer never connects held ~2 UDP sockets each
+    for 60-90 s, until the process ran out of descriptors): at most
+    ``limits.peer_connections_per_session`` pending or connected peer connections, one not
+    connected within ``limits.offer_connect_timeout_s`` is closed, and an offer replaying the
+    ICE credentials of a live one is refused. A connected peer attaches its session
+    (generation runs), a closed one detaches it."""
 
     def __init__(self, manager: SessionManager, ice_servers: list | None = None):
         self.manager = manager
         self._ice_servers = ice_servers or []
-        self._pcs: set[RTCPeerConnection] = set()
+        self._pcs: dict[RTCPeerConnection, _Peer] = {}
+
+    def peer_connections(self, session: StreamSession) -> int:
+        return sum(p.session is session for p in self._pcs.values())
 
     async def answer(self, session: StreamSession, sdp: str) -> RTCSessionDescription:
         """Negotiate a peer connection for ``session`` from the client's offer; raises
-        ValueError when the offer has no video m-line or aiortc cannot negotiate it (a
-        malformed SDP: the client's error, answered 400, not the server's)."""
+        ValueError when the offer has no video m-line, replays a live offer or aiortc cannot
+        negotiate it (a malformed SDP: the client's error, answered 400, not the server's),
+        TooManyPeerConnectionsError when the session holds its share."""
+        limits = self.manager.limits
+        if self.peer_connections(session) >= limits.peer_connections_per_session:
+            raise TooManyPeerConnectionsError(
+                f"this session holds {limits.peer_connections_per_session} peer connections; "
+                "close one (or wait for it to time out) first")
+        ufrag = ice_ufrag(sdp)
+        if ufrag is not None and any(p.session is session and p.ufrag == ufrag
+                                     for p in self._pcs.values()):
+            raise ValueError("this offer was already answered (its ICE credentials are in use)")
         pc = RTCPeerConnection(RTCConfiguration(iceServers=self._ice_servers))
-        self._pcs.add(pc)
         loop = asyncio.get_running_loop()
-        session.closers.append(lambda: loop.call_soon_threadsafe(self._close_soon, pc))
+
+        def closer() -> None:
+            loop.call_soon_threadsafe(self._close_soon, pc)
+
+        self._pcs[pc] = _Peer(session, ufrag, closer)
+        session.closers.append(closer)
+        loop.call_later(limits.offer_connect_timeout_s, self._close_if_unconnected, pc)
         channels: list[Any] = []
         # frame messages of frames sent before the data channel opens (video often starts
         # first): delivered when it opens, so every frame keeps its metadata
@@ -142,6 +190,10 @@ class WebRTCTransport:
 
         @pc.on("connectionstatechange")
         async def on_state() -> None:
+            peer = self._pcs.get(pc)
+            if pc.connectionState == "connected" and peer is not None and not peer.attached:
+                peer.attached = True
+                self.manager.attach(session)
             if pc.connectionState in ("failed", "closed"):
                 await self._close(pc)
 
@@ -182,9 +234,17 @@ class WebRTCTransport:
     def _close_soon(self, pc: RTCPeerConnection) -> None:
         asyncio.ensure_future(self._close(pc))
 
+    def _close_if_unconnected(self, pc: RTCPeerConnection) -> None:
+        if pc in self._pcs and pc.connectionState != "connected":
+            self._close_soon(pc)
+
     async def _close(self, pc: RTCPeerConnection) -> None:
-        if pc in self._pcs:
-            self._pcs.discard(pc)
+        peer = self._pcs.pop(pc, None)
+        if peer is not None:
+            with contextlib.suppress(ValueError):
+                peer.session.closers.remove(peer.closer)
+            if peer.attached:
+                self.manager.detach(peer.session)
             for sender in pc.getSenders():
                 if sender.track is not None:
                     sender.track.stop()

@@ -88,8 +88,11 @@ class WebSocketConnection:
         send = asyncio.ensure_future(self._send_frames())
         pump = asyncio.ensure_future(self.control.pump(lambda: (
             len(self.slot), self.slot.dropped + self.slot.stale)))
-        self.session.closers.append(
-            lambda: closer_loop.call_soon_threadsafe(self.slot.close))
+        def closer() -> None:
+            closer_loop.call_soon_threadsafe(self.slot.close)
+
+        self.session.closers.append(closer)
+        self.manager.attach(self.session)
         try:
             done, _ = await asyncio.wait({receive, send, pump},
                                          return_when=asyncio.FIRST_COMPLETED)
@@ -101,6 +104,9 @@ class WebSocketConnection:
             for task in (receive, send, pump):
                 task.cancel()
             self.slot.close()
+            with contextlib.suppress(ValueError):
+                self.session.closers.remove(closer)
+            self.manager.detach(self.session)
             if self.ws.application_state == WebSocketState.CONNECTED:
                 with contextlib.suppress(Exception):
                     await self.ws.close()

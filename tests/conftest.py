@@ -27,6 +27,7 @@ class FakeEngine:
     def __init__(self, capacity: int = 8, fps: int = 30, size: tuple[int, int] = (48, 64)):
         self.capacity, self.fps, self.size = capacity, fps, size
         self.submitted: list[tuple[str, api.Command]] = []
+        self.paused_calls: list[tuple[str, bool]] = []
         self._sessions: dict[str, dict] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -44,6 +45,8 @@ class FakeEngine:
         while not self._stop.wait(1 / self.fps):
             with self._lock:
                 for sid, s in self._sessions.items():
+                    if s["paused"]:
+                        continue
                     rgb = np.full((*self.size, 3), s["n"] % 256, np.uint8)
                     now = time.perf_counter_ns()
                     s.setdefault("t0", now)
@@ -60,7 +63,7 @@ class FakeEngine:
                 raise api.CapacityError("fake engine full", 7.0)
             sid = f"s{len(self.submitted)}-{time.perf_counter_ns()}"
             self._sessions[sid] = {"n": 0, "slots": [], "events": queue.Queue(),
-                                   "action_seq": -1, "action_t": None}
+                                   "action_seq": -1, "action_t": None, "paused": False}
         return api.SessionInfo(sid, self.size[1], self.size[0], fps or self.fps)
 
     def _get(self, sid):
@@ -83,6 +86,14 @@ class FakeEngine:
         with self._lock:
             self._get(sid)["slots"].append(slot)
         return slot
+
+    def set_paused(self, sid, paused):
+        with self._lock:
+            s = self._get(sid)
+            if s["paused"] and not paused and "t0" in s:  # frame n is due now, not in the past
+                s["t0"] = time.perf_counter_ns() - round(s["n"] * 1e9 / self.fps)
+            s["paused"] = paused
+            self.paused_calls.append((sid, paused))
 
     def events(self, sid):
         with self._lock:

@@ -114,7 +114,8 @@ def test_offer_without_video_is_400(client):
 
 def test_idle_sessions_are_reaped(fake_engine, tmp_path):
     now = [100.0]
-    app = create_app(fake_engine, Limits(idle_timeout_s=30), ui=False, recording_dir=tmp_path)
+    app = create_app(fake_engine, Limits(idle_timeout_s=30, detached_grace_s=1000), ui=False,
+                     recording_dir=tmp_path)
     manager = app.state.manager
     manager._clock = lambda: now[0]
     with TestClient(app) as c:
