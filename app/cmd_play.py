@@ -28,7 +28,45 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="starting mode of each session (the page can switch): responsive "
                              "= 1-frame chunks at 2 steps, quality = 2-frame chunks (where the "
                              "model has them) at 4 steps (default responsive)")
+    exposed = parser.add_argument_group(
+        "running it exposed", "see README, 'Running it exposed'")
+    exposed.add_argument("--auth", action="store_true",
+                         help="require a server key to create sessions and read metrics: the "
+                              "key is read from $WORLDSTREAM_KEY (or a fresh one is printed); "
+                              "open the page as http://HOST:PORT/?key=KEY")
+    exposed.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                         help="a host name users reach the server by (repeatable); the Host "
+                              "header must be one of them (default: the bind address; "
+                              "localhost names on loopback)")
+    exposed.add_argument("--allowed-origin", action="append", default=[], metavar="URL",
+                         help="another web origin allowed to call the API (repeatable), e.g. "
+                              "https://play.example.com behind a TLS proxy")
+    exposed.add_argument("--sessions-per-client", type=int, default=None, metavar="N",
+                         help="sessions one client address may hold (default: no limit on "
+                              "loopback, half of --max-sessions otherwise)")
     parser.set_defaults(func=run)
+
+
+def access_settings(args: argparse.Namespace):
+    """The access policy and per-client limit of ``play``'s arguments (``app.access``)."""
+    import secrets
+
+    from app.access import AccessPolicy, is_loopback
+
+    key = None
+    if args.auth:
+        key = os.environ.get("WORLDSTREAM_KEY") or secrets.token_urlsafe(24)
+        if "WORLDSTREAM_KEY" not in os.environ:
+            print(f"worldstream: server key (set WORLDSTREAM_KEY to choose it): {key}",
+                  flush=True)
+    policy = AccessPolicy.for_bind(args.host, key, tuple(args.allowed_host),
+                                   tuple(args.allowed_origin))
+    per_client = args.sessions_per_client
+    if per_client is None and not is_loopback(args.host):
+        per_client = max(1, args.max_sessions // 2)
+    if per_client is not None and per_client < 1:
+        raise ValueError(f"--sessions-per-client must be >= 1, got {per_client}")
+    return policy, per_client
 
 
 def play_config(max_sessions: int, mode: str = "responsive"):
@@ -53,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
     from engine.engine import Engine
     from engine.registry import BackendUnavailableError, load_backend
     from streaming.limits import Limits
+    from streaming.webrtc import bind_media
 
     kwargs = {}
     if args.model == "sim" and (args.model_path or args.checkpoint):
@@ -72,9 +111,12 @@ def run(args: argparse.Namespace) -> int:
     from engine.text import scene_for_prompt
 
     scene_for_prompt("warm-up")
+    policy, per_client = access_settings(args)
+    bind_media(args.host)  # media sockets where the page is served, not on every interface
     engine = Engine(backend, play_config(args.max_sessions, args.mode)).start()
     try:
-        app = create_app(engine, Limits(max_sessions=args.max_sessions))
+        app = create_app(engine, Limits(max_sessions=args.max_sessions,
+                                        sessions_per_client=per_client), access=policy)
         print(f"worldstream: serving {args.model!r} on http://{args.host}:{args.port}", flush=True)
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     finally:

@@ -18,7 +18,9 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 from fastapi import FastAPI, Request, WebSocket  # noqa: E402
 from fastapi.responses import JSONResponse, Response  # noqa: E402
 from fastapi.staticfiles import StaticFiles  # noqa: E402
+from starlette.middleware.trustedhost import TrustedHostMiddleware  # noqa: E402
 
+from app.access import AccessPolicy, FailedAuthThrottle  # noqa: E402
 from engine.api import CapacityError, EngineAPI  # noqa: E402
 from streaming import messages as m  # noqa: E402
 from streaming.limits import Limits  # noqa: E402
@@ -63,6 +65,12 @@ def _bearer(request: Request) -> str | None:
 
 
 async def _body(request: Request, model: type) -> Any:
+    # NOTE: a cross-site page can POST text/plain without a CORS preflight; application/json
+    # cannot be sent cross-site without one, which this server never grants
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if content_type != "application/json":
+        raise ApiError(415, "the body must be JSON sent as Content-Type: application/json",
+                       "content-type")
     raw = await request.body()
     try:
         return m.parse_body(model, raw)
@@ -72,7 +80,8 @@ async def _body(request: Request, model: type) -> Any:
 
 
 def create_app(engine: EngineAPI, limits: Limits | None = None, *, ui: bool = True,
-               reap_period_s: float = 5.0, recording_dir: str | Path | None = None) -> FastAPI:
+               reap_period_s: float = 5.0, recording_dir: str | Path | None = None,
+               access: AccessPolicy | None = None) -> FastAPI:
     """The playground app over a started ``engine``.
 
     Args:
@@ -81,10 +90,14 @@ def create_app(engine: EngineAPI, limits: Limits | None = None, *, ui: bool = Tr
         ui: mount the Gradio page at ``/`` (tests of the API alone pass False).
         reap_period_s: how often idle sessions are looked for, s.
         recording_dir: where MP4 recordings go (a fresh temporary folder by default).
+        access: server key, hosts and origins (default ``AccessPolicy()``: no key, any host;
+            ``worldstream play`` passes ``AccessPolicy.for_bind``).
     """
     limits = limits or Limits()
+    access = access or AccessPolicy()
     manager = SessionManager(engine, limits, recording_dir)
     webrtc = WebRTCTransport(manager)
+    throttle = FailedAuthThrottle(limits.auth_failures_per_s, limits.auth_failure_burst)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI):
@@ -101,17 +114,50 @@ def create_app(engine: EngineAPI, limits: Limits | None = None, *, ui: bool = Tr
             manager.close_all()
             await webrtc.close_all()
 
-    app = FastAPI(title="worldstream", lifespan=lifespan)
+    # no generated API docs: the contract is streaming/PROTOCOL*.md, and /docs would be one
+    # more open door on an exposed server
+    app = FastAPI(title="worldstream", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
     app.state.manager = manager
     app.state.webrtc = webrtc
+    app.state.access = access
     app.add_exception_handler(ApiError, lambda _request, err: err.response())
+    if access.allowed_hosts is not None:  # against DNS rebinding (HTTP and WebSocket)
+        app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(access.allowed_hosts))
 
-    def authorized(session_id: str, token: str | None) -> StreamSession:
+    @app.middleware("http")
+    async def same_origin(request: Request, call_next):
+        if request.url.path.startswith("/api/") and not access.origin_ok(
+                request.headers.get("origin"), request.headers.get("host")):
+            return ApiError(403, "cross-origin request refused", "origin").response()
+        return await call_next(request)
+
+    def client_of(conn: Request | WebSocket) -> str:
+        return conn.client.host if conn.client is not None else "unknown"
+
+    def check_key(request: Request) -> None:
+        client = client_of(request)
+        if throttle.blocked(client):
+            raise ApiError(429, "too many failed authentications", "authorization",
+                           headers={"Retry-After": "5"})
+        if not access.key_ok(_bearer(request)):
+            throttle.failed(client)
+            raise ApiError(401, "this server needs its key: Authorization: Bearer <key>",
+                           "authorization")
+
+    def authorized(session_id: str, token: str | None, client: str) -> StreamSession:
+        if throttle.blocked(client):
+            raise ApiError(429, "too many failed authentications", "authorization",
+                           headers={"Retry-After": "5"})
         try:
             session = manager.authenticate(session_id, token)
         except UnknownSessionError:
+            throttle.failed(client)
+            if access.auth_key is not None:  # exposed: no existence oracle
+                raise ApiError(401, "missing or wrong bearer token", "authorization") from None
             raise ApiError(404, f"unknown session {session_id!r}", "session_id") from None
         except BadTokenError as err:
+            throttle.failed(client)
             raise ApiError(401, str(err), "authorization") from None
         if not session.rate.allow():
             raise ApiError(429, f"more than {limits.messages_per_s:g} requests/s",
@@ -125,9 +171,11 @@ def create_app(engine: EngineAPI, limits: Limits | None = None, *, ui: bool = Tr
 
     @app.post("/api/sessions", status_code=201)
     async def create_session(request: Request) -> dict[str, Any]:
+        check_key(request)
         body = await _body(request, m.CreateSessionRequest)
         try:
-            session = manager.create(body.prompt, seed=body.seed, fps=body.fps)
+            session = manager.create(body.prompt, seed=body.seed, fps=body.fps,
+                                     client=client_of(request))
         except CapacityError as err:
             raise ApiError(503, str(err), retry_after_s=err.retry_after_s,
                            headers={"Retry-After": str(max(1, round(err.retry_after_s)))}
@@ -141,7 +189,7 @@ def create_app(engine: EngineAPI, limits: Limits | None = None, *, ui: bool = Tr
 
     @app.post("/api/sessions/{session_id}/offer")
     async def offer(session_id: str, request: Request) -> dict[str, str]:
-        session = authorized(session_id, _bearer(request))
+        session = authorized(session_id, _bearer(request), client_of(request))
         body = await _body(request, m.OfferRequest)
         try:
             answer = await webrtc.answer(session, body.sdp)
@@ -153,7 +201,7 @@ def create_app(engine: EngineAPI, limits: Limits | None = None, *, ui: bool = Tr
 
     @app.delete("/api/sessions/{session_id}", status_code=204)
     async def delete_session(session_id: str, request: Request) -> Response:
-        authorized(session_id, _bearer(request))
+        authorized(session_id, _bearer(request), client_of(request))
         manager.close(session_id)
         return Response(status_code=204)
 
@@ -165,8 +213,9 @@ def create_app(engine: EngineAPI, limits: Limits | None = None, *, ui: bool = Tr
         try:
             path = manager.kept_recording(session_id, token)
         except UnknownSessionError:  # not a closed session's: a live one's, or nothing
-            path = authorized(session_id, token).recording_path
+            path = authorized(session_id, token, client_of(request)).recording_path
         except BadTokenError as err:
+            throttle.failed(client_of(request))
             raise ApiError(401, str(err), "authorization") from None
         if path is None or not path.exists():
             raise ApiError(404, "this session has no recording; send {\"type\":\"record\"}",
@@ -181,12 +230,13 @@ def create_app(engine: EngineAPI, limits: Limits | None = None, *, ui: bool = Tr
                      ) -> dict[str, Any]:
         # latency lab: the session's frame log (bounded ring), token also as ?token= like the
         # recording, so a plain link can download it
-        session = authorized(session_id, _bearer(request) or token)
+        session = authorized(session_id, _bearer(request) or token, client_of(request))
         return {"session_id": session_id, "fps": session.info.fps,
                 **session.framelog.snapshot()}
 
     @app.get("/api/metrics")
-    async def metrics() -> dict[str, Any]:
+    async def metrics(request: Request) -> dict[str, Any]:
+        check_key(request)
         sessions = {s.session_id: {"fps_target": s.info.fps, **s.telemetry.snapshot(),
                                    "frames_sent": s.telemetry.frames_sent,
                                    "recording": s.recorder is not None}
@@ -197,7 +247,9 @@ def create_app(engine: EngineAPI, limits: Limits | None = None, *, ui: bool = Tr
     @app.websocket("/api/sessions/{session_id}/ws")
     async def websocket(ws: WebSocket, session_id: str, token: str | None = None) -> None:
         try:
-            session = authorized(session_id, token)
+            if not access.origin_ok(ws.headers.get("origin"), ws.headers.get("host")):
+                raise ApiError(403, "cross-origin WebSocket refused", "origin")
+            session = authorized(session_id, token, client_of(ws))
         except ApiError as err:
             await ws.send_denial_response(err.response())
             return

@@ -65,11 +65,15 @@ class RateLimiter:
         self._tokens = float(burst)
         self._last = clock()
 
-    def allow(self) -> bool:
+    def tokens(self) -> float:
+        """Tokens available now (refills; takes none)."""
         now = self._clock()
         self._tokens = min(self._burst, self._tokens + (now - self._last) * self._rate)
         self._last = now
-        if self._tokens >= 1.0:
+        return self._tokens
+
+    def allow(self) -> bool:
+        if self.tokens() >= 1.0:
             self._tokens -= 1.0
             return True
         return False

@@ -13,6 +13,7 @@ from fractions import Fraction
 from typing import Any
 
 import av
+from aioice import ice as aioice_ice
 from aiortc import (
     MediaStreamTrack,
     RTCConfiguration,
@@ -35,6 +36,7 @@ TRACK_SLOT_FRAMES = 8
 _TIME_BASE = Fraction(1, VIDEO_CLOCK_HZ)
 #: frame messages kept for a data channel that is not open yet (a few seconds of video)
 EARLY_FRAME_MESSAGES = 256
+_ALL_HOST_ADDRESSES = aioice_ice.get_host_addresses
 
 
 def vp8_bitrate(width: int, height: int, fps: int) -> int:
@@ -53,6 +55,28 @@ def configure_vp8_bitrate(bitrate: int) -> None:
     new ceiling. It is process-wide, which fits: one server streams one model at one size."""
     vpx.DEFAULT_BITRATE = bitrate
     vpx.MAX_BITRATE = max(bitrate * 2, vpx.MAX_BITRATE)
+
+
+def bind_media(host: str | None) -> None:
+    """Offer ICE host candidates on ``host`` only (the HTTP server's bind address), so media
+    sockets listen where the page is served and nowhere else; None or a wildcard address
+    (``0.0.0.0``, ``::``) restores every interface.
+
+    NOTE: aiortc has no setting for this. Its ICE agent (aioice) gathers host candidates from
+    every interface except loopback through the module function
+    ``aioice.ice.get_host_addresses``, which this replaces process-wide (one server, one bind
+    address; the same kind of lever as :func:`configure_vp8_bitrate`). A loopback-bound server
+    thus offers 127.0.0.1, which aioice would otherwise never offer."""
+    if host is None or host in ("0.0.0.0", "::", ""):
+        aioice_ice.get_host_addresses = _ALL_HOST_ADDRESSES
+        return
+    address = "127.0.0.1" if host == "localhost" else host.strip("[]")
+    v6 = ":" in address
+
+    def only_bound(use_ipv4: bool, use_ipv6: bool) -> list[str]:
+        return [address] if (use_ipv6 if v6 else use_ipv4) else []
+
+    aioice_ice.get_host_addresses = only_bound
 
 
 class FrameTrack(MediaStreamTrack):

@@ -13,8 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from app.access import AccessPolicy
 from app.server import create_app
 from engine.worlds.simulator import player_mask
+from streaming.webrtc import bind_media
 from tests.conftest import LiveServer, phase_shift
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -65,7 +67,10 @@ def test_page_plays_steers_and_measures(sim_engine):
     from playwright.sync_api import sync_playwright
 
     started = time.monotonic()
-    with LiveServer(create_app(sim_engine)) as server, sync_playwright() as p:
+    # as `worldstream play` serves it: Host and Origin checked, media bound to loopback
+    bind_media("127.0.0.1")
+    app = create_app(sim_engine, access=AccessPolicy.for_bind("127.0.0.1"))
+    with LiveServer(app) as server, sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 900})
@@ -148,4 +153,5 @@ def test_page_plays_steers_and_measures(sim_engine):
             page.screenshot(path=str(SCREENSHOT.with_name(SCREENSHOT.stem + "-websocket.png")))
         finally:
             browser.close()
+            bind_media(None)
     assert time.monotonic() - started < 120

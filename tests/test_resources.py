@@ -11,12 +11,13 @@ import time
 import av
 import httpx
 import pytest
-from aiortc import RTCConfiguration, RTCPeerConnection
+from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from fastapi.testclient import TestClient
 
 from app.server import create_app
 from streaming.limits import Limits
 from streaming.sessions import REC_DIR_PREFIX, sweep_stale_recording_dirs
+from streaming.webrtc import bind_media
 from tests.conftest import LiveServer
 from tests.test_server_api import auth, create, ws_url
 
@@ -174,3 +175,37 @@ def test_offers_per_session_are_capped_and_unconnected_ones_time_out(sim_engine)
     assert got["fresh"] == [200, 429, 429]  # two held at most
     assert got["held"] == 2 and got["after"] == 0
     assert got["again"] == 200 and got["health"] == 200
+
+
+async def _connect_and_read(url: str) -> tuple[list[str], int]:
+    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+        s = (await http.post("/api/sessions", json={"prompt": "a green meadow"})).json()
+        pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        pc.addTransceiver("video", direction="recvonly")
+        pc.createDataChannel("control")
+        got_track: asyncio.Future = asyncio.get_running_loop().create_future()
+        pc.on("track", got_track.set_result)
+        await pc.setLocalDescription(await pc.createOffer())
+        r = await http.post(f"/api/sessions/{s['session_id']}/offer", headers=auth(s),
+                            json={"sdp": pc.localDescription.sdp, "type": "offer"})
+        answer = r.json()
+        candidates = [line for line in answer["sdp"].splitlines()
+                      if line.startswith("a=candidate")]
+        await pc.setRemoteDescription(RTCSessionDescription(**answer))
+        track = await asyncio.wait_for(got_track, 20)
+        frame = await asyncio.wait_for(track.recv(), 30)
+        await pc.close()
+    return candidates, frame.width
+
+
+@pytest.mark.slow
+def test_media_binds_to_the_http_address(sim_engine):
+    """Issue 12, item 10: a loopback server's media sockets were on every interface."""
+    try:
+        bind_media("127.0.0.1")
+        with LiveServer(create_app(sim_engine, ui=False)) as server:
+            candidates, width = asyncio.run(_connect_and_read(server.url))
+    finally:
+        bind_media(None)
+    assert candidates and all(" 127.0.0.1 " in c for c in candidates), candidates
+    assert width == 128  # and the video still flows over it

@@ -68,7 +68,7 @@ def test_engine_capacity_error_is_503(fake_engine, tmp_path):
     (b'{"prompt": "' + b"a" * 70000 + b'"}', 413, "body"),
 ])
 def test_bad_create_bodies(client, body, status, field):
-    r = client.post("/api/sessions", content=body)
+    r = client.post("/api/sessions", content=body, headers={"Content-Type": "application/json"})
     assert r.status_code == status and r.json()["field"] == field
 
 

@@ -282,7 +282,9 @@
   // ------------------------------------------------------------------ transports
   async function api(method, path, body) {
     const headers = { "Content-Type": "application/json" };
-    if (S.session) headers.Authorization = `Bearer ${S.session.token}`;
+    // a session's token; before one exists, the server key of an exposed server (?key=)
+    const key = S.session ? S.session.token : new URLSearchParams(location.search).get("key");
+    if (key) headers.Authorization = `Bearer ${key}`;
     const r = await fetch(path, { method, headers, body: body && JSON.stringify(body) });
     const data = r.status === 204 ? null : await r.json();
     if (!r.ok) {

@@ -1,0 +1,112 @@
+"""Who may use the server: the server key (``worldstream play --auth``), the Host and Origin
+checks against DNS rebinding and cross-site requests, and the throttle on failed
+authentications (issue 12, items 7, 9, 10).
+
+A web page on another site can make a browser send a ``POST`` with ``Content-Type:
+text/plain`` and no preflight; with DNS rebinding it can even reach a server bound to loopback
+under a foreign ``Host``. So: a request must name one of the server's hosts (Starlette's
+``TrustedHostMiddleware``), a browser request from another origin is refused, JSON bodies must
+say so (``application/json`` forces a CORS preflight that this server never grants), and when
+the server is exposed it can demand a key for creating sessions and reading metrics.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from streaming.limits import RateLimiter
+
+#: the names a loopback-bound server answers to (anything else is DNS rebinding)
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1", "[::1]")
+
+
+@dataclass(frozen=True)
+class AccessPolicy:
+    """``auth_key``: when set, ``POST /api/sessions`` and ``GET /api/metrics`` need
+    ``Authorization: Bearer <auth_key>`` (the page passes it from its ``?key=`` parameter), and
+    an unknown session id answers 401 like a wrong token (no existence oracle).
+    ``allowed_hosts``: ``Host`` header names served (None: any; Starlette's wildcard rules,
+    e.g. ``*.example.com``). ``allowed_origins``: browser origins allowed besides the server's
+    own (``scheme://host[:port]``)."""
+
+    auth_key: str | None = None
+    allowed_hosts: tuple[str, ...] | None = None
+    allowed_origins: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.auth_key is not None and len(self.auth_key) < 16:
+            raise ValueError("the server key must be at least 16 characters")
+
+    @classmethod
+    def for_bind(cls, host: str, auth_key: str | None = None,
+                 extra_hosts: tuple[str, ...] = (), origins: tuple[str, ...] = ()
+                 ) -> AccessPolicy:
+        """The policy of a server bound to ``host``: on loopback only loopback names are
+        served (against DNS rebinding); on another address that address plus ``extra_hosts``
+        (the names users type), or any when bound to every interface without names."""
+        if is_loopback(host):
+            hosts: tuple[str, ...] | None = LOOPBACK_HOSTS + extra_hosts
+        elif host in ("0.0.0.0", "::", ""):
+            hosts = extra_hosts or None
+        else:
+            hosts = (host, *extra_hosts)
+        return cls(auth_key, hosts, origins)
+
+    def key_ok(self, presented: str | None) -> bool:
+        """Whether ``presented`` is the server key (constant time); True when none is set."""
+        if self.auth_key is None:
+            return True
+        return bool(presented) and hmac.compare_digest(presented.encode(),
+                                                      self.auth_key.encode())
+
+    def origin_ok(self, origin: str | None, host: str | None) -> bool:
+        """Whether a request with ``Origin: origin`` to ``Host: host`` may go on: no Origin
+        (not a browser's cross-site request), the server's own origin, or an allowed one."""
+        if origin is None:
+            return True
+        if origin in self.allowed_origins:
+            return True
+        parts = urlsplit(origin)
+        return parts.scheme in ("http", "https") and bool(host) and parts.netloc == host
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+class FailedAuthThrottle:
+    """Token bucket of failed authentications per client address: ``burst`` failures, then
+    ``per_s`` a second (429 meanwhile). Remembers the ``max_clients`` most recent addresses
+    (an attacker rotating addresses cannot grow it without bound)."""
+
+    def __init__(self, per_s: float, burst: int, max_clients: int = 4096,
+                 clock: Callable[[], float] = time.monotonic):
+        self._per_s, self._burst, self._max, self._clock = per_s, burst, max_clients, clock
+        self._buckets: OrderedDict[str, RateLimiter] = OrderedDict()
+
+    def _bucket(self, client: str) -> RateLimiter:
+        bucket = self._buckets.pop(client, None) or RateLimiter(self._per_s, self._burst,
+                                                                self._clock)
+        self._buckets[client] = bucket
+        while len(self._buckets) > self._max:
+            self._buckets.popitem(last=False)
+        return bucket
+
+    def blocked(self, client: str) -> bool:
+        """Whether ``client`` has no failure left (peeks: takes nothing)."""
+        bucket = self._buckets.get(client)
+        return bucket is not None and bucket.tokens() < 1.0
+
+    def failed(self, client: str) -> None:
+        self._bucket(client).allow()
