@@ -7,6 +7,9 @@ latency percentiles and fps of that interval. The run fails (exit 1) when reside
 by more than ``--max-growth`` (default 5%, median of the last 3 samples vs the first 3 after the
 first, see :func:`bench.stats.relative_growth`) or the per-interval p50 latency trends upward
 (:func:`bench.stats.trend`: Kendall tau significant and a Theil-Sen rise > 10% of the median).
+
+``python -m bench soak --adversarial``: a normal session's fps and latency beside the
+adversarial clients of issue 12 instead (:mod:`bench.adversarial`).
 """
 
 from __future__ import annotations
@@ -99,6 +102,11 @@ def _markdown(payload: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--adversarial" in argv:  # the server under adversarial clients: bench.adversarial
+        from bench import adversarial
+
+        return adversarial.main([a for a in argv if a != "--adversarial"])
     parser = argparse.ArgumentParser(prog="python -m bench soak", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     harness.add_common_args(parser)

@@ -190,20 +190,28 @@ def _urgency(request: ChunkRequest) -> tuple:
             request.branch or 0)
 
 
+def _may_join(head: ChunkRequest, request: ChunkRequest) -> bool:
+    """Streams join a stream's batch early (batching is cheaper than two calls); a preview
+    joins one only when urgent (one waiting for slack would lengthen the batch). A preview's
+    batch takes only previews: a stream pulled into it would be generated ahead, on older
+    keys, which adds a frame interval to its action-to-photon latency."""
+    if head.branch is not None:
+        return request.branch is not None
+    return request.branch is None or request.urgent
+
+
 def plan_batch(requests: list[ChunkRequest], max_batch: int) -> BatchPlan | None:
     """Earliest deadline first: the urgent request with the earliest deadline fixes
     ``(chunk_frames, steps)``; the other eligible requests with that key join in deadline
-    order, up to ``max_batch`` (streams that are not yet urgent may join; previews only when
-    urgent). None when no request is urgent. Requests left out stay
-    eligible and are planned next time."""
+    order, up to ``max_batch`` (see :func:`_may_join`). None when no request is urgent.
+    Requests left out stay eligible and are planned next time."""
     if max_batch < 1:
         raise ValueError(f"max_batch must be >= 1, got {max_batch}")
     urgent = [r for r in requests if r.urgent]
     if not urgent:
         return None
     head = min(urgent, key=_urgency)
-    # a preview waiting for slack (not urgent) does not ride along: it would lengthen the batch
     joiners = sorted((r for r in requests if r.batch_key == head.batch_key and r is not head
-                      and (r.urgent or r.branch is None)), key=_urgency)
+                      and _may_join(head, r)), key=_urgency)
     return BatchPlan(chunk_frames=head.chunk_frames, steps=head.steps,
                      requests=[head, *joiners[: max_batch - 1]])

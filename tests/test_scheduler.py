@@ -105,3 +105,19 @@ def test_engine_refuses_a_buffer_smaller_than_the_models_chunk():
                    {"buffer_max_frames": 8, "batch_join_frames": 5}):
         with pytest.raises(ValueError, match="buffer_max_frames"):
             Engine(backend, EngineConfig(chunk_frames=4, **kwargs))
+
+
+def test_a_preview_batch_does_not_pull_streams_ahead():
+    """Issue 12: a neighbour forking every 40 ms made previews the urgent head, streams joined
+    their batches early (on older keys) and lost a frame interval of latency."""
+    preview = ChunkRequest("flooder", 0, 1, 2, 10 * MS, 10 * MS, urgent=True)
+    other_preview = ChunkRequest("flooder", 1, 1, 2, 10 * MS, 10 * MS, urgent=True)
+    stream = ChunkRequest("victim", None, 1, 2, 90 * MS, 40 * MS, urgent=False)
+    plan = plan_batch([preview, other_preview, stream], max_batch=8)
+    assert [(r.session_id, r.branch) for r in plan.requests] == [("flooder", 0), ("flooder", 1)]
+    # a stream's own batch still takes streams joining early and urgent previews only
+    head = ChunkRequest("other", None, 1, 2, 5 * MS, 5 * MS, urgent=True)
+    waiting = ChunkRequest("flooder", 2, 1, 2, 30 * MS, 30 * MS, urgent=False)
+    plan = plan_batch([head, stream, preview, waiting], max_batch=8)
+    assert [(r.session_id, r.branch) for r in plan.requests] == [
+        ("other", None), ("flooder", 0), ("victim", None)]

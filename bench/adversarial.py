@@ -1,0 +1,327 @@
+"""``python -m bench soak --adversarial``: a normal session beside the adversarial clients of
+issue 12, on a ``worldstream play`` server in a process of its own.
+
+Phases (``--seconds`` each, the normal client a headless WebRTC client in its own process, as
+in ``bench e2e``):
+
+1. ``alone``: the normal session by itself (the reference).
+2. ``prompts``: beside a WebSocket client sending a new random 380-character prompt every
+   40 ms (25/s, under the rate limit).
+3. ``forks``: beside a WebSocket client that sends ``next`` x4, then a ``fork`` every 40 ms
+   and never reads (its receive queue holds one message).
+4. ``offers``: beside a client posting the same valid offer (its peer gone) every 35 ms.
+
+Each reports the normal session's fps and action-to-photon p50/p95; goals: fps >= 90% of
+``alone``, p95 within +20%. Then:
+
+5. ``memory``: the non-reading fork client alone for ``--rss-minutes``, then its session
+   deleted: the server's resident memory at the start, its peak and 5 s after the DELETE
+   (goal: end within +50 MB of the start).
+6. ``vanish``: with the server full (``--max-sessions 2``), one client records over its data
+   channel and closes its peer connection without a DELETE (a crashed tab), another creates a
+   session and never connects; a new user retries every 0.5 s: seconds until admitted (goal
+   <= 30 s). The vanished client's recording is then downloaded with its token and decoded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import os
+import random
+import socket
+import string
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+FLOOD_PERIOD_S = {"prompts": 0.040, "forks": 0.040, "offers": 0.035}
+
+
+def server_rss_mib(pid: int) -> float:
+    """Resident memory of process ``pid`` (Linux ``/proc/PID/status`` VmRSS), MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+class PlayServer:
+    """``worldstream play`` in a subprocess on a free loopback port."""
+
+    def __init__(self, model: str, max_sessions: int, threads: int):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "GRADIO_ANALYTICS_ENABLED": "False"}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", "import sys; from app.cli import main; sys.exit(main())",
+             "play", "--model", model, "--port", str(self.port),
+             "--max-sessions", str(max_sessions)], env=env)
+
+    def __enter__(self) -> PlayServer:
+        import httpx
+
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError("the play server exited")
+            try:
+                if httpx.get(f"{self.url}/api/health", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        raise RuntimeError("the play server did not start within 300 s")
+
+    def __exit__(self, *exc) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def _auth(created: dict) -> dict:
+    return {"Authorization": f"Bearer {created['token']}"}
+
+
+async def _dead_offer() -> str:
+    from aiortc import RTCConfiguration, RTCPeerConnection
+
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    pc.addTransceiver("video", direction="recvonly")
+    pc.createDataChannel("control")
+    await pc.setLocalDescription(await pc.createOffer())
+    sdp = pc.localDescription.sdp
+    await pc.close()
+    return sdp
+
+
+async def flood(url: str, kind: str, seconds: float) -> dict:
+    """One adversary for ``seconds``; returns what it sent and the answers it got."""
+    import httpx
+    import websockets
+
+    rng = random.Random(0)
+    answers: dict[str, int] = {}
+    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+        created = (await http.post("/api/sessions", json={"prompt": "a snowy forest"})).json()
+        sid, end = created["session_id"], time.monotonic() + seconds
+        ws_url = url.replace("http", "ws") + f"/api/sessions/{sid}/ws?token={created['token']}"
+        sent = 0
+        if kind == "offers":
+            sdp = await _dead_offer()
+            while time.monotonic() < end:
+                r = await http.post(f"/api/sessions/{sid}/offer", headers=_auth(created),
+                                    json={"sdp": sdp, "type": "offer"})
+                answers[str(r.status_code)] = answers.get(str(r.status_code), 0) + 1
+                sent += 1
+                await asyncio.sleep(FLOOD_PERIOD_S[kind])
+        else:
+            # max_queue=1: the client library stops reading once one message is queued, so a
+            # client that never calls recv() leaves the server's frames in the TCP buffers
+            async with websockets.connect(ws_url, max_queue=1) as ws:
+                if kind == "forks":
+                    for _ in range(4):
+                        await ws.send('{"type":"next"}')
+                while time.monotonic() < end:
+                    if kind == "prompts":
+                        text = "".join(rng.choices(string.ascii_lowercase + " ", k=380))
+                        message = {"type": "prompt", "seq": sent, "t": 0, "text": text}
+                    else:
+                        message = {"type": "fork", "seq": sent, "k": 4}
+                    await ws.send(json.dumps(message))
+                    sent += 1
+                    await asyncio.sleep(FLOOD_PERIOD_S[kind])
+        await http.delete(f"/api/sessions/{sid}", headers=_auth(created))
+    return {"sent": sent, "answers": answers}
+
+
+def _flood_main(url: str, kind: str, seconds: float) -> dict:
+    return asyncio.run(flood(url, kind, seconds))
+
+
+def normal_session(url: str, seconds: float, seed: int) -> dict:
+    """The normal client's fps and action-to-photon over ``seconds`` (``bench e2e``)."""
+    from bench.e2e import analyse_log, random_script, run_client_process
+
+    log, created = run_client_process(url, random_script(seconds, seed), seconds=seconds,
+                                      fps=None, prompt="a green meadow with ponds", seed=seed)
+    result = analyse_log(log, created["fps"])
+    return {"fps": result["fps"], "fps_target": created["fps"],
+            "a2p_p50_ms": result["action_to_photon_ms"]["p50"],
+            "a2p_p95_ms": result["action_to_photon_ms"]["p95"],
+            "frames": result["frames_received"]}
+
+
+def phase(url: str, kind: str | None, seconds: float, seed: int) -> dict:
+    """The normal session for ``seconds`` with adversary ``kind`` (None: alone) beside it."""
+    if kind is None:
+        return normal_session(url, seconds, seed)
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(1) as pool:
+        adversary = pool.apply_async(_flood_main, (url, kind, seconds + 4))
+        time.sleep(2)  # the flood is under way before the normal session starts
+        result = normal_session(url, seconds, seed)
+        result["adversary"] = adversary.get(timeout=seconds + 120)
+    return result
+
+
+async def _memory(url: str, pid: int, minutes: float) -> dict:
+    import httpx
+    import websockets
+
+    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+        start = server_rss_mib(pid)
+        created = (await http.post("/api/sessions", json={"prompt": "a snowy forest"})).json()
+        sid = created["session_id"]
+        ws_url = url.replace("http", "ws") + f"/api/sessions/{sid}/ws?token={created['token']}"
+        peak, samples, end = start, [], time.monotonic() + 60 * minutes
+        async with websockets.connect(ws_url, max_queue=1) as ws:
+            for _ in range(4):
+                await ws.send('{"type":"next"}')
+            seq, next_sample = 0, time.monotonic()
+            while time.monotonic() < end:
+                await ws.send(json.dumps({"type": "fork", "seq": seq, "k": 4}))
+                seq += 1
+                if time.monotonic() >= next_sample:
+                    samples.append(round(server_rss_mib(pid), 1))
+                    peak = max(peak, samples[-1])
+                    next_sample += 10
+                await asyncio.sleep(0.04)
+        await http.delete(f"/api/sessions/{sid}", headers=_auth(created))
+        await asyncio.sleep(5)
+        final = server_rss_mib(pid)
+    return {"minutes": minutes, "forks_sent": seq, "rss_start_mib": round(start, 1),
+            "rss_peak_mib": round(peak, 1), "rss_end_mib": round(final, 1),
+            "growth_mib": round(final - start, 1), "samples_mib": samples}
+
+
+async def _vanish(url: str, keep_s: float | None) -> dict:
+    import av
+    import httpx
+    from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+
+    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+        crashed = (await http.post("/api/sessions", json={"prompt": "a desert"})).json()
+        pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        pc.addTransceiver("video", direction="recvonly")
+        channel = pc.createDataChannel("control")
+        opened = asyncio.get_running_loop().create_future()
+        channel.on("open", lambda: opened.set_result(True))
+        await pc.setLocalDescription(await pc.createOffer())
+        r = await http.post(f"/api/sessions/{crashed['session_id']}/offer",
+                            headers=_auth(crashed),
+                            json={"sdp": pc.localDescription.sdp, "type": "offer"})
+        await pc.setRemoteDescription(RTCSessionDescription(**r.json()))
+        await asyncio.wait_for(opened, 30)
+        channel.send(json.dumps({"type": "record", "seq": 1, "on": True}))
+        await asyncio.sleep(4)
+        never = (await http.post("/api/sessions", json={"prompt": "a night"})).json()
+        full = (await http.post("/api/sessions", json={"prompt": "x"})).status_code
+        await pc.close()  # the tab crashed: no DELETE
+        t0 = time.monotonic()
+        while True:
+            r = await http.post("/api/sessions", json={"prompt": "a green meadow"})
+            if r.status_code == 201:
+                admitted_s = time.monotonic() - t0
+                break
+            if time.monotonic() - t0 > 300:
+                admitted_s = None
+                break
+            await asyncio.sleep(0.5)
+        if r.status_code == 201:
+            await http.delete(f"/api/sessions/{r.json()['session_id']}", headers=_auth(r.json()))
+        rec = await http.get(f"/api/sessions/{crashed['session_id']}/recording.mp4",
+                             headers=_auth(crashed))
+        frames = 0
+        if rec.status_code == 200:
+            path = Path(f"/tmp/worldstream-vanish-{os.getpid()}.mp4")
+            path.write_bytes(rec.content)
+            with av.open(str(path)) as container:
+                frames = sum(1 for _ in container.decode(video=0))
+            path.unlink()
+        await http.delete(f"/api/sessions/{never['session_id']}", headers=_auth(never))
+    return {"full_answer": full, "admitted_after_s": None if admitted_s is None
+            else round(admitted_s, 1), "recording_status": rec.status_code,
+            "recording_frames": frames, "recording_bytes": len(rec.content),
+            "recording_kept_s": keep_s}
+
+
+def _markdown(payload: dict) -> str:
+    from bench.results import context_md, table
+
+    alone = payload["phases"]["alone"]
+    rows = []
+    for name, p in payload["phases"].items():
+        rows.append([name, p["fps"], p["fps"] / alone["fps"] if alone["fps"] else None,
+                     p["a2p_p50_ms"], p["a2p_p95_ms"],
+                     p["a2p_p95_ms"] / alone["a2p_p95_ms"] - 1
+                     if alone["a2p_p95_ms"] and p["a2p_p95_ms"] else None,
+                     json.dumps(p.get("adversary", {}).get("answers", {}))])
+    mem, van = payload.get("memory"), payload.get("vanish")
+    text = ("# Soak with adversarial clients (issue 12)\n\n" + context_md(payload) + "\n"
+            + table(["phase", "fps", "fps / alone", "a2p p50 ms", "a2p p95 ms",
+                     "p95 change", "adversary's answers"], rows))
+    if mem:
+        text += (f"\n\nNon-reading fork client for {mem['minutes']} min ({mem['forks_sent']} "
+                 f"forks): server RSS {mem['rss_start_mib']} MiB at the start, peak "
+                 f"{mem['rss_peak_mib']}, {mem['rss_end_mib']} 5 s after its DELETE "
+                 f"({mem['growth_mib']:+.1f} MiB).")
+    if van:
+        text += (f"\n\nVanished clients at full capacity (answer before: {van['full_answer']}):"
+                 f" a new user admitted after {van['admitted_after_s']} s; the vanished "
+                 f"client's recording: HTTP {van['recording_status']}, "
+                 f"{van['recording_frames']} frames decoded, kept {van['recording_kept_s']} s.")
+    return text + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench soak --adversarial",
+                                     description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="sim", help="builtin or sim (default sim)")
+    parser.add_argument("--seconds", type=float, default=20.0, help="length of each phase")
+    parser.add_argument("--rss-minutes", type=float, default=5.0,
+                        help="minutes of the non-reading fork client (0: skip)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads of the server")
+    parser.add_argument("--skip-vanish", action="store_true")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    if args.seconds <= 0 or args.rss_minutes < 0:
+        raise SystemExit("--seconds must be > 0 and --rss-minutes >= 0")
+
+    from bench import results
+    from bench.common import hardware_info
+    from streaming.limits import Limits
+
+    phases: dict[str, dict] = {}
+    with PlayServer(args.model, max_sessions=2, threads=args.threads) as server:
+        phase(server.url, None, 3, seed=99)  # warm-up: first session, encoder, codec
+        for kind in (None, "prompts", "forks", "offers"):
+            name = kind or "alone"
+            phases[name] = phase(server.url, kind, args.seconds, seed=len(phases))
+            p = phases[name]
+            print(f"[adversarial] {name}: {p['fps']:.1f} fps, a2p p50 {p['a2p_p50_ms']} "
+                  f"p95 {p['a2p_p95_ms']} ms", file=sys.stderr)
+        memory = None
+        if args.rss_minutes > 0:
+            memory = asyncio.run(_memory(server.url, server.proc.pid, args.rss_minutes))
+            print(f"[adversarial] memory: {memory}", file=sys.stderr)
+        vanish = None
+        if not args.skip_vanish:
+            vanish = asyncio.run(_vanish(server.url, Limits().recording_keep_s))
+            print(f"[adversarial] vanish: {vanish}", file=sys.stderr)
+    payload = results.stamp_payload("soak_adversarial", {
+        "hardware": hardware_info(),
+        "settings": {"model": args.model, "seconds": args.seconds, "rss_minutes": args.rss_minutes,
+                     "threads": args.threads, "load": os.getloadavg()},
+        "phases": phases, "memory": memory, "vanish": vanish}, argv)
+    folder = results.save("soak_adversarial", payload, _markdown(payload), {})
+    print(f"report: {folder / 'result.md'}", file=sys.stderr)
+    results.print_json(payload, args.json)
+    return 0
