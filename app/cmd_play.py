@@ -28,6 +28,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="starting mode of each session (the page can switch): responsive "
                              "= 1-frame chunks at 2 steps, quality = 2-frame chunks (where the "
                              "model has them) at 4 steps (default responsive)")
+    scale = parser.add_argument_group(
+        "scale-out on Ray", "engine replicas in processes of their own (README, 'Scale-out')")
+    scale.add_argument("--replicas", type=int, default=None, metavar="N",
+                       help="start N engine replicas on Ray (default: one engine in this "
+                            "process, no Ray)")
+    scale.add_argument("--min-replicas", type=int, default=None, metavar="N",
+                       help="autoscaling floor (default --replicas)")
+    scale.add_argument("--max-replicas", type=int, default=None, metavar="N",
+                       help="autoscaling ceiling (default --replicas)")
+    scale.add_argument("--ray-address", default=None, metavar="ADDR",
+                       help="join this Ray cluster (e.g. one started with `ray start --head`); "
+                            "default: a local Ray started in-process")
+    scale.add_argument("--replica-cpus", type=float, default=1.0,
+                       help="Ray num_cpus of one replica (default 1)")
+    scale.add_argument("--replica-gpus", type=float, default=0.0,
+                       help="Ray num_gpus of one replica (default 0)")
     exposed = parser.add_argument_group(
         "running it exposed", "see README, 'Running it exposed'")
     exposed.add_argument("--auth", action="store_true",
@@ -45,6 +61,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                          help="sessions one client address may hold (default: no limit on "
                               "loopback, half of --max-sessions otherwise)")
     parser.set_defaults(func=run)
+
+
+def _ray_engine(args: argparse.Namespace, model_kwargs: dict):
+    """Engine replicas on Ray (``engine.cluster``); each replica admits ``--max-sessions``."""
+    if args.replicas < 1:
+        raise ValueError(f"--replicas must be >= 1, got {args.replicas}")
+    from engine.cluster.router import RayEngine
+
+    return RayEngine(args.model, replicas=args.replicas, min_replicas=args.min_replicas,
+                     max_replicas=args.max_replicas, address=args.ray_address,
+                     config=play_config(args.max_sessions, args.mode), model_kwargs=model_kwargs,
+                     replica_cpus=args.replica_cpus, replica_gpus=args.replica_gpus).start()
 
 
 def access_settings(args: argparse.Namespace):
@@ -100,22 +128,26 @@ def run(args: argparse.Namespace) -> int:
         kwargs["model_path" if args.model == "wan-causal" else "path"] = args.model_path
     if args.checkpoint is not None:
         kwargs["checkpoint"] = args.checkpoint
-    try:
-        backend = load_backend(args.model, **kwargs)
-    except BackendUnavailableError as err:
-        raise FileNotFoundError(
-            f"{err}\nto play without the trained model, stream the ground-truth simulator: "
-            f"`worldstream play --model sim`") from None
-    # the scene-prompt encoder loads in seconds on an idle machine but far longer under load:
-    # load it before serving, so the first session does not stall
-    from engine.text import scene_for_prompt
-
-    scene_for_prompt("warm-up")
     policy, per_client = access_settings(args)
+    if args.replicas is not None:
+        engine = _ray_engine(args, kwargs)
+    else:
+        try:
+            backend = load_backend(args.model, **kwargs)
+        except BackendUnavailableError as err:
+            raise FileNotFoundError(
+                f"{err}\nto play without the trained model, stream the ground-truth "
+                f"simulator: `worldstream play --model sim`") from None
+        # the scene-prompt encoder loads in seconds on an idle machine but far longer under
+        # load: load it before serving, so the first session does not stall
+        from engine.text import scene_for_prompt
+
+        scene_for_prompt("warm-up")
+        engine = Engine(backend, play_config(args.max_sessions, args.mode)).start()
     bind_media(args.host)  # media sockets where the page is served, not on every interface
-    engine = Engine(backend, play_config(args.max_sessions, args.mode)).start()
     try:
-        app = create_app(engine, Limits(max_sessions=args.max_sessions,
+        # with replicas, each admits --max-sessions: the front end admits them all
+        app = create_app(engine, Limits(max_sessions=engine.capacity,
                                         sessions_per_client=per_client), access=policy)
         print(f"worldstream: serving {args.model!r} on http://{args.host}:{args.port}", flush=True)
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning")

@@ -167,12 +167,24 @@ class Engine:
 
     # ------------------------------------------------------------ EngineAPI (any thread)
     def create_session(
-        self, prompt: str, seed: int | None = None, fps: int | None = None
+        self, prompt: str, seed: int | None = None, fps: int | None = None,
+        history: tuple[np.ndarray, list[int]] | None = None,
     ) -> SessionInfo:
         """Admit a session; its backend state is made on the engine thread (a failure there
-        ends the session with an error event). Raises CapacityError when ``max_sessions`` or
-        the backend's state budget is reached, ValueError for a bad prompt, seed or fps."""
+        ends the session with an error event). ``history``: recent frames ``(n, H, W, 3)``
+        uint8 and the action ids that led to each, fed to the model as context before the
+        first chunk (a recache: restoring a session that lived elsewhere) when the backend
+        has the optional ``observe(state, frames, actions)`` hook, in whole chunks. Raises
+        CapacityError when ``max_sessions`` or the backend's state budget is reached,
+        ValueError for a bad prompt, seed, fps or history."""
         check_prompt(prompt)
+        if history is not None:
+            frames, actions = history
+            shape = (self.backend.height, self.backend.width, 3)
+            if (not isinstance(frames, np.ndarray) or frames.dtype != np.uint8
+                    or frames.shape[1:] != shape or len(actions) != len(frames)):
+                raise ValueError(f"history must be (n, {shape}) uint8 frames with one action "
+                                 "each")
         if seed is None:
             seed = random.randrange(2**31)
         if not _is_int(seed) or seed < 0:
@@ -203,7 +215,7 @@ class Engine:
             )
             session.mode = cfg.mode
             self._sessions[session.session_id] = session
-        self._commands.put(("create", session))
+        self._commands.put(("create", session, history))
         return SessionInfo(session.session_id, self.backend.width, self.backend.height, fps)
 
     def _session(self, session_id: str) -> Session:
@@ -433,6 +445,8 @@ class Engine:
         if kind == "create":
             try:
                 session.state = self.backend.new_state(session.prompt, session.seed)
+                if item[2] is not None:
+                    self._observe(session, *item[2])
             except Exception as exc:  # CapacityError, ValueError, a backend failure
                 self._fail(session, f"could not create the session: {exc}")
             return
@@ -444,6 +458,21 @@ class Engine:
                          message=str(exc))
         except Exception as exc:
             self._fail(session, f"{type(command).__name__} failed: {exc!r}")
+
+    def _observe(self, s: Session, frames: np.ndarray, actions: list[int]) -> None:
+        """Feed recent frames to a new session's state as context (whole chunks, the newest
+        kept); backends without ``observe`` start from their prompt and seed alone."""
+        observe = getattr(self.backend, "observe", None)
+        n = self.backend.chunk_frames
+        usable = len(frames) - len(frames) % n
+        if observe is None or usable == 0:
+            return
+        frames, actions = frames[-usable:], list(actions)[-usable:]
+        for i in range(0, usable, n):
+            observe(s.state, frames[i:i + n], actions[i:i + n])
+        finish = getattr(self.backend, "finish", None)
+        if finish is not None:
+            finish()
 
     # ------------------------------------------------------------ commands
     def _apply(self, s: Session, command: Command, receipt_ns: int) -> None:

@@ -1,0 +1,72 @@
+"""A session's journal in the front end: what a surviving replica needs to take the session
+over when its replica dies (issue 14) — the prompt and seed, the settings in force, the keys
+held, and the last frames with the actions that produced them."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from engine.api import ActionCommand, Command, PromptCommand, SettingsCommand
+from engine.worlds.actions import keys_to_action
+
+
+@dataclass
+class Journal:
+    """``frames``: the last ``max_frames`` frames shown, ``(H, W, 3)`` uint8 each, with the
+    action id each was conditioned on (``actions``). ``keys_by_seq``: held keys of the recent
+    actions, to name a frame's action from its ``action_seq``."""
+
+    prompt: str
+    seed: int
+    fps: int
+    max_frames: int = 16
+    settings: list[SettingsCommand] = field(default_factory=list)
+    prompt_command: PromptCommand | None = None
+    last_action: ActionCommand | None = None
+    paused: bool = False
+    frames: deque = field(default_factory=deque)
+    actions: deque = field(default_factory=deque)
+    keys_by_seq: dict[int, frozenset] = field(default_factory=dict)
+
+    def record_command(self, command: Command) -> None:
+        """Note a command sent to the session (the ones a restore replays)."""
+        if isinstance(command, ActionCommand):
+            self.last_action = command
+            self.keys_by_seq[command.seq] = frozenset(command.keys)
+            if len(self.keys_by_seq) > 256:  # older actions have long been shown
+                del self.keys_by_seq[min(self.keys_by_seq)]
+        elif isinstance(command, PromptCommand):
+            self.prompt_command = command
+        elif isinstance(command, SettingsCommand):
+            self.settings.append(command)
+            del self.settings[:-8]
+
+    def record_frame(self, rgb: np.ndarray, action_seq: int) -> None:
+        keys = self.keys_by_seq.get(action_seq, frozenset())
+        try:
+            action = keys_to_action(keys)
+        except ValueError:
+            action = keys_to_action(frozenset())
+        self.frames.append(rgb)
+        self.actions.append(action)
+        while len(self.frames) > self.max_frames:
+            self.frames.popleft()
+            self.actions.popleft()
+
+    def history(self) -> tuple[np.ndarray, list[int]] | None:
+        """The recent frames ``(n, H, W, 3)`` uint8 and their action ids, None if none."""
+        if not self.frames:
+            return None
+        return np.stack(self.frames), list(self.actions)
+
+    def replay(self) -> list[Command]:
+        """Commands that bring a restored session to the journal's settings, prompt and keys."""
+        out: list[Command] = list(self.settings)
+        if self.prompt_command is not None:
+            out.append(self.prompt_command)
+        if self.last_action is not None:
+            out.append(self.last_action)
+        return out

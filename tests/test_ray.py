@@ -1,0 +1,152 @@
+"""Scale-out on Ray (issue 14): two engine replicas of the simulator in processes of their own
+behind the front end (a local Ray started by the test and shut down after): placement, session
+affinity, frames through the HTTP/WebSocket front end, 503 when every replica is full, and a
+replica killed with SIGKILL whose sessions continue on the other."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+
+import pytest
+from fastapi.testclient import TestClient
+
+from app.cmd_play import play_config
+from app.server import create_app
+from engine.api import ActionCommand, CapacityError
+from streaming.limits import Limits
+from streaming.websocket import unpack_frame
+from tests.test_engine import wait_for
+
+ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from engine.cluster.router import RayEngine
+
+    engine = RayEngine("sim", replicas=2, config=play_config(max_sessions=2),
+                       monitor_period_s=0.5).start()
+    yield engine
+    engine.stop()
+    assert not ray.is_initialized()
+
+
+def _frames(slot, n, timeout=20.0):
+    out, deadline = [], time.monotonic() + timeout
+    while len(out) < n and time.monotonic() < deadline:
+        frame = slot.get(timeout=0.1)
+        if frame is not None:
+            out.append(frame)
+    return out
+
+
+def test_sessions_are_placed_on_the_least_loaded_replica(cluster):
+    a = cluster.create_session("a green meadow", seed=1)
+    b = cluster.create_session("a snowy forest", seed=2)
+    try:
+        replicas = cluster.metrics()["replicas"]
+        assert len({r["pid"] for r in replicas}) == 2 and os.getpid() not in {
+            r["pid"] for r in replicas}
+        # one each: the second went to the replica without a session
+        assert sorted(len(r["sessions"]) for r in replicas) == [1, 1]
+        for info in (a, b):
+            frames = _frames(cluster.subscribe(info.session_id), 5)
+            assert len(frames) == 5 and frames[0].rgb.shape == (128, 128, 3)
+            assert [f.index for f in frames] == list(range(frames[0].index,
+                                                           frames[0].index + 5))
+    finally:
+        cluster.close_session(a.session_id)
+        cluster.close_session(b.session_id)
+
+
+def test_control_messages_reach_their_sessions_replica(cluster):
+    """200 interleaved messages from 4 sessions: each reaches its own session's replica."""
+    infos = [cluster.create_session(f"scene {i}", seed=i) for i in range(4)]
+    try:
+        order = [i for i in range(4) for _ in range(50)]
+        random.Random(0).shuffle(order)
+        for seq, i in enumerate(order):
+            keys = frozenset({random.Random(seq).choice(["left", "right", "up", "down"])})
+            cluster.submit(infos[i].session_id, ActionCommand(seq=seq, t_ms=0, keys=keys))
+
+        def counted():
+            got = {}
+            for rep in cluster.metrics()["replicas"]:
+                for sid, n in rep["received"].items():
+                    got.setdefault(sid, []).append((rep["id"], n))
+            return got
+
+        assert wait_for(lambda: all(sum(n for _, n in counted().get(i.session_id, [])) == 50
+                                    for i in infos), timeout=20)
+        placed = {sid: rep["id"] for rep in cluster.metrics()["replicas"]
+                  for sid in rep["sessions"]}
+        for info in infos:  # every message at the replica holding the session, none elsewhere
+            assert counted()[info.session_id] == [(placed[info.session_id], 50)]
+    finally:
+        for info in infos:
+            cluster.close_session(info.session_id)
+
+
+def test_front_end_streams_and_refuses_when_every_replica_is_full(cluster, tmp_path):
+    app = create_app(cluster, Limits(max_sessions=cluster.capacity), ui=False,
+                     recording_dir=tmp_path)
+    with TestClient(app) as client:
+        created = [client.post("/api/sessions", json={"prompt": "a meadow"})
+                   for _ in range(cluster.capacity)]
+        assert [r.status_code for r in created] == [201] * 4
+        full = client.post("/api/sessions", json={"prompt": "one more"})
+        assert full.status_code == 503 and full.json()["retry_after_s"] > 0
+        with pytest.raises(CapacityError):
+            cluster.create_session("straight to the router")
+        s = created[0].json()
+        url = f"/api/sessions/{s['session_id']}/ws?token={s['token']}"
+        with client.websocket_connect(url) as ws:
+            ws.send_text('{"type":"action","seq":7,"t":1,"keys":["left"]}')
+            headers = []
+            while len(headers) < 8:
+                ws.send_text('{"type":"next"}')
+                msg = ws.receive()
+                while msg.get("bytes") is None:
+                    msg = ws.receive()
+                headers.append(unpack_frame(msg["bytes"])[0])
+        assert all(b["index"] > a["index"] for a, b in zip(headers, headers[1:]))
+        assert headers[-1]["action_seq"] == 7  # steering reached the replica and came back
+        for r in created:
+            client.delete(f"/api/sessions/{r.json()['session_id']}",
+                          headers={"Authorization": f"Bearer {r.json()['token']}"})
+
+
+def test_a_killed_replicas_sessions_continue_on_the_other(cluster):
+    a = cluster.create_session("a green meadow", seed=1)
+    b = cluster.create_session("a snowy forest", seed=2)
+    slot_a, slot_b = cluster.subscribe(a.session_id, 256), cluster.subscribe(b.session_id, 256)
+    _frames(slot_a, 10), _frames(slot_b, 10)
+    victim = next(r for r in cluster.metrics()["replicas"] if a.session_id in r["sessions"])
+    before = [f.index for f in _frames(slot_a, 3)]
+    os.kill(victim["pid"], signal.SIGKILL)
+    killed = time.monotonic()
+    # frames resume on the same slot (the same track), numbering on
+    after = []
+    while not [f for f in after if f.index > before[-1] + 8]:
+        after += _frames(slot_a, 1, timeout=10)
+        assert after, "no frame after the kill"
+        assert time.monotonic() - killed < 10
+    resumed_s = time.monotonic() - killed
+    indices = before + [f.index for f in after]
+    assert all(y > x for x, y in zip(indices, indices[1:]))
+    events = []
+    queue = cluster.events(a.session_id)
+    while not queue.empty():
+        events.append(queue.get_nowait())
+    assert any(e.kind == "recovered" for e in events)
+    survivors = [r for r in cluster.metrics()["replicas"] if r["alive"]]
+    assert a.session_id in {s for r in survivors for s in r["sessions"]}
+    assert victim["id"] not in {r["id"] for r in survivors}
+    assert len(_frames(slot_b, 5)) == 5  # the other session never stopped
+    assert resumed_s < 5, resumed_s
+    cluster.close_session(a.session_id)
+    cluster.close_session(b.session_id)
