@@ -124,7 +124,7 @@ async def flood(url: str, kind: str, seconds: float) -> dict:
         else:
             # max_queue=1: the client library stops reading once one message is queued, so a
             # client that never calls recv() leaves the server's frames in the TCP buffers
-            async with websockets.connect(ws_url, max_queue=1) as ws:
+            async with websockets.connect(ws_url, max_queue=1, ping_interval=None) as ws:
                 if kind == "forks":
                     for _ in range(4):
                         await ws.send('{"type":"next"}')
@@ -181,22 +181,28 @@ async def _memory(url: str, pid: int, minutes: float) -> dict:
         sid = created["session_id"]
         ws_url = url.replace("http", "ws") + f"/api/sessions/{sid}/ws?token={created['token']}"
         peak, samples, end = start, [], time.monotonic() + 60 * minutes
-        async with websockets.connect(ws_url, max_queue=1) as ws:
-            for _ in range(4):
-                await ws.send('{"type":"next"}')
-            seq, next_sample = 0, time.monotonic()
-            while time.monotonic() < end:
-                await ws.send(json.dumps({"type": "fork", "seq": seq, "k": 4}))
-                seq += 1
-                if time.monotonic() >= next_sample:
-                    samples.append(round(server_rss_mib(pid), 1))
-                    peak = max(peak, samples[-1])
-                    next_sample += 10
-                await asyncio.sleep(0.04)
+        seq, next_sample, connections = 0, time.monotonic(), 0
+        while time.monotonic() < end:  # a persistent client: reconnects when dropped
+            connections += 1
+            try:
+                async with websockets.connect(ws_url, max_queue=1, ping_interval=None) as ws:
+                    for _ in range(4):
+                        await ws.send('{"type":"next"}')
+                    while time.monotonic() < end:
+                        await ws.send(json.dumps({"type": "fork", "seq": seq, "k": 4}))
+                        seq += 1
+                        if time.monotonic() >= next_sample:
+                            samples.append(round(server_rss_mib(pid), 1))
+                            peak = max(peak, samples[-1])
+                            next_sample += 10
+                        await asyncio.sleep(0.04)
+            except websockets.ConnectionClosed:
+                await asyncio.sleep(0.5)
         await http.delete(f"/api/sessions/{sid}", headers=_auth(created))
         await asyncio.sleep(5)
         final = server_rss_mib(pid)
-    return {"minutes": minutes, "forks_sent": seq, "rss_start_mib": round(start, 1),
+    return {"minutes": minutes, "forks_sent": seq, "connections": connections,
+            "rss_start_mib": round(start, 1),
             "rss_peak_mib": round(peak, 1), "rss_end_mib": round(final, 1),
             "growth_mib": round(final - start, 1), "samples_mib": samples}
 
@@ -269,7 +275,8 @@ def _markdown(payload: dict) -> str:
                      "p95 change", "adversary's answers"], rows))
     if mem:
         text += (f"\n\nNon-reading fork client for {mem['minutes']} min ({mem['forks_sent']} "
-                 f"forks): server RSS {mem['rss_start_mib']} MiB at the start, peak "
+                 f"forks, {mem['connections']} connections): server RSS "
+                 f"{mem['rss_start_mib']} MiB at the start, peak "
                  f"{mem['rss_peak_mib']}, {mem['rss_end_mib']} 5 s after its DELETE "
                  f"({mem['growth_mib']:+.1f} MiB).")
     if van:
