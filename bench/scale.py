@@ -5,6 +5,8 @@ For each count, a fresh engine (``--max-sessions``, default the product's
 admitted sessions stream at ``--fps`` (paced, degradation off) with random keys for
 ``--seconds``. Reported per count: admitted sessions, per-session fps (mean, min), aggregate
 fps, pooled action-to-frame p50/p95/p99, and the session number from which admission refused.
+
+``python -m bench scale --replicas 1,2``: engine replicas on Ray instead (:mod:`bench.replicas`).
 """
 
 from __future__ import annotations
@@ -78,6 +80,11 @@ def _markdown(payload: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if any(a == "--replicas" or a.startswith("--replicas=") for a in argv):
+        from bench import replicas  # engine replicas on Ray: a suite of its own
+
+        return replicas.main(argv)
     from engine.config import EngineConfig
 
     parser = argparse.ArgumentParser(prog="python -m bench scale", description=__doc__,

@@ -148,5 +148,24 @@ def test_a_killed_replicas_sessions_continue_on_the_other(cluster):
     assert victim["id"] not in {r["id"] for r in survivors}
     assert len(_frames(slot_b, 5)) == 5  # the other session never stopped
     assert resumed_s < 5, resumed_s
+    # the autoscaler brings the count back to min_replicas (2): a fresh replica
+    assert wait_for(lambda: len([r for r in cluster.metrics()["replicas"] if r["alive"]]) == 2,
+                    timeout=60)
     cluster.close_session(a.session_id)
     cluster.close_session(b.session_id)
+
+
+def test_desired_replicas_follow_live_sessions():
+    """The autoscaling rule, on a router that was never started (no Ray): one replica per
+    ``capacity`` sessions plus room for the next user, within [min, max]."""
+    from engine.cluster.router import RayEngine, _Replica, _Routed
+
+    engine = RayEngine("sim", replicas=1, min_replicas=1, max_replicas=3)
+    engine._replicas[0] = _Replica(0, None, {"capacity": 2})
+    wanted = []
+    for n in range(8):
+        engine._sessions = {str(i): _Routed(None, 0, str(i), None) for i in range(n)}
+        wanted.append(engine.desired_replicas())
+    assert wanted == [1, 1, 2, 2, 3, 3, 3, 3]
+    with pytest.raises(ValueError):
+        RayEngine("sim", replicas=3, max_replicas=2)
