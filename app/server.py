@@ -241,8 +241,12 @@ def create_app(engine: EngineAPI, limits: Limits | None = None, *, ui: bool = Tr
                                    "frames_sent": s.telemetry.frames_sent,
                                    "recording": s.recorder is not None}
                     for s in manager.sessions()}
-        return {"model": engine.model_name, "capacity": manager.capacity,
-                "sessions": sessions, "engine": engine.metrics()}
+        engine_metrics = engine.metrics()
+        body = {"model": engine.model_name, "capacity": manager.capacity,
+                "sessions": sessions, "engine": engine_metrics}
+        if "replicas" in engine_metrics:  # scale-out: which process holds which session
+            body["replicas"] = engine_metrics["replicas"]
+        return body
 
     @app.websocket("/api/sessions/{session_id}/ws")
     async def websocket(ws: WebSocket, session_id: str, token: str | None = None) -> None:

@@ -84,28 +84,34 @@ def _failover_md(k: dict | None) -> str:
 
 
 def _capacity_model(rows: list[dict], fps_target: int = 20) -> str:
-    """The sizing paragraph: sessions per replica from the chunk time, the front end's cost."""
+    """The sizing paragraph, from the measured throughput of one replica (all its sessions
+    batched) and the front end's CPU per frame handed off."""
     one = rows[0]
-    lines = ["## Capacity model", ""]
-    if one["chunk_ms_p95"]:
-        per_replica = int(1000 / (one["chunk_ms_p95"] * fps_target))
-        p95 = one["chunk_ms_p95"]
-        lines.append(f"- A chunk of one frame takes {p95:.1f} ms (p95) on one replica here, "
-                     f"so one replica sustains about 1000 / ({p95:.1f} x {fps_target}) = "
-                     f"**{per_replica} sessions at {fps_target} fps** on its core (batching "
-                     "several sessions into one chunk call raises this on a "
-                     "GPU, where a batch costs little more than one job).")
-    lines.append("- Replicas per host: one per core (CPU) or as many as fit the GPU memory "
-                 "(Ray `num_gpus` per replica, e.g. 0.25 for four replicas of a small model on "
-                 "one GPU); more replicas than cores only share the cores.")
-    cost = np.mean([r["front_end_cpu_ms_per_session_s"] for r in rows])
-    lines.append(f"- The front end spends {cost:.1f} ms of CPU per session per second here "
-                 f"(receiving and handing off frames; WebRTC encoding comes on top, ~5-10 ms a "
-                 f"frame for VP8 at 128x128), so one front-end core serves about "
-                 f"{int(1000 / max(cost, 1e-3))} sessions before encoding.")
-    lines.append("- For N concurrent users: replicas = ceil(N / sessions per replica), hosts = "
-                 "ceil(replicas / replicas per host), plus front-end cores for N sessions.")
-    return "\n".join(lines) + "\n"
+    per_replica = int(one["aggregate_fps"] // fps_target)
+    frames_per_session_s = one["aggregate_fps"] / one["sessions"]
+    front_ms_per_frame = one["front_end_cpu_ms_per_session_s"] / max(frames_per_session_s, 1e-9)
+    front_per_core = int(1000 / max(front_ms_per_frame * fps_target, 1e-9))
+    return "\n".join([
+        "## Capacity model", "",
+        f"- One replica delivered {one['aggregate_fps']:.0f} frames/s over its "
+        f"{one['sessions']} sessions here (one core, chunks of all its sessions batched), so it "
+        f"serves about **{per_replica} sessions at {fps_target} fps** (chunk time "
+        f"{one['chunk_ms_p95']} ms p95 per batch). Sessions per replica = frames/s of one "
+        f"replica / fps per session; measure it for the model and hardware at hand with this "
+        f"suite.",
+        "- Replicas per host: one per core on CPUs (more only share the cores, and the front "
+        "end and Ray's own processes need a share: on this 2-core machine two replicas got "
+        "about 1.5 cores between them), or as many as fit a GPU's memory and compute "
+        "(`--replica-gpus 0.25`: four replicas of a small model on one GPU).",
+        f"- The front end spends {front_ms_per_frame:.2f} ms of CPU per frame it receives and "
+        f"hands to a connection (Ray transfer, time translation, slots); WebRTC encoding comes "
+        f"on top (VP8 at 128x128: a few ms a frame). Before encoding one front-end core "
+        f"handles about {front_per_core} sessions at {fps_target} fps.",
+        "- For N concurrent users: replicas = ceil(N / sessions per replica), hosts = "
+        "ceil(replicas / replicas per host), front-end cores = N x fps x (hand-off + encode "
+        "ms per frame) / 1000; run several front ends behind a load balancer with sticky "
+        "sessions when one is not enough (each front end owns its sessions' replicas).",
+    ]) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:

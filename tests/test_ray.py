@@ -98,6 +98,9 @@ def test_front_end_streams_and_refuses_when_every_replica_is_full(cluster, tmp_p
         created = [client.post("/api/sessions", json={"prompt": "a meadow"})
                    for _ in range(cluster.capacity)]
         assert [r.status_code for r in created] == [201] * 4
+        listed = client.get("/api/metrics").json()["replicas"]
+        assert sorted(s for r in listed for s in r["sessions"]) == sorted(
+            r.json()["session_id"] for r in created)
         full = client.post("/api/sessions", json={"prompt": "one more"})
         assert full.status_code == 503 and full.json()["retry_after_s"] > 0
         with pytest.raises(CapacityError):

@@ -32,8 +32,8 @@ PULL_SLOT_FRAMES = 64
 
 class EngineReplica:
     """The actor class (``ray.remote(EngineReplica)`` in :mod:`engine.cluster.router`; plain
-    Python here, so it is testable without Ray). Thread-safe: the actor runs with several
-    threads so a long poll never blocks a command.
+    Python here, so it is testable without Ray). Thread-safe: :meth:`pull` and :meth:`metrics`
+    run in a concurrency group of their own beside the commands.
 
     Args:
         model: backend name for ``engine.registry.load_backend`` (``builtin``, ``sim``, ...).
@@ -48,7 +48,13 @@ class EngineReplica:
             import torch
 
             torch.set_num_threads(threads)
-        self.engine = Engine(load_backend(model, **(model_kwargs or {})), config).start()
+        backend = load_backend(model, **(model_kwargs or {}))
+        # as `worldstream play` does: load the scene-prompt encoder before the first session
+        # (seconds on an idle machine, far longer under load), or that session stalls
+        from engine.text import scene_for_prompt
+
+        scene_for_prompt("warm-up")
+        self.engine = Engine(backend, config).start()
         self._slots: dict[str, Any] = {}
         self._received: Counter[str] = Counter()
         self._lock = threading.Lock()

@@ -137,8 +137,12 @@ class RayEngine:
                 kwargs["num_cpus"] = int(max(os.cpu_count() or 1, need))
             ray.init(address=self._address, **kwargs)
             self._own_ray = True
-        self._actor_cls = ray.remote(EngineReplica).options(
-            max_concurrency=4, max_restarts=0, **self._resources)
+        # NOTE: commands run in the default concurrency group, one thread: Ray executes one
+        # caller's calls in submission order only there (in a threaded group a pause and the
+        # resume right after it could swap). The long poll and the metrics get a group of
+        # their own, so they never wait behind a command nor block one.
+        self._actor_cls = ray.remote(concurrency_groups={"poll": 2})(EngineReplica).options(
+            max_restarts=0, **self._resources)
         started = [self._launch() for _ in range(self._start_count)]
         for rep in started:
             self._await_ready(rep)
@@ -337,7 +341,8 @@ class RayEngine:
 
         while not self._stopping.is_set() and rep.alive:
             try:
-                reply = ray.get(rep.handle.pull.remote(0.05), timeout=60)
+                reply = ray.get(rep.handle.pull.options(concurrency_group="poll").remote(0.05),
+                                timeout=60)
             except Exception as err:  # RayActorError (the process died), a timeout, ...
                 if self._stopping.is_set() or not rep.alive:
                     return
@@ -438,7 +443,9 @@ class RayEngine:
         while not self._stopping.wait(self._monitor_period_s):
             for rep in self._live():
                 try:
-                    rep.metrics = ray.get(rep.handle.metrics.remote(), timeout=10)
+                    rep.metrics = ray.get(
+                        rep.handle.metrics.options(concurrency_group="poll").remote(),
+                        timeout=10)
                 except Exception:  # a dead replica: its pump fails it over
                     pass
             try:
