@@ -302,7 +302,12 @@ class WorldGenerator:
             self._run_deferred()
             yield
 
+    @torch.no_grad()
     def _run_deferred(self) -> None:
+        # NOTE: no_grad here, not only in generate(): the deferred cache fill runs later, from
+        # finish() or any other call, and with autograd on, every fill's keys/values written
+        # into the page pool chained a graph onto the pool that was never freed (~110 MB/s
+        # under a fork flood, issue 12)
         deferred, self._deferred = self._deferred, []
         for work in deferred:
             work()
