@@ -5,6 +5,9 @@ Phases (``--seconds`` each, the normal client a headless WebRTC client in its ow
 in ``bench e2e``):
 
 1. ``alone``: the normal session by itself (the reference).
+   ``calm``: beside a second session whose viewer only pings once a second: the share of an
+   engine that two streams get (on a model that saturates a core, about half each), the
+   reference that shows what the floods below add.
 2. ``prompts``: beside a WebSocket client sending a new random 380-character prompt every
    40 ms (25/s, under the rate limit).
 3. ``forks``: beside a WebSocket client that sends ``next`` x4, then a ``fork`` every 40 ms
@@ -38,7 +41,7 @@ import sys
 import time
 from pathlib import Path
 
-FLOOD_PERIOD_S = {"prompts": 0.040, "forks": 0.040, "offers": 0.035}
+FLOOD_PERIOD_S = {"calm": 1.0, "prompts": 0.040, "forks": 0.040, "offers": 0.035}
 
 
 def server_rss_mib(pid: int) -> float:
@@ -132,6 +135,8 @@ async def flood(url: str, kind: str, seconds: float) -> dict:
                     if kind == "prompts":
                         text = "".join(rng.choices(string.ascii_lowercase + " ", k=380))
                         message = {"type": "prompt", "seq": sent, "t": 0, "text": text}
+                    elif kind == "calm":  # a second viewer that only pings, like the page
+                        message = {"type": "ping", "seq": sent, "t": 0}
                     else:
                         message = {"type": "fork", "seq": sent, "k": 4}
                     await ws.send(json.dumps(message))
@@ -261,18 +266,22 @@ async def _vanish(url: str, keep_s: float | None) -> dict:
 def _markdown(payload: dict) -> str:
     from bench.results import context_md, table
 
-    alone = payload["phases"]["alone"]
+    alone, calm = payload["phases"]["alone"], payload["phases"]["calm"]
+
+    def ratio(a, b):
+        return a / b if a and b else None
+
     rows = []
     for name, p in payload["phases"].items():
-        rows.append([name, p["fps"], p["fps"] / alone["fps"] if alone["fps"] else None,
+        rows.append([name, p["fps"], ratio(p["fps"], alone["fps"]), ratio(p["fps"], calm["fps"]),
                      p["a2p_p50_ms"], p["a2p_p95_ms"],
-                     p["a2p_p95_ms"] / alone["a2p_p95_ms"] - 1
-                     if alone["a2p_p95_ms"] and p["a2p_p95_ms"] else None,
+                     (ratio(p["a2p_p95_ms"], alone["a2p_p95_ms"]) or 1) - 1,
+                     (ratio(p["a2p_p95_ms"], calm["a2p_p95_ms"]) or 1) - 1,
                      json.dumps(p.get("adversary", {}).get("answers", {}))])
     mem, van = payload.get("memory"), payload.get("vanish")
     text = ("# Soak with adversarial clients (issue 12)\n\n" + context_md(payload) + "\n"
-            + table(["phase", "fps", "fps / alone", "a2p p50 ms", "a2p p95 ms",
-                     "p95 change", "adversary's answers"], rows))
+            + table(["phase", "fps", "fps / alone", "fps / calm", "a2p p50 ms", "a2p p95 ms",
+                     "p95 vs alone", "p95 vs calm", "adversary's answers"], rows))
     if mem:
         text += (f"\n\nNon-reading fork client for {mem['minutes']} min ({mem['forks_sent']} "
                  f"forks, {mem['connections']} connections): server RSS "
@@ -309,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     phases: dict[str, dict] = {}
     with PlayServer(args.model, max_sessions=2, threads=args.threads) as server:
         phase(server.url, None, 3, seed=99)  # warm-up: first session, encoder, codec
-        for kind in (None, "prompts", "forks", "offers"):
+        for kind in (None, "calm", "prompts", "forks", "offers"):
             name = kind or "alone"
             phases[name] = phase(server.url, kind, args.seconds, seed=len(phases))
             p = phases[name]
