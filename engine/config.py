@@ -86,7 +86,7 @@ class EngineConfig:
     fps_degrade_factor: float = 0.75
     retry_after_s: float = 5.0
     metrics_window_s: float = 2.0
-    prompts_per_s: float = 4.0
+    prompts_per_s: float = 2.0
 
     def __post_init__(self) -> None:
         for f in fields(self):
