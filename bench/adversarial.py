@@ -92,7 +92,9 @@ def _auth(created: dict) -> dict:
     return {"Authorization": f"Bearer {created['token']}"}
 
 
-async def _dead_offer() -> str:
+async def dead_offer() -> str:
+    """A valid offer as the page makes it (recvonly video, a ``control`` data channel) whose
+    peer connection is closed at once: answering it can never lead to a connection."""
     from aiortc import RTCConfiguration, RTCPeerConnection
 
     pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
@@ -117,7 +119,7 @@ async def flood(url: str, kind: str, seconds: float) -> dict:
         ws_url = url.replace("http", "ws") + f"/api/sessions/{sid}/ws?token={created['token']}"
         sent = 0
         if kind == "offers":
-            sdp = await _dead_offer()
+            sdp = await dead_offer()
             while time.monotonic() < end:
                 r = await http.post(f"/api/sessions/{sid}/offer", headers=_auth(created),
                                     json={"sdp": sdp, "type": "offer"})

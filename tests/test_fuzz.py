@@ -14,12 +14,12 @@ import json
 import string
 
 import pytest
-from aiortc import RTCConfiguration, RTCPeerConnection
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from app.server import create_app
+from bench.adversarial import dead_offer
 from streaming.control import ControlChannel
 from streaming.limits import Limits
 from streaming.sessions import SessionManager
@@ -178,20 +178,7 @@ def test_http_routes_never_answer_500(app_client, method, route, body, head, que
     assert client.get("/api/health").status_code == 200
 
 
-def _valid_offer() -> str:
-    async def make():
-        pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-        pc.addTransceiver("video", direction="recvonly")
-        pc.createDataChannel("control")
-        await pc.setLocalDescription(await pc.createOffer())
-        sdp = pc.localDescription.sdp
-        await pc.close()
-        return sdp
-
-    return asyncio.run(make())
-
-
-OFFER = _valid_offer()
+OFFER = asyncio.run(dead_offer())
 OFFER_LINES = OFFER.splitlines()
 
 

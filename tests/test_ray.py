@@ -18,7 +18,7 @@ from app.server import create_app
 from engine.api import ActionCommand, CapacityError
 from streaming.limits import Limits
 from streaming.websocket import unpack_frame
-from tests.test_engine import wait_for
+from tests.test_engine import collect, wait_for
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.slow
@@ -36,12 +36,7 @@ def cluster():
 
 
 def _frames(slot, n, timeout=20.0):
-    out, deadline = [], time.monotonic() + timeout
-    while len(out) < n and time.monotonic() < deadline:
-        frame = slot.get(timeout=0.1)
-        if frame is not None:
-            out.append(frame)
-    return out
+    return collect(slot, n, timeout)
 
 
 def test_sessions_are_placed_on_the_least_loaded_replica(cluster):

@@ -15,6 +15,7 @@ from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from fastapi.testclient import TestClient
 
 from app.server import create_app
+from bench.adversarial import dead_offer
 from streaming.limits import Limits
 from streaming.sessions import REC_DIR_PREFIX, sweep_stale_recording_dirs
 from streaming.webrtc import bind_media
@@ -134,30 +135,20 @@ def test_own_recording_folder_is_removed_on_stop(fake_engine):
 
 
 # ---------------------------------------------------------------- WebRTC offers
-async def _offer_sdp() -> str:
-    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-    pc.addTransceiver("video", direction="recvonly")
-    pc.createDataChannel("control")
-    await pc.setLocalDescription(await pc.createOffer())
-    sdp = pc.localDescription.sdp
-    await pc.close()  # the peer is gone: its offers can never connect
-    return sdp
-
-
 async def _flood_offers(url: str, webrtc) -> dict:
     async with httpx.AsyncClient(base_url=url, timeout=30) as http:
         s = (await http.post("/api/sessions", json={"prompt": "a green meadow"})).json()
         post = f"/api/sessions/{s['session_id']}/offer"
-        sdp = await _offer_sdp()
+        sdp = await dead_offer()
         replay = [(await http.post(post, json={"sdp": sdp, "type": "offer"}, headers=auth(s))
                    ).status_code for _ in range(2)]
-        fresh = [(await http.post(post, json={"sdp": await _offer_sdp(), "type": "offer"},
+        fresh = [(await http.post(post, json={"sdp": await dead_offer(), "type": "offer"},
                                   headers=auth(s))).status_code for _ in range(3)]
         session = webrtc.manager.sessions()[0]
         held = webrtc.peer_connections(session)
         await asyncio.sleep(1.5)  # past the connect timeout: the unconnected ones are closed
         after = webrtc.peer_connections(session)
-        again = (await http.post(post, json={"sdp": await _offer_sdp(), "type": "offer"},
+        again = (await http.post(post, json={"sdp": await dead_offer(), "type": "offer"},
                                  headers=auth(s))).status_code
         health = (await http.get("/api/health")).status_code
     return {"replay": replay, "fresh": fresh, "held": held, "after": after, "again": again,

@@ -14,6 +14,7 @@ import pytest
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
 from app.server import create_app
+from bench.adversarial import dead_offer
 from engine.api import Frame, FrameSlot
 from engine.worlds.actions import keys_to_action
 from engine.worlds.simulator import WorldSimulator, player_mask
@@ -177,12 +178,7 @@ def test_webrtc_stream_follows_hold_right(sim_engine):
 async def _mutated_offers(url: str) -> list[int]:
     async with httpx.AsyncClient(base_url=url, timeout=30) as http:
         created = (await http.post("/api/sessions", json={"prompt": "a green meadow"})).json()
-        pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-        pc.addTransceiver("video", direction="recvonly")
-        pc.createDataChannel("control")
-        await pc.setLocalDescription(await pc.createOffer())
-        sdp = pc.localDescription.sdp
-        await pc.close()
+        sdp = await dead_offer()
         keep = [line for line in sdp.splitlines()
                 if not line.startswith(("a=rtpmap", "a=fmtp", "a=rtcp-fb"))]
         mutations = [
