@@ -18,6 +18,7 @@ SUITES = {
     "scale": "bench.scale",
     "report": "bench.report",
     "analyse": "bench.analyse",
+    "browser": "bench.browser",
 }
 
 

@@ -314,6 +314,11 @@
     const video = $("ws-video");
     const playing = new Promise((resolve, reject) => {
       pc.ontrack = (e) => {
+        // show each frame as soon as it is decoded: the server already paces the frames,
+        // a jitter buffer on top only adds delay (WebRTC: RTCRtpReceiver.jitterBufferTarget;
+        // playoutDelayHint is Chrome's older name)
+        if ("jitterBufferTarget" in e.receiver) e.receiver.jitterBufferTarget = 0;
+        if ("playoutDelayHint" in e.receiver) e.receiver.playoutDelayHint = 0;
         S.onFirstFrame = resolve;
         video.requestVideoFrameCallback(onVideoFrame);
         video.srcObject = e.streams[0] || new MediaStream([e.track]);

@@ -1,0 +1,94 @@
+"""``python -m bench browser [--model builtin] [--mode responsive] [--seconds 20]``: the
+action-to-photon latency a user sees in the page's HUD.
+
+``worldstream play`` runs in a process of its own; Debian's Chromium (headless, Playwright with
+``executable_path``) opens the page, waits for the WebRTC video, then presses and releases
+arrow keys (a key change every 0.4-0.9 s, seeded) for ``--seconds``. Reported: the HUD's
+action-to-photon p50/p95 (measured by the page: key event -> the first displayed video frame
+whose metadata carries the action), the fps it shows, the mode, and the load of the machine.
+Chromium decodes and draws on the same cores as the server, so on a 2-core machine this is the
+number a user of one laptop would see.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import re
+import sys
+import time
+from pathlib import Path
+
+from bench.adversarial import PlayServer
+
+CHROMIUM = Path("/usr/bin/chromium")
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+KEYS = ["ArrowLeft", "ArrowRight", "ArrowUp", "ArrowDown"]
+
+
+def run(url: str, mode: str, seconds: float, seed: int = 0) -> dict:
+    from playwright.sync_api import sync_playwright
+
+    rng = random.Random(seed)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.goto(url, wait_until="domcontentloaded")
+            page.wait_for_function(
+                "document.getElementById('ws-badge')?.dataset.kind === 'webrtc'", timeout=120_000)
+            page.wait_for_function("document.getElementById('ws-video').videoWidth > 0")
+            if mode != "responsive":
+                page.select_option("#ws-mode", mode)
+            page.wait_for_timeout(2000)
+            end = time.monotonic() + seconds
+            presses = 0
+            while time.monotonic() < end:
+                key = rng.choice(KEYS)
+                page.keyboard.down(key)
+                page.wait_for_timeout(rng.randint(400, 900))
+                page.keyboard.up(key)
+                page.wait_for_timeout(rng.randint(100, 400))
+                presses += 2
+            a2p = [int(x) for x in re.findall(r"\d+", page.inner_text("#hud-a2p"))]
+            hud = {name: page.inner_text(f"#{name}") for name in ("hud-fps", "hud-mode", "hud-jb")
+                   if page.query_selector(f"#{name}")}
+        finally:
+            browser.close()
+    return {"a2p_p50_ms": a2p[0] if a2p else None, "a2p_p95_ms": a2p[1] if len(a2p) > 1 else None,
+            "key_events": presses, "hud": hud}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench browser", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="builtin")
+    parser.add_argument("--mode", choices=("responsive", "quality"), default="responsive")
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads of the server")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    if not CHROMIUM.exists():
+        raise SystemExit(f"no Chromium at {CHROMIUM} (apt-get install chromium)")
+
+    from bench import results
+    from bench.common import hardware_info
+    from bench.results import context_md
+
+    load_before = os.getloadavg()
+    with PlayServer(args.model, max_sessions=1, threads=args.threads) as server:
+        got = run(server.url, args.mode, args.seconds)
+    payload = results.stamp_payload("browser", {
+        "hardware": hardware_info(),
+        "settings": {"model": args.model, "mode": args.mode, "seconds": args.seconds,
+                     "threads": args.threads, "load_before": load_before}, **got}, argv)
+    md = ("# Action-to-photon in the browser (the page's HUD)\n\n" + context_md(payload)
+          + f"\nHUD action-to-photon p50 / p95: **{got['a2p_p50_ms']} / {got['a2p_p95_ms']} ms** "
+            f"over {got['key_events']} key events; HUD: {got['hud']}.\n")
+    folder = results.save("browser", payload, md, {})
+    print(f"[browser] {got}", file=sys.stderr)
+    print(f"report: {folder / 'result.md'}", file=sys.stderr)
+    results.print_json(payload, args.json)
+    return 0
