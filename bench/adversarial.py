@@ -334,11 +334,11 @@ def main(argv: list[str] | None = None) -> int:
         if not args.skip_vanish:
             vanish = asyncio.run(_vanish(server.url, Limits().recording_keep_s))
             print(f"[adversarial] vanish: {vanish}", file=sys.stderr)
-    payload = results.stamp_payload("soak_adversarial", {
+    payload = results.stamp_payload("soak", {
         "hardware": hardware_info(),
         "settings": {"model": args.model, "seconds": args.seconds, "rss_minutes": args.rss_minutes,
                      "threads": args.threads, "load": os.getloadavg()},
-        "phases": phases, "memory": memory, "vanish": vanish}, argv)
+        "phases": phases, "memory": memory, "vanish": vanish}, ["--adversarial", *(argv or [])])
     folder = results.save("soak_adversarial", payload, _markdown(payload), {})
     print(f"report: {folder / 'result.md'}", file=sys.stderr)
     results.print_json(payload, args.json)
