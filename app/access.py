@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 from streaming.limits import RateLimiter
 
 #: the names a loopback-bound server answers to (anything else is DNS rebinding)
-LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1", "[::1]")
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ class AccessPolicy:
         (not a browser's cross-site request), the server's own origin, or an allowed one."""
         if origin is None:
             return True
-        if origin in self.allowed_origins:
+        if origin.rstrip("/") in {o.rstrip("/") for o in self.allowed_origins}:
             return True
         parts = urlsplit(origin)
         return parts.scheme in ("http", "https") and bool(host) and parts.netloc == host
@@ -85,10 +85,11 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-class FailedAuthThrottle:
-    """Token bucket of failed authentications per client address: ``burst`` failures, then
-    ``per_s`` a second (429 meanwhile). Remembers the ``max_clients`` most recent addresses
-    (an attacker rotating addresses cannot grow it without bound)."""
+class ClientBuckets:
+    """A token bucket per client address: ``burst`` events, then ``per_s`` a second. Counts
+    failed authentications (then 429 whatever the request presents) and session creations.
+    Remembers the ``max_clients`` most recent addresses (an attacker rotating addresses cannot
+    grow it without bound)."""
 
     def __init__(self, per_s: float, burst: int, max_clients: int = 4096,
                  clock: Callable[[], float] = time.monotonic):
@@ -103,10 +104,11 @@ class FailedAuthThrottle:
             self._buckets.popitem(last=False)
         return bucket
 
-    def blocked(self, client: str) -> bool:
-        """Whether ``client`` has no failure left (peeks: takes nothing)."""
+    def empty(self, client: str) -> bool:
+        """Whether ``client`` has no event left (peeks: takes nothing)."""
         bucket = self._buckets.get(client)
         return bucket is not None and bucket.tokens() < 1.0
 
-    def failed(self, client: str) -> None:
+    def take(self, client: str) -> None:
+        """Count one event of ``client``."""
         self._bucket(client).allow()

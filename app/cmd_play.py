@@ -58,8 +58,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                          help="another web origin allowed to call the API (repeatable), e.g. "
                               "https://play.example.com behind a TLS proxy")
     exposed.add_argument("--sessions-per-client", type=int, default=None, metavar="N",
-                         help="sessions one client address may hold (default: no limit on "
-                              "loopback, half of --max-sessions otherwise)")
+                         help="sessions one client address may hold (default: half of "
+                              "--max-sessions with --auth or a non-loopback --host, else no "
+                              "limit)")
     parser.set_defaults(func=run)
 
 
@@ -90,7 +91,10 @@ def access_settings(args: argparse.Namespace):
     policy = AccessPolicy.for_bind(args.host, key, tuple(args.allowed_host),
                                    tuple(args.allowed_origin))
     per_client = args.sessions_per_client
-    if per_client is None and not is_loopback(args.host):
+    # exposed (a key, or a public bind address): no one address takes every slot. Behind a
+    # reverse proxy on loopback the address is the proxy's unless it sends X-Forwarded-For
+    # (uvicorn trusts it from 127.0.0.1), see README "Running it exposed"
+    if per_client is None and (args.auth or not is_loopback(args.host)):
         per_client = max(1, args.max_sessions // 2)
     if per_client is not None and per_client < 1:
         raise ValueError(f"--sessions-per-client must be >= 1, got {per_client}")
@@ -119,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
     from engine.engine import Engine
     from engine.registry import BackendUnavailableError, load_backend
     from streaming.limits import Limits
-    from streaming.webrtc import bind_media
+    from streaming.webrtc import bind_media, configure_ice_consent
 
     kwargs = {}
     if args.model == "sim" and (args.model_path or args.checkpoint):
@@ -145,6 +149,7 @@ def run(args: argparse.Namespace) -> int:
         scene_for_prompt("warm-up")
         engine = Engine(backend, play_config(args.max_sessions, args.mode)).start()
     bind_media(args.host)  # media sockets where the page is served, not on every interface
+    configure_ice_consent()  # a crashed tab's session is noticed in seconds, not half a minute
     try:
         # with replicas, each admits --max-sessions: the front end admits them all
         app = create_app(engine, Limits(max_sessions=engine.capacity,

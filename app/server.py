@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse, Response  # noqa: E402
 from fastapi.staticfiles import StaticFiles  # noqa: E402
 from starlette.middleware.trustedhost import TrustedHostMiddleware  # noqa: E402
 
-from app.access import AccessPolicy, FailedAuthThrottle  # noqa: E402
+from app.access import AccessPolicy, ClientBuckets  # noqa: E402
 from engine.api import CapacityError, EngineAPI  # noqa: E402
 from streaming import messages as m  # noqa: E402
 from streaming.limits import Limits  # noqa: E402
@@ -97,7 +97,8 @@ def create_app(engine: EngineAPI, limits: Limits | None = None, *, ui: bool = Tr
     access = access or AccessPolicy()
     manager = SessionManager(engine, limits, recording_dir)
     webrtc = WebRTCTransport(manager)
-    throttle = FailedAuthThrottle(limits.auth_failures_per_s, limits.auth_failure_burst)
+    throttle = ClientBuckets(limits.auth_failures_per_s, limits.auth_failure_burst)
+    creations = ClientBuckets(limits.creations_per_s, limits.creation_burst)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI):
@@ -137,27 +138,27 @@ def create_app(engine: EngineAPI, limits: Limits | None = None, *, ui: bool = Tr
 
     def check_key(request: Request) -> None:
         client = client_of(request)
-        if throttle.blocked(client):
+        if throttle.empty(client):
             raise ApiError(429, "too many failed authentications", "authorization",
                            headers={"Retry-After": "5"})
         if not access.key_ok(_bearer(request)):
-            throttle.failed(client)
+            throttle.take(client)
             raise ApiError(401, "this server needs its key: Authorization: Bearer <key>",
                            "authorization")
 
     def authorized(session_id: str, token: str | None, client: str) -> StreamSession:
-        if throttle.blocked(client):
+        if throttle.empty(client):
             raise ApiError(429, "too many failed authentications", "authorization",
                            headers={"Retry-After": "5"})
         try:
             session = manager.authenticate(session_id, token)
         except UnknownSessionError:
-            throttle.failed(client)
+            throttle.take(client)
             if access.auth_key is not None:  # exposed: no existence oracle
                 raise ApiError(401, "missing or wrong bearer token", "authorization") from None
             raise ApiError(404, f"unknown session {session_id!r}", "session_id") from None
         except BadTokenError as err:
-            throttle.failed(client)
+            throttle.take(client)
             raise ApiError(401, str(err), "authorization") from None
         if not session.rate.allow():
             raise ApiError(429, f"more than {limits.messages_per_s:g} requests/s",
@@ -173,9 +174,15 @@ def create_app(engine: EngineAPI, limits: Limits | None = None, *, ui: bool = Tr
     async def create_session(request: Request) -> dict[str, Any]:
         check_key(request)
         body = await _body(request, m.CreateSessionRequest)
+        client = client_of(request)
+        if creations.empty(client):  # a create/DELETE loop would cost every stream its model
+            raise ApiError(429, f"more than {limits.creations_per_s:g} new sessions/s",
+                           headers={"Retry-After": "1"})
+        creations.take(client)
         try:
-            session = manager.create(body.prompt, seed=body.seed, fps=body.fps,
-                                     client=client_of(request))
+            # off the event loop: the engine may encode the prompt, a replica may be remote
+            session = await asyncio.to_thread(manager.create, body.prompt, seed=body.seed,
+                                              fps=body.fps, client=client)
         except CapacityError as err:
             raise ApiError(503, str(err), retry_after_s=err.retry_after_s,
                            headers={"Retry-After": str(max(1, round(err.retry_after_s)))}
@@ -210,12 +217,15 @@ def create_app(engine: EngineAPI, limits: Limits | None = None, *, ui: bool = Tr
         # a download link cannot set headers: the token may also come as ?token= (extension);
         # the recording of a closed session stays downloadable for limits.recording_keep_s
         token = _bearer(request) or token
+        if throttle.empty(client_of(request)):
+            raise ApiError(429, "too many failed authentications", "authorization",
+                           headers={"Retry-After": "5"})
         try:
             path = manager.kept_recording(session_id, token)
         except UnknownSessionError:  # not a closed session's: a live one's, or nothing
             path = authorized(session_id, token, client_of(request)).recording_path
         except BadTokenError as err:
-            throttle.failed(client_of(request))
+            throttle.take(client_of(request))
             raise ApiError(401, str(err), "authorization") from None
         if path is None or not path.exists():
             raise ApiError(404, "this session has no recording; send {\"type\":\"record\"}",
@@ -254,6 +264,9 @@ def create_app(engine: EngineAPI, limits: Limits | None = None, *, ui: bool = Tr
             if not access.origin_ok(ws.headers.get("origin"), ws.headers.get("host")):
                 raise ApiError(403, "cross-origin WebSocket refused", "origin")
             session = authorized(session_id, token, client_of(ws))
+            if session.websockets >= limits.websockets_per_session:
+                raise ApiError(429, f"this session holds {limits.websockets_per_session} "
+                                    "WebSocket connections; close one first", "session_id")
         except ApiError as err:
             await ws.send_denial_response(err.response())
             return

@@ -21,9 +21,10 @@ Each reports the normal session's fps and action-to-photon p50/p95; goals: fps >
    deleted: the server's resident memory at the start, its peak and 5 s after the DELETE
    (goal: end within +50 MB of the start).
 6. ``vanish``: with the server full (``--max-sessions 2``), one client records over its data
-   channel and closes its peer connection without a DELETE (a crashed tab), another creates a
-   session and never connects; a new user retries every 0.5 s: seconds until admitted (goal
-   <= 30 s). The vanished client's recording is then downloaded with its token and decoded.
+   channel and its process is killed (SIGKILL: a crashed tab, no DELETE, no DTLS close),
+   another creates a session and never connects; a new user retries every 0.5 s: seconds
+   until admitted (goal <= 30 s). The vanished client's recording is then downloaded with its
+   token and decoded.
 """
 
 from __future__ import annotations
@@ -214,29 +215,49 @@ async def _memory(url: str, pid: int, minutes: float) -> dict:
             "growth_mib": round(final - start, 1), "samples_mib": samples}
 
 
-async def _vanish(url: str, keep_s: float | None) -> dict:
-    import av
+async def _crashing_viewer(url: str, out) -> None:
+    """A viewer that connects over WebRTC, records, and then waits to be killed: its process
+    is SIGKILLed like a crashed tab (no DELETE, no DTLS close, no ICE goodbye)."""
     import httpx
     from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
     async with httpx.AsyncClient(base_url=url, timeout=30) as http:
-        crashed = (await http.post("/api/sessions", json={"prompt": "a desert"})).json()
+        created = (await http.post("/api/sessions", json={"prompt": "a desert"})).json()
         pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
         pc.addTransceiver("video", direction="recvonly")
         channel = pc.createDataChannel("control")
         opened = asyncio.get_running_loop().create_future()
         channel.on("open", lambda: opened.set_result(True))
         await pc.setLocalDescription(await pc.createOffer())
-        r = await http.post(f"/api/sessions/{crashed['session_id']}/offer",
-                            headers=_auth(crashed),
+        r = await http.post(f"/api/sessions/{created['session_id']}/offer",
+                            headers=_auth(created),
                             json={"sdp": pc.localDescription.sdp, "type": "offer"})
         await pc.setRemoteDescription(RTCSessionDescription(**r.json()))
         await asyncio.wait_for(opened, 30)
         channel.send(json.dumps({"type": "record", "seq": 1, "on": True}))
-        await asyncio.sleep(4)
+        out.put(created)
+        await asyncio.sleep(3600)
+
+
+def _crashing_viewer_main(url: str, out) -> None:
+    asyncio.run(_crashing_viewer(url, out))
+
+
+async def _vanish(url: str, keep_s: float | None) -> dict:
+    import av
+    import httpx
+
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    viewer = ctx.Process(target=_crashing_viewer_main, args=(url, out), daemon=True)
+    viewer.start()
+    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+        crashed = await asyncio.to_thread(out.get, True, 120)
+        await asyncio.sleep(4)  # recording
         never = (await http.post("/api/sessions", json={"prompt": "a night"})).json()
         full = (await http.post("/api/sessions", json={"prompt": "x"})).status_code
-        await pc.close()  # the tab crashed: no DELETE
+        viewer.kill()  # the tab crashed
+        viewer.join()
         t0 = time.monotonic()
         while True:
             r = await http.post("/api/sessions", json={"prompt": "a green meadow"})

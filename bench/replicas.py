@@ -202,6 +202,8 @@ async def _failover_client(url: str, engine, seconds: float) -> dict:
         replicas = engine.metrics()["replicas"]
         victim = next(r for r in replicas if a["session_id"] in r["sessions"])
         on_victim = [m["session_id"] for m in made if m["session_id"] in victim["sessions"]]
+        for m in made[1:]:  # the others stream too (as if watched): nothing paused to restore
+            engine.set_paused(m["session_id"], False)
         arrivals, t0, killed_at = [], time.monotonic(), None
         while time.monotonic() - t0 < seconds:
             await asyncio.wait_for(track.recv(), 10)

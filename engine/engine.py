@@ -195,6 +195,11 @@ class Engine:
                              f"{self.config.max_fps}], got {fps!r}")
         if self._stop.is_set():
             raise RuntimeError("engine stopped")
+        if self._prompts is not None:  # encode it here, in the caller's thread, not on ours
+            try:
+                self.backend.prepare_prompt(prompt)
+            except ValueError:
+                pass  # the backend refuses it on the engine thread, with its own message
         cfg = self.config
         with self._lock:
             if len(self._sessions) >= cfg.max_sessions:

@@ -27,7 +27,9 @@ class Limits:
     not connected by then is closed (its UDP sockets freed). ``sessions_per_client``: sessions
     one client address may hold (None: no limit; on loopback every client has one address).
     ``auth_failures_per_s`` / ``auth_failure_burst``: token bucket of failed authentications
-    per client address (then 429)."""
+    per client address (then 429). ``creations_per_s`` / ``creation_burst``: the same for
+    session creations (each costs the engine a prompt encoding and a state).
+    ``websockets_per_session``: open WebSocket connections a session may hold (more: 429)."""
 
     max_sessions: int = 4
     messages_per_s: float = 30.0
@@ -42,17 +44,22 @@ class Limits:
     sessions_per_client: int | None = None
     auth_failures_per_s: float = 2.0
     auth_failure_burst: int = 20
+    creations_per_s: float = 2.0
+    creation_burst: int = 20
+    websockets_per_session: int = 2
 
     def __post_init__(self) -> None:
         for name in ("max_sessions", "message_burst", "frame_log_frames",
-                     "peer_connections_per_session", "auth_failure_burst"):
+                     "peer_connections_per_session", "auth_failure_burst", "creation_burst",
+                     "websockets_per_session"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.sessions_per_client is not None and self.sessions_per_client < 1:
             raise ValueError(f"sessions_per_client must be >= 1 or None, "
                              f"got {self.sessions_per_client}")
         for name in ("messages_per_s", "idle_timeout_s", "detached_grace_s", "recording_keep_s",
-                     "offer_connect_timeout_s", "auth_failures_per_s", "retry_after_s"):
+                     "offer_connect_timeout_s", "auth_failures_per_s", "retry_after_s",
+                     "creations_per_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
 

@@ -84,6 +84,7 @@ class StreamSession:
     closers: list[Callable[[], Any]] = field(default_factory=list)
     client: str | None = None
     transports: int = 0  # open transports: WebSocket connections, connected peer connections
+    websockets: int = 0  # open WebSocket connections (capped: limits.websockets_per_session)
     detached_since: float | None = None  # when the last transport went (or creation)
 
     @property
@@ -105,6 +106,7 @@ class SessionManager:
         self._recording_dir = Path(recording_dir)
         self._sessions: dict[str, StreamSession] = {}
         self._kept: dict[str, _KeptRecording] = {}
+        self._creating: list[str | None] = []  # clients of creations under way
         self._lock = threading.Lock()
 
     @property
@@ -126,15 +128,23 @@ class SessionManager:
         until a transport attaches (:meth:`attach`)."""
         limits = self.limits
         with self._lock:
-            if len(self._sessions) >= limits.max_sessions:
+            if len(self._sessions) + len(self._creating) >= limits.max_sessions:
                 raise CapacityError(f"all {limits.max_sessions} sessions are in use",
                                     limits.retry_after_s)
             if limits.sessions_per_client is not None and client is not None and sum(
-                    s.client == client for s in self._sessions.values()
-            ) >= limits.sessions_per_client:
+                    c == client for c in [s.client for s in self._sessions.values()]
+                    + self._creating) >= limits.sessions_per_client:
                 raise CapacityError(f"this client already holds {limits.sessions_per_client} "
                                     "sessions; close one first", limits.retry_after_s)
+            self._creating.append(client)
+        # NOTE: outside the lock: the engine may encode the prompt or ask a remote replica,
+        # and every request's authentication takes this lock
+        try:
             info = self.engine.create_session(prompt, seed=seed, fps=fps)
+        finally:
+            with self._lock:
+                self._creating.remove(client)
+        with self._lock:
             now = self._clock()
             session = StreamSession(
                 info=info, token=secrets.token_urlsafe(24),

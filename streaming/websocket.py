@@ -92,6 +92,7 @@ class WebSocketConnection:
             closer_loop.call_soon_threadsafe(self.slot.close)
 
         self.session.closers.append(closer)
+        self.session.websockets += 1
         self.manager.attach(self.session)
         try:
             done, _ = await asyncio.wait({receive, send, pump},
@@ -106,6 +107,7 @@ class WebSocketConnection:
             self.slot.close()
             with contextlib.suppress(ValueError):
                 self.session.closers.remove(closer)
+            self.session.websockets -= 1
             self.manager.detach(self.session)
             if self.ws.application_state == WebSocketState.CONNECTED:
                 with contextlib.suppress(Exception):

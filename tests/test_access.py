@@ -115,3 +115,32 @@ def test_policy_for_bind_addresses():
     assert not policy.origin_ok("http://h:2", "h:1") and not policy.origin_ok("null", "h:1")
     with pytest.raises(ValueError):
         AccessPolicy(auth_key="short")
+
+
+def test_session_creation_is_rate_limited_per_client(fake_engine, tmp_path):
+    """A create/DELETE loop costs every stream the engine's prompt encoding and state."""
+    with make(fake_engine, tmp_path, creation_burst=3, creations_per_s=0.01) as c:
+        codes = []
+        for _ in range(5):
+            r = c.post("/api/sessions", json={"prompt": "x"})
+            codes.append(r.status_code)
+            if r.status_code == 201:
+                c.delete(f"/api/sessions/{r.json()['session_id']}", headers=auth(r.json()))
+        assert codes == [201, 201, 201, 429, 429]
+
+
+def test_websockets_per_session_are_capped(fake_engine, tmp_path):
+    with make(fake_engine, tmp_path, websockets_per_session=2) as c:
+        s = create(c)
+        url = f"/api/sessions/{s['session_id']}/ws?token={s['token']}"
+        with c.websocket_connect(url) as a, c.websocket_connect(url) as b:
+            for ws in (a, b):
+                ws.send_text('{"type":"ping","seq":1,"t":1}')
+                assert '"pong"' in ws.receive_text()
+            with pytest.raises(Exception) as info:
+                with c.websocket_connect(url):
+                    pass
+            assert getattr(info.value, "status_code", None) == 429
+        with c.websocket_connect(url) as again:  # closed ones free their place
+            again.send_text('{"type":"ping","seq":2,"t":1}')
+            assert '"pong"' in again.receive_text()

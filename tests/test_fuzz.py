@@ -116,7 +116,7 @@ def app_client(tmp_path_factory):
 
     engine = FakeEngine(capacity=64).start()
     limits = Limits(max_sessions=64, messages_per_s=1e9, message_burst=10**9,
-                    auth_failure_burst=10**9)
+                    auth_failure_burst=10**9, creation_burst=10**9)
     app = create_app(engine, limits, ui=False, recording_dir=tmp_path_factory.mktemp("rec"))
     with TestClient(app, raise_server_exceptions=True) as client:
         yield client, create(client)

@@ -136,7 +136,9 @@ def test_engine_encodes_prompts_off_its_thread():
         assert wait_for(lambda: any(f.rgb[0, 0, 2] >= 1 and f.prompt_version >= 1
                                     for f in collect(slot, 4, 0.2)), timeout=5)
         assert not any(e.kind == "error" for e in drain_events(engine.events(sid)))
-    assert backend.prepare_threads == {"prompt-prefetch"}
+    # the session's first prompt in the caller's thread, the switches on the prefetch thread:
+    # never on the engine thread
+    assert backend.prepare_threads == {"MainThread", "prompt-prefetch"}
     assert "scene 4" in backend.prepared
 
 

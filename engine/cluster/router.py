@@ -16,11 +16,13 @@ so the HTTP API, WebRTC, WebSocket, recording and the page work unchanged on top
   continue, so the same WebRTC track and recording go on. The session gets an event
   ``{"kind": "recovered"}``.
 - **Autoscaling**: the replica count follows the live sessions between ``min_replicas`` and
-  ``max_replicas`` (one replica per ``capacity`` sessions, plus room for the next user).
+  ``max_replicas`` (one replica per ``capacity`` sessions, plus room for the next user); a
+  replica is stopped only after ``IDLE_BEFORE_STOP_S`` without a session.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import random
@@ -44,6 +46,11 @@ from engine.config import EngineConfig
 
 log = logging.getLogger(__name__)
 
+#: the longest a session creation waits for its replica, s
+CREATE_TIMEOUT_S = 30.0
+#: a replica idle this long may be stopped when there are more than wanted (no flapping), s
+IDLE_BEFORE_STOP_S = 30.0
+
 
 @dataclass
 class _Replica:
@@ -56,6 +63,7 @@ class _Replica:
     failovers: int = 0  # sessions this replica took over from a dead one
     metrics: dict = field(default_factory=dict)
     offset_ns: int | None = None  # local perf_counter_ns minus the replica's
+    idle_since: float | None = None  # monotonic s since it holds no session
     pump: threading.Thread | None = None
 
 
@@ -182,7 +190,8 @@ class RayEngine:
 
         self._stopping.set()
         for session_id in list(self._sessions):
-            self.close_session(session_id)
+            with contextlib.suppress(SessionClosedError):  # closed meanwhile
+                self.close_session(session_id)
         with self._lock:
             replicas = list(self._replicas.values())
         for rep in replicas:
@@ -235,7 +244,17 @@ class RayEngine:
                                     self.config.retry_after_s)
             rep.pending += 1  # hold its place while the replica creates the session
         try:
-            info = ray.get(rep.handle.create_session.remote(prompt, seed, fps))
+            info = ray.get(rep.handle.create_session.remote(prompt, seed, fps),
+                           timeout=CREATE_TIMEOUT_S)
+        except ray.exceptions.RayTaskError as err:  # the replica refused: its own error
+            cause = err.cause
+            if isinstance(cause, CapacityError | ValueError):
+                raise type(cause)(*cause.args) from None
+            raise CapacityError(f"the replica failed to create the session ({cause!r})",
+                                self.config.retry_after_s) from None
+        except ray.exceptions.RayError:  # died or hangs: its pump fails it over
+            raise CapacityError("an engine replica is unavailable; try again",
+                                self.config.retry_after_s) from None
         finally:
             with self._lock:
                 rep.pending -= 1
@@ -397,6 +416,8 @@ class RayEngine:
             moved = [(sid, self._sessions[sid]) for sid in dead.sessions if sid in
                      self._sessions]
             dead.sessions = set()
+        with contextlib.suppress(Exception):  # a hung replica must not go on generating
+            ray.kill(dead.handle)
         for sid, routed in moved:
             target = self._place(exclude=dead.id)
             if target is None and len(self._live()) < self.max_replicas + 1:
@@ -409,7 +430,8 @@ class RayEngine:
                 routed.events.put(Event("error", {"code": "session_failed",
                                                   "message": "its engine replica died and "
                                                              "no other has room"}))
-                self.close_session(sid)
+                with contextlib.suppress(SessionClosedError):  # the user may have closed it
+                    self.close_session(sid)
                 continue
             journal = routed.journal
             try:
@@ -418,19 +440,25 @@ class RayEngine:
             except Exception as err:
                 routed.events.put(Event("error", {"code": "session_failed",
                                                   "message": f"recovery failed: {err!r}"}))
-                self.close_session(sid)
+                with contextlib.suppress(SessionClosedError):
+                    self.close_session(sid)
                 continue
             for command in journal.replay():
                 target.handle.submit.remote(info.session_id, command)
             if journal.paused:
                 target.handle.set_paused.remote(info.session_id, True)
             with self._lock:
-                self._by_remote.pop((dead.id, routed.remote_id), None)
-                routed.replica, routed.remote_id = target.id, info.session_id
-                routed.index_offset = routed.next_index
-                self._by_remote[(target.id, info.session_id)] = sid
-                target.sessions.add(sid)
-                target.failovers += 1
+                closed_meanwhile = sid not in self._sessions
+                if not closed_meanwhile:
+                    self._by_remote.pop((dead.id, routed.remote_id), None)
+                    routed.replica, routed.remote_id = target.id, info.session_id
+                    routed.index_offset = routed.next_index
+                    self._by_remote[(target.id, info.session_id)] = sid
+                    target.sessions.add(sid)
+                    target.failovers += 1
+            if closed_meanwhile:  # a DELETE came while it was being re-created
+                target.handle.close_session.remote(info.session_id)
+                continue
             routed.events.put(Event("recovered", {"replica": target.id,
                                                   "from_replica": dead.id,
                                                   "context_frames": len(journal.frames)}))
@@ -450,8 +478,8 @@ class RayEngine:
                     pass
             try:
                 self._autoscale()
-            except RuntimeError as err:
-                log.warning("autoscaling: %s", err)
+            except Exception as err:  # a replica that will not start or stop: try again
+                log.warning("autoscaling: %r", err)
 
     def desired_replicas(self) -> int:
         """One replica per ``capacity`` live sessions plus room for the next user, within
@@ -465,14 +493,24 @@ class RayEngine:
         import ray
 
         live, want = self._live(), self.desired_replicas()
+        now = time.monotonic()
+        for rep in live:
+            if rep.sessions or rep.pending:
+                rep.idle_since = None
+            elif rep.idle_since is None:
+                rep.idle_since = now
         if len(live) < want:
             self._await_ready(self._launch())
-        elif len(live) > want:
-            idle = [r for r in live if not r.sessions]
-            if idle:
-                rep = idle[-1]
-                rep.alive = False
-                try:
-                    ray.get(rep.handle.stop.remote(), timeout=10)
-                finally:
-                    ray.kill(rep.handle)
+            return
+        with self._lock:  # an idle replica, idle for a while, with no creation in flight
+            idle = [r for r in live if not r.sessions and not r.pending
+                    and r.idle_since is not None and now - r.idle_since >= IDLE_BEFORE_STOP_S]
+            if len(live) <= want or not idle:
+                return
+            rep = idle[-1]
+            rep.alive = False
+            del self._replicas[rep.id]
+        try:
+            ray.get(rep.handle.stop.remote(), timeout=10)
+        finally:
+            ray.kill(rep.handle)
