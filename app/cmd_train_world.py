@@ -31,6 +31,19 @@ def register(sub) -> None:
         default=None,
         help="warm-start a fresh run from a saved model folder",
     )
+    onp = p.add_argument_group(
+        "on-policy fine-tuning", "fine-tune --init-from on its own rollouts: memory bases built "
+        "from the model's generated frames, targets from the simulator "
+        "(engine.training.onpolicy; an experiment, see the model card)")
+    onp.add_argument("--onpolicy", action="store_true",
+                     help="fine-tune on the model's own rollouts (needs --init-from)")
+    onp.add_argument("--refresh-every", type=int, default=0,
+                     help="steps between rebuilding the rollout pool with the current weights "
+                          "(0: never)")
+    onp.add_argument("--pool-episodes", type=int, default=96,
+                     help="recorded episodes rolled out per pool")
+    onp.add_argument("--p-onpolicy", type=float, default=0.5,
+                     help="fraction of each batch drawn from the rollout pool")
     p.set_defaults(func=run)
 
 
@@ -42,9 +55,23 @@ def run(args) -> int:
 
     if args.steps < 1 or args.batch < 1:
         raise ValueError("--steps and --batch must be >= 1")
+    if args.onpolicy and args.init_from is None:
+        raise ValueError("--onpolicy fine-tunes a trained model: give --init-from")
+    if not 0.0 <= args.p_onpolicy <= 1.0:
+        raise ValueError(f"--p-onpolicy must be in [0, 1], got {args.p_onpolicy}")
     shards, _ = ensure_dataset(args.data)
     ae = load_autoencoder(args.vae)
     data = encode_shards(ae, shards, args.chunk_frames, cache=args.run_dir / "latents.pt")
+    if args.onpolicy:
+        from engine.training.onpolicy import finetune_onpolicy
+
+        result = finetune_onpolicy(
+            data, ae, shards, args.init_from, args.out, args.run_dir, steps=args.steps,
+            refresh_every=args.refresh_every, pool_episodes=args.pool_episodes,
+            p_onpolicy=args.p_onpolicy, lr=args.lr, ctx_sigma_max=args.ctx_sigma_max,
+            seed=args.seed, max_minutes=args.max_minutes)
+        print(json.dumps(result))
+        return 0
     result = train_world(
         data,
         args.out,

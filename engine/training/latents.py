@@ -84,6 +84,25 @@ def memory_bases(
     return np.stack(bases), np.stack(known)
 
 
+# NOTE: mini-batches of 4 frames: on one core a batch of 64 took 31 ms a frame to encode,
+# a batch of 4 took 11 (the activations stay in cache); bf16 only where the CPU has it
+@torch.no_grad()
+def ae_encode(ae, frames: np.ndarray, device: torch.device) -> torch.Tensor:
+    """``(N, S, S, 3)`` uint8 frames -> ``(N, C, S/d, S/d)`` float32 autoencoder latents
+    (raw, not model-normalised), as the training data was encoded."""
+    x = frames_to_tensor(frames).to(device)
+    with autocast(device):
+        return torch.cat([ae.encoder(x[i : i + 4]).float() for i in range(0, len(x), 4)])
+
+
+@torch.no_grad()
+def ae_decode(ae, z: torch.Tensor, device: torch.device) -> np.ndarray:
+    """Raw autoencoder latents ``(N, C, h, w)`` -> ``(N, S, S, 3)`` uint8 frames."""
+    with autocast(device):
+        y = torch.cat([ae.decoder(z[i : i + 4].to(device)).float() for i in range(0, len(z), 4)])
+    return tensor_to_frames(y.clamp(-1, 1)).cpu().numpy()
+
+
 @torch.no_grad()
 def encode_shards(
     ae, shard_dirs: list[Path], chunk_frames: int = 1, cache: Path | None = None
@@ -97,17 +116,11 @@ def encode_shards(
     c, g = ae.config.latent_channels, SIZE // DOWNSAMPLE
     out: dict[str, list] = {k: [] for k in ("lat", "base", "known", "act", "prompt", "cam")}
 
-    # NOTE: mini-batches of 4 frames: on one core a batch of 64 took 31 ms a frame to encode,
-    # a batch of 4 took 11 (the activations stay in cache); bf16 only where the CPU has it
     def encode(frames: np.ndarray) -> torch.Tensor:
-        x = frames_to_tensor(frames).to(device)
-        with autocast(device):
-            return torch.cat([ae.encoder(x[i : i + 4]).float() for i in range(0, len(x), 4)])
+        return ae_encode(ae, frames, device)
 
     def decode(z: torch.Tensor) -> np.ndarray:
-        with autocast(device):
-            y = torch.cat([ae.decoder(z[i : i + 4]).float() for i in range(0, len(z), 4)])
-        return tensor_to_frames(y.clamp(-1, 1)).cpu().numpy()
+        return ae_decode(ae, z, device)
 
     for d in shard_dirs:
         shard = load_shard(d)

@@ -160,6 +160,20 @@ def world_loss(
     return torch.sum(weight * (pred - z) ** 2) / torch.sum(weight.expand_as(pred))
 
 
+def save_run(path: Path, model, ema, opt, sched, step: int, wall_s: float) -> None:
+    """The resume checkpoint of a world-model run (weights, EMA, optimiser, schedule)."""
+    save_checkpoint(path, model=model.state_dict(), ema=ema.state_dict(), opt=opt.state_dict(),
+                    sched=sched.state_dict(), step=step, wall=wall_s)
+
+
+def export_ema(model: WorldDiT, ema: EMAModel, params: list, out_dir: Path) -> None:
+    """Save the EMA weights (diffusers ``save_pretrained``), leaving the training weights."""
+    ema.store(params)
+    ema.copy_to(params)
+    model.save_pretrained(out_dir)
+    ema.restore(params)
+
+
 def latent_stats(data: LatentDataset) -> tuple[list[float], list[float]]:
     flat = data.latents[:, ::4].float().transpose(0, 2).reshape(data.latents.shape[2], -1)
     return flat.mean(1).tolist(), flat.std(1).tolist()
@@ -239,21 +253,10 @@ def train_world(
     losses: list[float] = []
 
     def checkpoint() -> None:
-        save_checkpoint(
-            ckpt_path,
-            model=model.state_dict(),
-            ema=ema.state_dict(),
-            opt=opt.state_dict(),
-            sched=sched.state_dict(),
-            step=step,
-            wall=wall + time.perf_counter() - t0,
-        )
+        save_run(ckpt_path, model, ema, opt, sched, step, wall + time.perf_counter() - t0)
 
     def export() -> None:
-        ema.store(params)
-        ema.copy_to(params)
-        model.save_pretrained(out_dir)
-        ema.restore(params)
+        export_ema(model, ema, params, out_dir)
 
     bar = tqdm(total=steps, initial=step, desc="train-world", unit="step")
     while step < steps:
