@@ -88,10 +88,10 @@ def test_a_prompt_flood_is_bounded_per_session():
     pre = PromptPrefetcher(lambda c: prepared.append(c.text), forwarded.append, per_s=4,
                            clock=clock).start()
     try:
-        for i in range(40):
+        pre.submit("flood", _item(PromptCommand(seq=0, t_ms=0, text="t0")))
+        assert wait_for(lambda: len(forwarded) == 1)
+        for i in range(1, 40):
             pre.submit("flood", _item(PromptCommand(seq=i, t_ms=0, text=f"t{i}")))
-            time.sleep(0.001)
-        assert wait_for(lambda: len(forwarded) >= 1)
         time.sleep(0.05)
         # the clock has not advanced: only the first prompt could be encoded so far
         assert prepared == ["t0"] and len(forwarded) == 1
