@@ -33,8 +33,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from diffusers.optimization import get_constant_schedule_with_warmup
-from diffusers.training_utils import EMAModel
 from tqdm import tqdm
 
 from engine.backend import ChunkJob
@@ -43,12 +41,11 @@ from engine.models.attention import DenseContext, block_causal_frame_mask, expan
 from engine.models.world_dit import CameraDynamics, WorldDiT
 from engine.training.common import (
     autocast,
-    load_checkpoint,
     pick_device,
     seed_everything,
 )
 from engine.training.latents import LatentDataset, ae_encode, memory_bases
-from engine.training.train_world import export_ema, save_run, world_loss
+from engine.training.train_world import export_ema, resume_run, save_run, world_loss
 from engine.worlds.recorder import PROMPTS, load_shard
 
 
@@ -408,20 +405,8 @@ def finetune_onpolicy(
     device = pick_device()
     seed_everything(seed)
     model = WorldDiT.from_pretrained(init_from).to(device)
-    model.camera.requires_grad_(False)
-    params = [p for p in model.parameters() if p.requires_grad]
-    ema = EMAModel(params, decay=0.999)
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
-    sched = get_constant_schedule_with_warmup(opt, warmup)
     ckpt_path, pool_path = run_dir / "onpolicy_checkpoint.pt", run_dir / "onpolicy_pool.pt"
-    step, wall = 0, 0.0
-    if (ck := load_checkpoint(ckpt_path)) is not None:
-        model.load_state_dict(ck["model"])
-        ema.load_state_dict(ck["ema"])
-        opt.load_state_dict(ck["opt"])
-        sched.load_state_dict(ck["sched"])
-        step, wall = ck["step"], ck["wall"]
-    ema.to(device)
+    params, ema, opt, sched, step, wall = resume_run(model, lr, warmup, ckpt_path, device)
     rng = np.random.default_rng([seed, step, 17])
     gen = torch.Generator().manual_seed(seed * 1_000_003 + step + 17)
     chunk = model.config.chunk_frames

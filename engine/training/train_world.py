@@ -160,6 +160,28 @@ def world_loss(
     return torch.sum(weight * (pred - z) ** 2) / torch.sum(weight.expand_as(pred))
 
 
+def resume_run(model: WorldDiT, lr: float, warmup: int, ckpt_path: Path,
+               device: torch.device) -> tuple:
+    """The training state of a world-model run: the camera dynamics frozen (fitted once, on
+    the camera paths alone), AdamW with warmup, an EMA of the weights (diffusers
+    ``EMAModel``), all resumed from ``ckpt_path`` when it exists (:func:`save_run`). Returns
+    ``(params, ema, opt, sched, step, wall_s)``."""
+    model.camera.requires_grad_(False)
+    params = [p for p in model.parameters() if p.requires_grad]
+    ema = EMAModel(params, decay=0.999)
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
+    sched = get_constant_schedule_with_warmup(opt, warmup)
+    step, wall = 0, 0.0
+    if (ck := load_checkpoint(ckpt_path)) is not None:
+        model.load_state_dict(ck["model"])
+        ema.load_state_dict(ck["ema"])
+        opt.load_state_dict(ck["opt"])
+        sched.load_state_dict(ck["sched"])
+        step, wall = ck["step"], ck["wall"]
+    ema.to(device)
+    return params, ema, opt, sched, step, wall
+
+
 def save_run(path: Path, model, ema, opt, sched, step: int, wall_s: float) -> None:
     """The resume checkpoint of a world-model run (weights, EMA, optimiser, schedule)."""
     save_checkpoint(path, model=model.state_dict(), ema=ema.state_dict(), opt=opt.state_dict(),
@@ -229,19 +251,7 @@ def train_world(
     elif fresh:
         rms = fit_camera_dynamics(model.camera, data.camera, data.actions, camera_steps)
         tqdm.write(f"camera dynamics fitted: RMS position error {rms:.2f} px")
-    model.camera.requires_grad_(False)  # fitted once, on the camera paths alone
-    params = [p for p in model.parameters() if p.requires_grad]
-    ema = EMAModel(params, decay=0.999)
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
-    sched = get_constant_schedule_with_warmup(opt, 200)
-    step, wall = 0, 0.0
-    if (ck := load_checkpoint(ckpt_path)) is not None:
-        model.load_state_dict(ck["model"])
-        ema.load_state_dict(ck["ema"])
-        opt.load_state_dict(ck["opt"])
-        sched.load_state_dict(ck["sched"])
-        step, wall = ck["step"], ck["wall"]
-    ema.to(device)
+    params, ema, opt, sched, step, wall = resume_run(model, lr, 200, ckpt_path, device)
     rng = np.random.default_rng([seed, step])
     gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
     ctx = DenseContext(
