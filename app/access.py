@@ -12,7 +12,6 @@ the server is exposed it can demand a key for creating sessions and reading metr
 
 from __future__ import annotations
 
-import hmac
 import ipaddress
 import time
 from collections import OrderedDict
@@ -21,6 +20,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from streaming.limits import RateLimiter
+from streaming.sessions import token_matches
 
 #: the names a loopback-bound server answers to (anything else is DNS rebinding)
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
@@ -60,10 +60,7 @@ class AccessPolicy:
 
     def key_ok(self, presented: str | None) -> bool:
         """Whether ``presented`` is the server key (constant time); True when none is set."""
-        if self.auth_key is None:
-            return True
-        return bool(presented) and hmac.compare_digest(presented.encode(),
-                                                      self.auth_key.encode())
+        return self.auth_key is None or token_matches(presented, self.auth_key)
 
     def origin_ok(self, origin: str | None, host: str | None) -> bool:
         """Whether a request with ``Origin: origin`` to ``Host: host`` may go on: no Origin

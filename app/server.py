@@ -136,20 +136,22 @@ def create_app(engine: EngineAPI, limits: Limits | None = None, *, ui: bool = Tr
     def client_of(conn: Request | WebSocket) -> str:
         return conn.client.host if conn.client is not None else "unknown"
 
-    def check_key(request: Request) -> None:
-        client = client_of(request)
+    def refuse_if_throttled(client: str) -> None:
+        """429 for a client past its failed authentications, whatever it presents now."""
         if throttle.empty(client):
             raise ApiError(429, "too many failed authentications", "authorization",
                            headers={"Retry-After": "5"})
+
+    def check_key(request: Request) -> None:
+        client = client_of(request)
+        refuse_if_throttled(client)
         if not access.key_ok(_bearer(request)):
             throttle.take(client)
             raise ApiError(401, "this server needs its key: Authorization: Bearer <key>",
                            "authorization")
 
     def authorized(session_id: str, token: str | None, client: str) -> StreamSession:
-        if throttle.empty(client):
-            raise ApiError(429, "too many failed authentications", "authorization",
-                           headers={"Retry-After": "5"})
+        refuse_if_throttled(client)
         try:
             session = manager.authenticate(session_id, token)
         except UnknownSessionError:
@@ -217,9 +219,7 @@ def create_app(engine: EngineAPI, limits: Limits | None = None, *, ui: bool = Tr
         # a download link cannot set headers: the token may also come as ?token= (extension);
         # the recording of a closed session stays downloadable for limits.recording_keep_s
         token = _bearer(request) or token
-        if throttle.empty(client_of(request)):
-            raise ApiError(429, "too many failed authentications", "authorization",
-                           headers={"Retry-After": "5"})
+        refuse_if_throttled(client_of(request))
         try:
             path = manager.kept_recording(session_id, token)
         except UnknownSessionError:  # not a closed session's: a live one's, or nothing

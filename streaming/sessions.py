@@ -59,6 +59,18 @@ class _KeptRecording:
     expires: float
 
 
+def token_matches(presented: str | None, secret: str) -> bool:
+    """Whether ``presented`` is ``secret`` (constant time, ``hmac.compare_digest``); False for
+    a missing one."""
+    return bool(presented) and hmac.compare_digest(presented.encode(), secret.encode())
+
+
+def _check_token(presented: str | None, token: str) -> None:
+    """BadTokenError unless ``presented`` is ``token`` (constant time)."""
+    if not token_matches(presented, token):
+        raise BadTokenError("missing or wrong bearer token")
+
+
 class UnknownSessionError(KeyError):
     """No live session has this id (HTTP 404)."""
 
@@ -188,8 +200,7 @@ class SessionManager:
             session = self._sessions.get(session_id)
         if session is None:
             raise UnknownSessionError(session_id)
-        if not token or not hmac.compare_digest(token.encode(), session.token.encode()):
-            raise BadTokenError("missing or wrong bearer token")
+        _check_token(token, session.token)
         self.touch(session)
         return session
 
@@ -219,8 +230,7 @@ class SessionManager:
             kept = self._kept.get(session_id)
         if kept is None:
             raise UnknownSessionError(session_id)
-        if not token or not hmac.compare_digest(token.encode(), kept.token.encode()):
-            raise BadTokenError("missing or wrong bearer token")
+        _check_token(token, kept.token)
         return kept.path
 
     def close(self, session_id: str) -> None:
