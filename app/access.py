@@ -19,8 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from streaming.limits import RateLimiter
-from streaming.sessions import token_matches
+from worldstream.streaming.limits import RateLimiter
+from worldstream.streaming.sessions import token_matches
 
 #: the names a loopback-bound server answers to (anything else is DNS rebinding)
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")

@@ -20,7 +20,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from engine.worlds.actions import keys_to_action
+from worldstream.engine.worlds.actions import keys_to_action
 
 Key = Literal["up", "down", "left", "right"]
 _ROTATE = {"up": "right", "right": "down", "down": "left", "left": "up"}

@@ -19,9 +19,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     for name in COMMANDS:
         try:
-            module = importlib.import_module(f"app.cmd_{name}")
+            module = importlib.import_module(f"worldstream.app.cmd_{name}")
         except ModuleNotFoundError as err:
-            if err.name != f"app.cmd_{name}":
+            if err.name != f"worldstream.app.cmd_{name}":
                 raise
             continue
         module.register(sub)

@@ -36,11 +36,11 @@ def register(sub) -> None:
 def run(args) -> int:
     import torch
 
-    from app.action_script import load_action_script
-    from engine.evaluation.run import evaluate
-    from engine.evaluation.sheet import save_sheet, side_by_side
-    from engine.generator import load_builtin_backend
-    from engine.models.loading import BUILTIN_DIR
+    from worldstream.app.action_script import load_action_script
+    from worldstream.engine.evaluation.run import evaluate
+    from worldstream.engine.evaluation.sheet import save_sheet, side_by_side
+    from worldstream.engine.generator import load_builtin_backend
+    from worldstream.engine.models.loading import BUILTIN_DIR
 
     if not 1 <= args.steps <= 4:
         raise ValueError("--steps must be in [1, 4]")

@@ -7,7 +7,7 @@ import json
 import time
 from pathlib import Path
 
-from app.action_script import load_action_script
+from worldstream.app.action_script import load_action_script
 
 DEFAULT_PROMPTS = (
     "a green meadow with ponds",
@@ -47,11 +47,11 @@ def _outputs(out: Path, n: int) -> list[Path]:
 
 
 def run(args) -> int:
-    from engine.api import ActionCommand, PromptCommand
-    from engine.config import EngineConfig
-    from engine.engine import Engine
-    from engine.registry import load_backend
-    from streaming.recording import Recorder
+    from worldstream.engine.api import ActionCommand, PromptCommand
+    from worldstream.engine.config import EngineConfig
+    from worldstream.engine.engine import Engine
+    from worldstream.engine.registry import load_backend
+    from worldstream.streaming.recording import Recorder
 
     if args.frames < 1 or args.sessions < 1 or args.fps < 1:
         raise ValueError("--frames, --sessions and --fps must be >= 1")

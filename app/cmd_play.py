@@ -68,7 +68,7 @@ def _ray_engine(args: argparse.Namespace, model_kwargs: dict):
     """Engine replicas on Ray (``engine.cluster``); each replica admits ``--max-sessions``."""
     if args.replicas < 1:
         raise ValueError(f"--replicas must be >= 1, got {args.replicas}")
-    from engine.cluster.router import RayEngine
+    from worldstream.engine.cluster.router import RayEngine
 
     return RayEngine(args.model, replicas=args.replicas, min_replicas=args.min_replicas,
                      max_replicas=args.max_replicas, address=args.ray_address,
@@ -80,7 +80,7 @@ def access_settings(args: argparse.Namespace):
     """The access policy and per-client limit of ``play``'s arguments (``app.access``)."""
     import secrets
 
-    from app.access import AccessPolicy, is_loopback
+    from worldstream.app.access import AccessPolicy, is_loopback
 
     key = None
     if args.auth:
@@ -105,7 +105,7 @@ def play_config(max_sessions: int, mode: str = "responsive"):
     """The engine settings of an interactive session: chunks start just in time for their
     playout deadline (``EngineConfig.jit_margin_ms``), so no frame is generated ahead on older
     keys; ``mode`` is the sessions' starting mode (``engine.config.MODES``)."""
-    from engine.config import EngineConfig
+    from worldstream.engine.config import EngineConfig
 
     return EngineConfig(max_sessions=max_sessions, mode=mode)
 
@@ -119,11 +119,11 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--max-sessions must be >= 1, got {args.max_sessions}")
     import uvicorn
 
-    from app.server import create_app
-    from engine.engine import Engine
-    from engine.registry import BackendUnavailableError, load_backend
-    from streaming.limits import Limits
-    from streaming.webrtc import bind_media, configure_ice_consent
+    from worldstream.app.server import create_app
+    from worldstream.engine.engine import Engine
+    from worldstream.engine.registry import BackendUnavailableError, load_backend
+    from worldstream.streaming.limits import Limits
+    from worldstream.streaming.webrtc import bind_media, configure_ice_consent
 
     kwargs = {}
     if args.model == "sim" and (args.model_path or args.checkpoint):
@@ -144,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
                 f"simulator: `worldstream play --model sim`") from None
         # the scene-prompt encoder loads in seconds on an idle machine but far longer under
         # load: load it before serving, so the first session does not stall
-        from engine.text import scene_for_prompt
+        from worldstream.engine.text import scene_for_prompt
 
         scene_for_prompt("warm-up")
         engine = Engine(backend, play_config(args.max_sessions, args.mode)).start()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from engine.training.data import ensure_dataset
+from worldstream.engine.training.data import ensure_dataset
 
 
 def register(sub) -> None:
@@ -29,7 +29,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from engine.training.train_ae import train_ae
+    from worldstream.engine.training.train_ae import train_ae
 
     if args.steps < 1 or args.batch < 1:
         raise ValueError("--steps and --batch must be >= 1")

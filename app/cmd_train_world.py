@@ -48,10 +48,10 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from engine.models.loading import load_autoencoder
-    from engine.training.data import ensure_dataset
-    from engine.training.latents import encode_shards
-    from engine.training.train_world import train_world
+    from worldstream.engine.models.loading import load_autoencoder
+    from worldstream.engine.training.data import ensure_dataset
+    from worldstream.engine.training.latents import encode_shards
+    from worldstream.engine.training.train_world import train_world
 
     if args.steps < 1 or args.batch < 1:
         raise ValueError("--steps and --batch must be >= 1")
@@ -63,7 +63,7 @@ def run(args) -> int:
     ae = load_autoencoder(args.vae)
     data = encode_shards(ae, shards, args.chunk_frames, cache=args.run_dir / "latents.pt")
     if args.onpolicy:
-        from engine.training.onpolicy import finetune_onpolicy
+        from worldstream.engine.training.onpolicy import finetune_onpolicy
 
         result = finetune_onpolicy(
             data, ae, shards, args.init_from, args.out, args.run_dir, steps=args.steps,

@@ -20,23 +20,23 @@ from fastapi.responses import JSONResponse, Response  # noqa: E402
 from fastapi.staticfiles import StaticFiles  # noqa: E402
 from starlette.middleware.trustedhost import TrustedHostMiddleware  # noqa: E402
 
-from app.access import AccessPolicy, ClientBuckets  # noqa: E402
-from engine.api import CapacityError, EngineAPI  # noqa: E402
-from streaming import messages as m  # noqa: E402
-from streaming.limits import Limits  # noqa: E402
-from streaming.sessions import (  # noqa: E402
+from worldstream.app.access import AccessPolicy, ClientBuckets  # noqa: E402
+from worldstream.engine.api import CapacityError, EngineAPI  # noqa: E402
+from worldstream.streaming import messages as m  # noqa: E402
+from worldstream.streaming.limits import Limits  # noqa: E402
+from worldstream.streaming.sessions import (  # noqa: E402
     BadTokenError,
     SessionManager,
     StreamSession,
     UnknownSessionError,
 )
-from streaming.webrtc import (  # noqa: E402
+from worldstream.streaming.webrtc import (  # noqa: E402
     TooManyPeerConnectionsError,
     WebRTCTransport,
     configure_vp8_bitrate,
     vp8_bitrate,
 )
-from streaming.websocket import WebSocketConnection  # noqa: E402
+from worldstream.streaming.websocket import WebSocketConnection  # noqa: E402
 
 STATIC_DIR = Path(__file__).parent / "static"
 
@@ -277,7 +277,7 @@ def create_app(engine: EngineAPI, limits: Limits | None = None, *, ui: bool = Tr
     # would shadow them (404s in the page)
     app.mount("/ws-static", StaticFiles(directory=STATIC_DIR), name="ws-static")
     if ui:
-        from app.ui import mount_ui
+        from worldstream.app.ui import mount_ui
 
         mount_ui(app, engine.model_name)
     return app

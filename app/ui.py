@@ -12,7 +12,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 import gradio as gr  # noqa: E402
 from fastapi import FastAPI  # noqa: E402
 
-from engine.worlds.scenes import SCENES  # noqa: E402
+from worldstream.engine.worlds.scenes import SCENES  # noqa: E402
 
 DEFAULT_PROMPT = SCENES["meadow"]["prompts"][0]
 

@@ -7,18 +7,18 @@ import sys
 
 #: suite name -> module with a ``main(argv: list[str]) -> int | None``
 SUITES = {
-    "attention": "bench.attention",
-    "gpu_attention": "bench.gpu_attention",
-    "gpu_train": "bench.gpu_train",
-    "quick": "bench.quick",
-    "engine": "bench.engine",
-    "baselines": "bench.baselines",
+    "attention": "worldstream.bench.attention",
+    "gpu_attention": "worldstream.bench.gpu_attention",
+    "gpu_train": "worldstream.bench.gpu_train",
+    "quick": "worldstream.bench.quick",
+    "engine": "worldstream.bench.engine",
+    "baselines": "worldstream.bench.baselines",
     "e2e": "bench.e2e",
-    "soak": "bench.soak",
-    "scale": "bench.scale",
-    "report": "bench.report",
-    "analyse": "bench.analyse",
-    "browser": "bench.browser",
+    "soak": "worldstream.bench.soak",
+    "scale": "worldstream.bench.scale",
+    "report": "worldstream.bench.report",
+    "analyse": "worldstream.bench.analyse",
+    "browser": "worldstream.bench.browser",
 }
 
 

@@ -155,7 +155,7 @@ def _flood_main(url: str, kind: str, seconds: float) -> dict:
 
 def normal_session(url: str, seconds: float, seed: int) -> dict:
     """The normal client's fps and action-to-photon over ``seconds`` (``bench e2e``)."""
-    from bench.e2e import analyse_log, random_script, run_client_process
+    from worldstream.bench.e2e import analyse_log, random_script, run_client_process
 
     log, created = run_client_process(url, random_script(seconds, seed), seconds=seconds,
                                       fps=None, prompt="a green meadow with ponds", seed=seed)
@@ -287,7 +287,7 @@ async def _vanish(url: str, keep_s: float | None) -> dict:
 
 
 def _markdown(payload: dict) -> str:
-    from bench.results import context_md, table
+    from worldstream.bench.results import context_md, table
 
     alone, calm = payload["phases"]["alone"], payload["phases"]["calm"]
 
@@ -334,9 +334,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.seconds <= 0 or args.rss_minutes < 0:
         raise SystemExit("--seconds must be > 0 and --rss-minutes >= 0")
 
-    from bench import results
-    from bench.common import hardware_info
-    from streaming.limits import Limits
+    from worldstream.bench import results
+    from worldstream.bench.common import hardware_info
+    from worldstream.streaming.limits import Limits
 
     phases: dict[str, dict] = {}
     with PlayServer(args.model, max_sessions=2, threads=args.threads) as server:

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.stats import summarize
+from worldstream.bench.stats import summarize
 
 
 class ExportError(ValueError):
@@ -95,7 +95,7 @@ def analyse(actions: list[dict]) -> dict:
 
 
 def _markdown(source: str, meta: dict, res: dict) -> str:
-    from bench.results import table
+    from worldstream.bench.results import table
 
     lat = res["latency_ms"]
     rows = [["actions answered / unanswered", f"{res['answered']} / {res['unanswered']}"],
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default=None, help="also write the result JSON here")
     args = parser.parse_args(argv)
 
-    from bench import plots, results
+    from worldstream.bench import plots, results
 
     try:
         meta, actions = load_export(json.loads(Path(args.export).read_text()))

@@ -25,9 +25,9 @@ os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from bench.common import hardware_info, time_call  # noqa: E402
-from kernels import paged_attention, select_pages_topk, static_page_list  # noqa: E402
-from kernels.page_lists import lists_to_csr  # noqa: E402
+from worldstream.bench.common import hardware_info, time_call  # noqa: E402
+from worldstream.kernels import paged_attention, select_pages_topk, static_page_list  # noqa: E402
+from worldstream.kernels.page_lists import lists_to_csr  # noqa: E402
 
 HEADS, HEAD_DIM, PAGE_SIZE, CHUNK_FRAMES = 6, 32, 64, 2
 SINK, WINDOW, STRIDE, TOP_K = 1, 8, 8, 8

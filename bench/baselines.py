@@ -22,8 +22,8 @@ import sys
 
 import torch
 
-from bench import harness
-from bench.harness import Models, make_generator, naive_recompute_ms, time_stream
+from worldstream.bench import harness
+from worldstream.bench.harness import Models, make_generator, naive_recompute_ms, time_stream
 
 
 def kv_cache_vs_recompute(models: Models, *, context_frames: int, steps: int,
@@ -121,7 +121,7 @@ def run(models: Models, *, steps: int, context_frames: int, memory_frames: int,
 
 
 def _markdown(payload: dict) -> str:
-    from bench.results import context_md, table
+    from worldstream.bench.results import context_md, table
 
     r = payload["baselines"]
     kv, sp = r["kv_cache_vs_recompute"], r["sparse_vs_dense"]
@@ -157,8 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     harness.apply_common_args(args)
 
-    from bench import plots, results
-    from bench.common import hardware_info
+    from worldstream.bench import plots, results
+    from worldstream.bench.common import hardware_info
 
     models = harness.load_models(args.weights, smoke=args.smoke)
     base = run(models, steps=args.steps, context_frames=args.context_frames,

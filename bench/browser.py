@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.adversarial import PlayServer
+from worldstream.bench.adversarial import PlayServer
 
 CHROMIUM = Path("/usr/bin/chromium")
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -73,9 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     if not CHROMIUM.exists():
         raise SystemExit(f"no Chromium at {CHROMIUM} (apt-get install chromium)")
 
-    from bench import results
-    from bench.common import hardware_info
-    from bench.results import context_md
+    from worldstream.bench import results
+    from worldstream.bench.common import hardware_info
+    from worldstream.bench.results import context_md
 
     load_before = os.getloadavg()
     with PlayServer(args.model, max_sessions=1, threads=args.threads) as server:

@@ -41,8 +41,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bench import harness
-from bench.stats import match_actions, summarize
+from worldstream.bench import harness
+from worldstream.bench.stats import match_actions, summarize
 
 RTP_MOD = 2**32
 #: a decoded frame this far below the frame sent is corrupted (VP8 at the stream's bitrate
@@ -66,7 +66,7 @@ def _nearest(sorted_rtp: np.ndarray, value: int) -> int | None:
 
 def random_script(seconds: float, seed: int = 0) -> list[dict]:
     """Key changes at random moments (every 0.3-1.0 s) for ``seconds``."""
-    from bench.streams import KEY_SETS
+    from worldstream.bench.streams import KEY_SETS
 
     rng = random.Random(seed)
     t, script = 0.5, []
@@ -402,7 +402,7 @@ class _Server:
 
         import uvicorn
 
-        from app.server import create_app
+        from worldstream.app.server import create_app
 
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -427,7 +427,7 @@ class _Server:
 
 
 def _markdown(payload: dict) -> str:
-    from bench.results import context_md, table
+    from worldstream.bench.results import context_md, table
 
     r = payload["e2e"]
     lat = r["action_to_photon_ms"]
@@ -476,8 +476,8 @@ def main(argv: list[str] | None = None) -> int:
     import os
 
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
-    from bench import plots, results
-    from bench.common import hardware_info
+    from worldstream.bench import plots, results
+    from worldstream.bench.common import hardware_info
 
     seconds = args.seconds or (4.0 if args.smoke else 20.0)
     script = (json.loads(open(args.script).read()) if args.script
@@ -489,11 +489,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.url:
             log, session = asyncio.run(run_client(args.url, script, **client))
         else:
-            from engine.config import EngineConfig
-            from engine.engine import Engine
+            from worldstream.engine.config import EngineConfig
+            from worldstream.engine.engine import Engine
 
             if args.model == "sim":
-                from engine.registry import load_backend
+                from worldstream.engine.registry import load_backend
 
                 backend = load_backend("sim")
                 model = {"name": "sim (ground-truth simulator)", "weights": "none",
@@ -504,7 +504,7 @@ def main(argv: list[str] | None = None) -> int:
                 model = models.describe()
             engine = Engine(backend, EngineConfig(mode=args.mode)).start()
             try:
-                from bench.streams import measure_ttff
+                from worldstream.bench.streams import measure_ttff
 
                 measure_ttff(engine, repeats=1, timeout_s=300)  # loads the text encoder
                 with _Server(engine) as server, SentFrames(engine) as sent:

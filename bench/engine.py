@@ -16,15 +16,15 @@ import argparse
 import math
 import sys
 
-from bench import harness
-from bench.harness import Models, make_generator
-from bench.streams import bench_engine_config, measure_ttff, run_streams
+from worldstream.bench import harness
+from worldstream.bench.harness import Models, make_generator
+from worldstream.bench.streams import bench_engine_config, measure_ttff, run_streams
 
 
 def sweep(models: Models, *, chunk_sizes: list[int], steps_list: list[int], seconds: float,
           fps: int, context_frames: int) -> list[dict]:
     """One row per (chunk frames, steps): the session summary of ``bench.streams``."""
-    from engine.engine import Engine
+    from worldstream.engine.engine import Engine
 
     rows = []
     for f in chunk_sizes:
@@ -44,7 +44,7 @@ def sweep(models: Models, *, chunk_sizes: list[int], steps_list: list[int], seco
 
 
 def _markdown(payload: dict) -> str:
-    from bench.results import context_md, table
+    from worldstream.bench.results import context_md, table
 
     rows = []
     for r in payload["rows"]:
@@ -75,8 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     harness.apply_common_args(args)
 
-    from bench import plots, results
-    from bench.common import hardware_info
+    from worldstream.bench import plots, results
+    from worldstream.bench.common import hardware_info
 
     seconds = args.seconds or (1.0 if args.smoke else 8.0)
     models = harness.load_models(args.weights, smoke=args.smoke)

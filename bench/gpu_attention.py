@@ -36,8 +36,8 @@ if __package__ in (None, ""):  # run as a file: make the repository root importa
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from bench.common import hardware_info, time_call  # noqa: E402
-from kernels import available_backends, lists_to_csr, paged_attention  # noqa: E402
+from worldstream.bench.common import hardware_info, time_call  # noqa: E402
+from worldstream.kernels import available_backends, lists_to_csr, paged_attention  # noqa: E402
 
 FLEX_GRANULE = 128
 

@@ -14,7 +14,7 @@ import json
 import time
 from pathlib import Path
 
-from engine.training.data import ensure_dataset
+from worldstream.engine.training.data import ensure_dataset
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,10 +29,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.minutes <= 0 or not 0 < args.ae_share < 1:
         raise SystemExit("--minutes must be > 0 and --ae-share in (0, 1)")
-    from engine.models.loading import load_autoencoder
-    from engine.training.latents import encode_shards
-    from engine.training.train_ae import train_ae
-    from engine.training.train_world import train_world
+    from worldstream.engine.models.loading import load_autoencoder
+    from worldstream.engine.training.latents import encode_shards
+    from worldstream.engine.training.train_ae import train_ae
+    from worldstream.engine.training.train_world import train_world
 
     t0 = time.perf_counter()
     shards, heldout = ensure_dataset(args.data)

@@ -33,10 +33,10 @@ if __package__ in (None, ""):  # run as a file: make the repository root importa
 import torch  # noqa: E402
 from diffusers import AutoencoderKLWan  # noqa: E402
 
-from bench.common import hardware_info  # noqa: E402
-from engine.backend import ChunkJob  # noqa: E402
-from engine.models.wan_loading import build_transformer  # noqa: E402
-from engine.wan_backend import WanCausalBackend, WanConfig  # noqa: E402
+from worldstream.bench.common import hardware_info  # noqa: E402
+from worldstream.engine.backend import ChunkJob  # noqa: E402
+from worldstream.engine.models.wan_loading import build_transformer  # noqa: E402
+from worldstream.engine.wan_backend import WanCausalBackend, WanConfig  # noqa: E402
 
 #: Wan2.1-T2V-1.3B transformer (diffusers naming)
 WAN_1_3B = dict(patch_size=(1, 2, 2), num_attention_heads=12, attention_head_dim=128,

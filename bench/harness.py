@@ -21,14 +21,18 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.backend import ChunkJob
-from engine.generator import GeneratorConfig, WorldGenerator
-from engine.models.attention import DenseContext, block_causal_frame_mask, expand_frame_mask
-from engine.models.autoencoder import build_autoencoder
-from engine.models.loading import BUILTIN_DIR, load_autoencoder, load_world_model
-from engine.models.world_dit import WorldDiT
-from engine.sampler import denoise
-from engine.worlds.actions import NUM_ACTIONS
+from worldstream.engine.backend import ChunkJob
+from worldstream.engine.generator import GeneratorConfig, WorldGenerator
+from worldstream.engine.models.attention import (
+    DenseContext,
+    block_causal_frame_mask,
+    expand_frame_mask,
+)
+from worldstream.engine.models.autoencoder import build_autoencoder
+from worldstream.engine.models.loading import BUILTIN_DIR, load_autoencoder, load_world_model
+from worldstream.engine.models.world_dit import WorldDiT
+from worldstream.engine.sampler import denoise
+from worldstream.engine.worlds.actions import NUM_ACTIONS
 
 #: the architecture benchmarked when the trained transformer is not there yet (the shipped one)
 RANDOM_MODEL = {"dim": 128, "depth": 6, "num_heads": 4, "chunk_frames": 1}

@@ -23,17 +23,17 @@ import sys
 
 import numpy as np
 
-from bench import baselines, harness
-from bench.harness import Models, make_generator
-from bench.stats import summarize
-from bench.streams import bench_engine_config, measure_ttff, run_streams
+from worldstream.bench import baselines, harness
+from worldstream.bench.harness import Models, make_generator
+from worldstream.bench.stats import summarize
+from worldstream.bench.streams import bench_engine_config, measure_ttff, run_streams
 
 
 def run_quick(models: Models, *, seconds: float, fps: int, steps: int, context_frames: int,
               memory_frames: int, chunks: int = 3, naive_repeats: int = 1) -> dict:
     """Every measurement of the quick suite (see the module docstring); returns the flat
     headline keys plus ``details``."""
-    from engine.engine import Engine
+    from worldstream.engine.engine import Engine
 
     gen = make_generator(models, max_states=4)
     batched_generate = baselines.batched_vs_one_by_one(models, steps=steps, chunks=chunks)
@@ -81,7 +81,7 @@ def run_quick(models: Models, *, seconds: float, fps: int, steps: int, context_f
 
 
 def _markdown(payload: dict) -> str:
-    from bench.results import context_md, table
+    from worldstream.bench.results import context_md, table
 
     rows = [[k, payload[k]] for k in (
         "fps", "ttff_ms", "action_to_frame_ms_p50", "action_to_frame_ms_p95",
@@ -106,8 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     harness.apply_common_args(args)
 
-    from bench import plots, results
-    from bench.common import hardware_info
+    from worldstream.bench import plots, results
+    from worldstream.bench.common import hardware_info
 
     smoke = args.smoke
     seconds = args.seconds or (1.5 if smoke else 15.0)

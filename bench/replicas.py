@@ -26,9 +26,9 @@ import numpy as np
 def measure(model: str, replicas: int, *, sessions: int, fps: int, seconds: float,
             model_kwargs: dict | None = None) -> dict:
     """One replica count: throughput and costs (see the module docstring)."""
-    from engine.api import ActionCommand
-    from engine.cluster.router import RayEngine
-    from engine.config import EngineConfig
+    from worldstream.engine.api import ActionCommand
+    from worldstream.engine.cluster.router import RayEngine
+    from worldstream.engine.config import EngineConfig
 
     config = EngineConfig(max_sessions=sessions, fps=fps, max_fps=max(fps, 60), mode="responsive")
     with RayEngine(model, replicas=replicas, config=config, model_kwargs=model_kwargs) as engine:
@@ -131,9 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     if min(counts) < 1 or args.sessions < 1:
         raise SystemExit("replica counts and --sessions must be >= 1")
 
-    from bench import results
-    from bench.common import hardware_info
-    from bench.results import context_md, table
+    from worldstream.bench import results
+    from worldstream.bench.common import hardware_info
+    from worldstream.bench.results import context_md, table
 
     rows = []
     for n in counts:
@@ -244,9 +244,9 @@ def failover(model: str, seconds: float) -> dict:
     """Kill (SIGKILL) the replica of a session watched over WebRTC, mid-stream."""
     import asyncio
 
-    from app.cmd_play import play_config
-    from bench.e2e import _Server
-    from engine.cluster.router import RayEngine
+    from worldstream.app.cmd_play import play_config
+    from worldstream.bench.e2e import _Server
+    from worldstream.engine.cluster.router import RayEngine
 
     with RayEngine(model, replicas=2, config=play_config(max_sessions=4)) as engine, \
             _Server(engine) as server:

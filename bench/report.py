@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from bench.results import RESULTS_DIR, fmt, load_latest, table
+from worldstream.bench.results import RESULTS_DIR, fmt, load_latest, table
 
 SUITES = ("quick", "engine", "baselines", "e2e", "scale", "soak")
 

@@ -16,14 +16,14 @@ import sys
 
 import numpy as np
 
-from bench import harness
-from bench.stats import summarize
+from worldstream.bench import harness
+from worldstream.bench.stats import summarize
 
 
 def probe_admission(engine, limit: int = 64) -> int:
     """How many sessions ``engine`` admits before its first CapacityError (closes them all);
     ``limit`` if it never refuses."""
-    from engine.api import CapacityError
+    from worldstream.engine.api import CapacityError
 
     ids = []
     try:
@@ -40,8 +40,8 @@ def probe_admission(engine, limit: int = 64) -> int:
 
 def scale(gen, *, counts: list[int], seconds: float, fps: int, steps: int,
           max_sessions: int) -> dict:
-    from bench.streams import bench_engine_config, measure_ttff, run_streams
-    from engine.engine import Engine
+    from worldstream.bench.streams import bench_engine_config, measure_ttff, run_streams
+    from worldstream.engine.engine import Engine
 
     rows = []
     config = bench_engine_config(fps=fps, steps=steps, max_sessions=max_sessions)
@@ -66,7 +66,7 @@ def scale(gen, *, counts: list[int], seconds: float, fps: int, steps: int,
 
 
 def _markdown(payload: dict) -> str:
-    from bench.results import context_md, table
+    from worldstream.bench.results import context_md, table
 
     res = payload["scale"]
     rows = [[r["sessions"], r["admitted"], r["per_session_fps_mean"], r["per_session_fps_min"],
@@ -82,10 +82,10 @@ def _markdown(payload: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if any(a == "--replicas" or a.startswith("--replicas=") for a in argv):
-        from bench import replicas  # engine replicas on Ray: a suite of its own
+        from worldstream.bench import replicas  # engine replicas on Ray: a suite of its own
 
         return replicas.main(argv)
-    from engine.config import EngineConfig
+    from worldstream.engine.config import EngineConfig
 
     parser = argparse.ArgumentParser(prog="python -m bench scale", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -98,8 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     harness.apply_common_args(args)
 
-    from bench import plots, results
-    from bench.common import hardware_info
+    from worldstream.bench import plots, results
+    from worldstream.bench.common import hardware_info
 
     seconds = args.seconds or (1.0 if args.smoke else 10.0)
     models = harness.load_models(args.weights, smoke=args.smoke)

@@ -20,8 +20,8 @@ import sys
 
 import numpy as np
 
-from bench import harness
-from bench.stats import relative_growth, summarize, trend
+from worldstream.bench import harness
+from worldstream.bench.stats import relative_growth, summarize, trend
 
 
 def rss_bytes() -> int:
@@ -56,8 +56,8 @@ def verdict(samples: list[dict], *, max_growth: float = 0.05,
 def soak(gen, *, minutes: float, sample_s: float, fps: int, steps: int, sessions: int = 1,
          seed: int = 0) -> list[dict]:
     """Stream for ``minutes`` on ``gen`` and return one sample per ``sample_s``."""
-    from bench.streams import bench_engine_config, run_streams
-    from engine.engine import Engine
+    from worldstream.bench.streams import bench_engine_config, run_streams
+    from worldstream.engine.engine import Engine
 
     samples: list[dict] = []
     last = {"t": 0.0}
@@ -87,7 +87,7 @@ def soak(gen, *, minutes: float, sample_s: float, fps: int, steps: int, sessions
 
 
 def _markdown(payload: dict) -> str:
-    from bench.results import context_md, table
+    from worldstream.bench.results import context_md, table
 
     v = payload["verdict"]
     rows = [[s["t_s"] / 60, s["rss_mib"], s["pool_pages_used"], s["fps"],
@@ -104,7 +104,7 @@ def _markdown(payload: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if "--adversarial" in argv:  # the server under adversarial clients: bench.adversarial
-        from bench import adversarial
+        from worldstream.bench import adversarial
 
         return adversarial.main([a for a in argv if a != "--adversarial"])
     parser = argparse.ArgumentParser(prog="python -m bench soak", description=__doc__,
@@ -122,8 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.minutes <= 0:
         raise SystemExit("--minutes must be > 0")
 
-    from bench import plots, results
-    from bench.common import hardware_info
+    from worldstream.bench import plots, results
+    from worldstream.bench.common import hardware_info
 
     sample_s = args.sample_s or min(60.0, args.minutes * 6)
     models = harness.load_models(args.weights, smoke=args.smoke)

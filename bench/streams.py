@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bench.stats import match_actions, summarize
-from engine.api import ActionCommand, CapacityError
-from engine.config import EngineConfig
-from engine.engine import Engine
+from worldstream.bench.stats import match_actions, summarize
+from worldstream.engine.api import ActionCommand, CapacityError
+from worldstream.engine.config import EngineConfig
+from worldstream.engine.engine import Engine
 
 KEY_SETS = ([], ["up"], ["down"], ["left"], ["right"], ["up", "left"], ["down", "right"])
 NS = 1_000_000_000

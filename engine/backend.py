@@ -91,7 +91,7 @@ class StateBudget:
         self.live = 0
 
     def reserve(self) -> None:
-        from engine.api import CapacityError
+        from worldstream.engine.api import CapacityError
 
         if self.live >= self.max_states:
             raise CapacityError(f"all {self.max_states} model states are in use", 5.0)

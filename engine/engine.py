@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.api import (
+from worldstream.engine.api import (
     ActionCommand,
     AdoptCommand,
     CapacityError,
@@ -35,12 +35,12 @@ from engine.api import (
     SessionInfo,
     SettingsCommand,
 )
-from engine.backend import ChunkJob, ChunkResult, WorldBackend
-from engine.config import MAX_CHUNK_FRAMES, MAX_STEPS, MODES, EngineConfig
-from engine.prompts import PromptPrefetcher
-from engine.scheduler import NS, BatchPlan, ChunkRequest, DegradeController, plan_batch
-from engine.session import Branch, Session
-from engine.text import check_prompt
+from worldstream.engine.backend import ChunkJob, ChunkResult, WorldBackend
+from worldstream.engine.config import MAX_CHUNK_FRAMES, MAX_STEPS, MODES, EngineConfig
+from worldstream.engine.prompts import PromptPrefetcher
+from worldstream.engine.scheduler import NS, BatchPlan, ChunkRequest, DegradeController, plan_batch
+from worldstream.engine.session import Branch, Session
+from worldstream.engine.text import check_prompt
 
 log = logging.getLogger(__name__)
 

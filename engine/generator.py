@@ -42,25 +42,25 @@ import numpy as np
 import torch
 from diffusers.utils import logging as diffusers_logging
 
-import kernels
-from engine import text as text_encoder
-from engine.api import CapacityError
-from engine.backend import ChunkJob, ChunkResult, StateBudget
-from engine.kv_cache import PageAllocator, PageTable, allocate_chunks, pages_to_csr
-from engine.models.autoencoder import frames_to_tensor, tensor_to_frames
-from engine.models.loading import BUILTIN_DIR, load_autoencoder, load_world_model
-from engine.models.world_dit import WorldDiT
-from engine.sampler import denoise, fork_rng
-from engine.spatial_memory import (
+from worldstream import kernels
+from worldstream.engine import text as text_encoder
+from worldstream.engine.api import CapacityError
+from worldstream.engine.backend import ChunkJob, ChunkResult, StateBudget
+from worldstream.engine.kv_cache import PageAllocator, PageTable, allocate_chunks, pages_to_csr
+from worldstream.engine.models.autoencoder import frames_to_tensor, tensor_to_frames
+from worldstream.engine.models.loading import BUILTIN_DIR, load_autoencoder, load_world_model
+from worldstream.engine.models.world_dit import WorldDiT
+from worldstream.engine.sampler import denoise, fork_rng
+from worldstream.engine.spatial_memory import (
     SpatialMemory,
     UndoRecord,
     centre_box,
     model_inputs,
     select_by_overlap,
 )
-from engine.training.common import cpu_has_fast_bf16
-from engine.worlds.actions import IDLE
-from engine.worlds.simulator import WorldSimulator
+from worldstream.engine.training.common import cpu_has_fast_bf16
+from worldstream.engine.worlds.actions import IDLE
+from worldstream.engine.worlds.simulator import WorldSimulator
 
 
 @dataclass

@@ -5,13 +5,13 @@ from __future__ import annotations
 import importlib
 import importlib.util
 
-from engine.backend import WorldBackend
+from worldstream.engine.backend import WorldBackend
 
 #: name -> "module:factory"; the factory takes keyword arguments and returns a WorldBackend
 _BACKENDS: dict[str, str] = {
-    "sim": "engine.worlds.sim_backend:SimBackend",
-    "builtin": "engine.generator:load_builtin_backend",
-    "wan-causal": "engine.wan_backend:load_wan_backend",
+    "sim": "worldstream.engine.worlds.sim_backend:SimBackend",
+    "builtin": "worldstream.engine.generator:load_builtin_backend",
+    "wan-causal": "worldstream.engine.wan_backend:load_wan_backend",
 }
 
 

@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from engine.api import ActionCommand, Event, EventQueue, Frame, FrameSlot
-from engine.scheduler import NS, DegradeController, PlayoutClock
-from engine.worlds.actions import IDLE, keys_to_action
+from worldstream.engine.api import ActionCommand, Event, EventQueue, Frame, FrameSlot
+from worldstream.engine.scheduler import NS, DegradeController, PlayoutClock
+from worldstream.engine.worlds.actions import IDLE, keys_to_action
 
 
 @dataclass

@@ -72,7 +72,7 @@ def embed_blend(text: str, blend_text: str | None = None, weight: float = 0.0) -
 
 @functools.cache
 def _scene_centroids() -> tuple[tuple[str, ...], np.ndarray]:
-    from engine.worlds.scenes import SCENES
+    from worldstream.engine.worlds.scenes import SCENES
 
     names = tuple(SCENES)
     cents = np.stack([np.mean([embed(p) for p in SCENES[n]["prompts"]], axis=0) for n in names])

@@ -31,21 +31,21 @@ from pathlib import Path
 import numpy as np
 import torch
 
-import kernels
-from engine.api import CapacityError
-from engine.backend import ChunkJob, ChunkResult, StateBudget
-from engine.generator import PagedAttentionContext
-from engine.kv_cache import PageAllocator, PageTable, allocate_chunks
-from engine.models.wan import NUM_TRAIN_TIMESTEPS, WanChunkModel
-from engine.models.wan_loading import load_wan_parts
-from engine.models.wan_vae_stream import (
+from worldstream import kernels
+from worldstream.engine.api import CapacityError
+from worldstream.engine.backend import ChunkJob, ChunkResult, StateBudget
+from worldstream.engine.generator import PagedAttentionContext
+from worldstream.engine.kv_cache import PageAllocator, PageTable, allocate_chunks
+from worldstream.engine.models.wan import NUM_TRAIN_TIMESTEPS, WanChunkModel
+from worldstream.engine.models.wan_loading import load_wan_parts
+from worldstream.engine.models.wan_vae_stream import (
     WanDecodeCache,
     decode_stream,
     denormalize_latents,
     new_decode_cache,
 )
-from engine.sampler import denoise, fork_rng
-from engine.text import MAX_PROMPT_CHARS
+from worldstream.engine.sampler import denoise, fork_rng
+from worldstream.engine.text import MAX_PROMPT_CHARS
 
 TEXT_TOKENS = 512  # UMT5 context length of Wan
 
@@ -446,7 +446,7 @@ def load_wan_backend(model_path: str | Path, checkpoint: str | Path | None = Non
     ValueError (dtype, config), KeyConversionError (unmatched checkpoint keys),
     InsufficientMemoryError (estimated before loading).
     """
-    from engine.models.wan_loading import check_layout, read_config
+    from worldstream.engine.models.wan_loading import check_layout, read_config
 
     cfg = WanConfig(**kwargs)
     path = Path(model_path)

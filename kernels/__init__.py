@@ -3,9 +3,14 @@
 See ``kernels/README.md`` for measured speeds and ``paged_attention`` for the contract.
 """
 
-from kernels.dispatch import ENV_VAR, available_backends, paged_attention, resolve_backend
-from kernels.page_lists import lists_to_csr
-from kernels.selection import select_pages_static, select_pages_topk, static_page_list
+from worldstream.kernels.dispatch import (
+    ENV_VAR,
+    available_backends,
+    paged_attention,
+    resolve_backend,
+)
+from worldstream.kernels.page_lists import lists_to_csr
+from worldstream.kernels.selection import select_pages_static, select_pages_topk, static_page_list
 
 __all__ = [
     "ENV_VAR",

@@ -10,7 +10,7 @@ import shutil
 
 import torch
 
-from kernels.page_lists import to_padded, validate_inputs
+from worldstream.kernels.page_lists import to_padded, validate_inputs
 
 BACKENDS = ("reference", "flex", "triton")
 #: environment variable that forces the backend used when ``backend="auto"``
@@ -122,7 +122,7 @@ def paged_attention(
     if shape.num_rows == 0:
         return torch.zeros_like(q)
     if name == "triton":
-        from kernels.triton_paged import triton_paged_attention
+        from worldstream.kernels.triton_paged import triton_paged_attention
 
         return triton_paged_attention(
             q, k_pool, v_pool, block_ptr, block_idx, page_lens, scale, shape
@@ -130,9 +130,9 @@ def paged_attention(
     k_pool, v_pool = k_pool.contiguous(), v_pool.contiguous()
     pages = to_padded(block_ptr, block_idx)
     if name == "flex":
-        from kernels.flex import flex_paged_attention
+        from worldstream.kernels.flex import flex_paged_attention
 
         return flex_paged_attention(q, k_pool, v_pool, pages, page_lens, scale, shape)
-    from kernels.reference import reference_paged_attention
+    from worldstream.kernels.reference import reference_paged_attention
 
     return reference_paged_attention(q, k_pool, v_pool, pages, page_lens, scale, shape)

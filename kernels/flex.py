@@ -19,7 +19,7 @@ import functools
 import torch
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
-from kernels.page_lists import (
+from worldstream.kernels.page_lists import (
     AttentionShape,
     PaddedPages,
     merge_query_blocks,

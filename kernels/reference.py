@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels.page_lists import (
+from worldstream.kernels.page_lists import (
     AttentionShape,
     PaddedPages,
     merge_query_blocks,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.page_lists import lists_to_csr
+from worldstream.kernels.page_lists import lists_to_csr
 
 
 def static_page_list(

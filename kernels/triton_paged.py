@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.page_lists import AttentionShape
+from worldstream.kernels.page_lists import AttentionShape
 
 _LOG2E = 1.4426950408889634
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"

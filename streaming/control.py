@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from engine.api import Event, Frame, SessionClosedError
-from streaming import messages as m
-from streaming.frames import jpeg_data_url
-from streaming.sessions import SessionManager, StreamSession
+from worldstream.engine.api import Event, Frame, SessionClosedError
+from worldstream.streaming import messages as m
+from worldstream.streaming.frames import jpeg_data_url
+from worldstream.streaming.sessions import SessionManager, StreamSession
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 

@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from streaming.framelog import FRAME_LOG_FRAMES
+from worldstream.streaming.framelog import FRAME_LOG_FRAMES
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
-from engine import api
+from worldstream.engine import api
 
 #: the largest control message accepted, bytes of UTF-8 (PROTOCOL: 4 KB)
 MAX_MESSAGE_BYTES = 4096

@@ -14,9 +14,9 @@ from pathlib import Path
 import av
 import numpy as np
 
-from engine.api import Frame, FrameSlot
-from streaming.frames import pad_even
-from streaming.pacing import VIDEO_CLOCK_HZ, pts_of
+from worldstream.engine.api import Frame, FrameSlot
+from worldstream.streaming.frames import pad_even
+from worldstream.streaming.pacing import VIDEO_CLOCK_HZ, pts_of
 
 _MP4_OPTIONS = {"movflags": "frag_keyframe+empty_moov+default_base_moof", "flush_packets": "1"}
 

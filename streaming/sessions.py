@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.api import CapacityError, EngineAPI, SessionClosedError, SessionInfo
-from streaming.framelog import FrameLog
-from streaming.limits import Limits, RateLimiter
-from streaming.recording import Recorder
-from streaming.telemetry import StreamTelemetry
+from worldstream.engine.api import CapacityError, EngineAPI, SessionClosedError, SessionInfo
+from worldstream.streaming.framelog import FrameLog
+from worldstream.streaming.limits import Limits, RateLimiter
+from worldstream.streaming.recording import Recorder
+from worldstream.streaming.telemetry import StreamTelemetry
 
 #: temporary recording folders are named ``worldstream-rec-<pid>-<random>``: a folder whose
 #: process is gone is swept at the next start

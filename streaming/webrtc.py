@@ -24,11 +24,11 @@ from aiortc import (
 from aiortc.codecs import vpx
 from aiortc.mediastreams import MediaStreamError
 
-from engine.api import Frame, FrameSlot
-from streaming.control import ControlChannel
-from streaming.frames import pad_even
-from streaming.pacing import VIDEO_CLOCK_HZ, Pacer, SlotClosedError
-from streaming.sessions import SessionManager, StreamSession
+from worldstream.engine.api import Frame, FrameSlot
+from worldstream.streaming.control import ControlChannel
+from worldstream.streaming.frames import pad_even
+from worldstream.streaming.pacing import VIDEO_CLOCK_HZ, Pacer, SlotClosedError
+from worldstream.streaming.sessions import SessionManager, StreamSession
 
 #: frames the track's slot holds: a chunk arrives as a burst of frames, held until each is due
 #: (the pacer drops frames that are past due, so this bounds memory, not delay)

@@ -12,11 +12,11 @@ from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from streaming import messages as m
-from streaming.control import ControlChannel
-from streaming.frames import encode_jpeg
-from streaming.pacing import Pacer, SlotClosedError
-from streaming.sessions import SessionManager, StreamSession
+from worldstream.streaming import messages as m
+from worldstream.streaming.control import ControlChannel
+from worldstream.streaming.frames import encode_jpeg
+from worldstream.streaming.pacing import Pacer, SlotClosedError
+from worldstream.streaming.sessions import SessionManager, StreamSession
 
 #: frames the connection's slot holds (frames past due are dropped), as for the video track
 WS_SLOT_FRAMES = 8

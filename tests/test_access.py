@@ -8,10 +8,10 @@ import secrets
 import pytest
 from fastapi.testclient import TestClient
 
-from app.access import AccessPolicy, is_loopback
-from app.server import create_app
-from streaming.limits import Limits
 from tests.test_server_api import auth, create
+from worldstream.app.access import AccessPolicy, is_loopback
+from worldstream.app.server import create_app
+from worldstream.streaming.limits import Limits
 
 KEY = "k" * 24
 

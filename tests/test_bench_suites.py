@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bench import analyse, e2e, report, results, soak
-from bench.stats import match_actions, relative_growth, summarize, trend
-from bench.streams import SessionRun
+from worldstream.bench import analyse, e2e, report, results, soak
+from worldstream.bench.stats import match_actions, relative_growth, summarize, trend
+from worldstream.bench.streams import SessionRun
 
 
 # ----------------------------------------------------------------------------- stats
@@ -257,7 +257,7 @@ def test_results_table_and_save(tmp_path):
 def test_model_for_chunk_keeps_weights():
     import torch
 
-    from bench.harness import load_models, model_for_chunk
+    from worldstream.bench.harness import load_models, model_for_chunk
 
     models = load_models("random", smoke=True)
     copy = model_for_chunk(models.model, 4)
@@ -270,7 +270,7 @@ def test_model_for_chunk_keeps_weights():
 def test_quick_smoke_reports_every_key(tmp_path, capsys):
     import torch
 
-    from bench import quick
+    from worldstream.bench import quick
 
     out = tmp_path / "quick.json"
     threads = torch.get_num_threads()
@@ -295,7 +295,7 @@ def test_quick_smoke_reports_every_key(tmp_path, capsys):
 
 
 def test_bench_dispatcher_lists_the_suites(capsys):
-    from bench.__main__ import SUITES, main
+    from worldstream.bench.__main__ import SUITES, main
 
     for suite in ("quick", "engine", "baselines", "e2e", "soak", "scale", "report", "analyse"):
         assert suite in SUITES

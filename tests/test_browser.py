@@ -13,11 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.access import AccessPolicy
-from app.server import create_app
-from engine.worlds.simulator import player_mask
-from streaming.webrtc import bind_media
 from tests.conftest import LiveServer, phase_shift
+from worldstream.app.access import AccessPolicy
+from worldstream.app.server import create_app
+from worldstream.engine.worlds.simulator import player_mask
+from worldstream.streaming.webrtc import bind_media
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.api import (
+from worldstream.engine.api import (
     ActionCommand,
     AdoptCommand,
     CapacityError,
@@ -21,12 +21,12 @@ from engine.api import (
     SessionClosedError,
     SettingsCommand,
 )
-from engine.backend import ChunkResult
-from engine.config import EngineConfig
-from engine.engine import Engine
-from engine.worlds.actions import IDLE, keys_to_action
-from engine.worlds.sim_backend import SimBackend
-from engine.worlds.simulator import WorldSimulator
+from worldstream.engine.backend import ChunkResult
+from worldstream.engine.config import EngineConfig
+from worldstream.engine.engine import Engine
+from worldstream.engine.worlds.actions import IDLE, keys_to_action
+from worldstream.engine.worlds.sim_backend import SimBackend
+from worldstream.engine.worlds.simulator import WorldSimulator
 
 
 class EchoState:

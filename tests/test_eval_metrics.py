@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from engine.evaluation.metrics import (
+from worldstream.engine.evaluation.metrics import (
     SceneClassifier,
     anisotropy,
     image_shift,
@@ -12,7 +12,7 @@ from engine.evaluation.metrics import (
     psnr,
     sharpness,
 )
-from engine.evaluation.run import (
+from worldstream.engine.evaluation.run import (
     DOWN,
     LEFT,
     RIGHT,
@@ -23,7 +23,7 @@ from engine.evaluation.run import (
     record,
     revisit_actions,
 )
-from engine.worlds.scenes import SCENE_NAMES
+from worldstream.engine.worlds.scenes import SCENE_NAMES
 
 
 def test_psnr_hand_worked():

@@ -3,8 +3,9 @@ perfectly where it must."""
 
 import numpy as np
 
-from engine.evaluation.metrics import psnr
-from engine.evaluation.run import (
+from tests.test_generator import tiny_generator
+from worldstream.engine.evaluation.metrics import psnr
+from worldstream.engine.evaluation.run import (
     action_hits,
     drift_metrics,
     long_rollouts,
@@ -13,7 +14,6 @@ from engine.evaluation.run import (
     rollout,
     teacher_forced,
 )
-from tests.test_generator import tiny_generator
 
 
 def test_protocol_pieces_run_on_a_tiny_model():

@@ -18,13 +18,13 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.server import create_app
-from bench.adversarial import dead_offer
-from streaming.control import ControlChannel
-from streaming.limits import Limits
-from streaming.sessions import SessionManager
-from streaming.webrtc import TooManyPeerConnectionsError, WebRTCTransport
 from tests.test_server_api import auth, create
+from worldstream.app.server import create_app
+from worldstream.bench.adversarial import dead_offer
+from worldstream.streaming.control import ControlChannel
+from worldstream.streaming.limits import Limits
+from worldstream.streaming.sessions import SessionManager
+from worldstream.streaming.webrtc import TooManyPeerConnectionsError, WebRTCTransport
 
 FUZZ = settings(deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 TYPES = ["action", "prompt", "settings", "fork", "adopt", "rewind", "ping", "next", "record",

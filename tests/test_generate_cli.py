@@ -6,7 +6,7 @@ import json
 import av
 import pytest
 
-from app import cli
+from worldstream.app import cli
 
 
 @pytest.mark.parametrize("frames", [1, 2, 5])

@@ -4,13 +4,13 @@ import numpy as np
 import pytest
 import torch
 
-from engine.backend import ChunkJob
-from engine.generator import GeneratorConfig, WorldGenerator
-from engine.models.attention import DenseContext, expand_frame_mask
-from engine.models.autoencoder import build_autoencoder
-from engine.models.world_dit import WorldDiT
-from engine.worlds.actions import action_to_direction
-from engine.worlds.simulator import ACCEL, FRICTION
+from worldstream.engine.backend import ChunkJob
+from worldstream.engine.generator import GeneratorConfig, WorldGenerator
+from worldstream.engine.models.attention import DenseContext, expand_frame_mask
+from worldstream.engine.models.autoencoder import build_autoencoder
+from worldstream.engine.models.world_dit import WorldDiT
+from worldstream.engine.worlds.actions import action_to_direction
+from worldstream.engine.worlds.simulator import ACCEL, FRICTION
 
 F = 2  # frames per chunk
 

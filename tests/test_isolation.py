@@ -10,7 +10,8 @@ import time
 
 import numpy as np
 
-from engine.api import (
+from tests.test_engine import EchoBackend, cfg, collect, drain_events, wait_for
+from worldstream.engine.api import (
     ActionCommand,
     Event,
     EventQueue,
@@ -18,9 +19,8 @@ from engine.api import (
     PromptCommand,
     SettingsCommand,
 )
-from engine.engine import Engine
-from engine.prompts import PromptPrefetcher
-from tests.test_engine import EchoBackend, cfg, collect, drain_events, wait_for
+from worldstream.engine.engine import Engine
+from worldstream.engine.prompts import PromptPrefetcher
 
 
 def _item(command, session="s"):

@@ -3,8 +3,14 @@
 import pytest
 import torch
 
-import kernels
-from kernels import ENV_VAR, available_backends, lists_to_csr, paged_attention, resolve_backend
+from worldstream import kernels
+from worldstream.kernels import (
+    ENV_VAR,
+    available_backends,
+    lists_to_csr,
+    paged_attention,
+    resolve_backend,
+)
 
 
 def _inputs(num_pages=4, lists=([0, 1], [2])):

@@ -2,13 +2,13 @@
 
 import torch
 
-import bench.__main__ as bench_main
-from bench import attention, gpu_attention
-from bench.common import hardware_info, time_call
+import worldstream.bench.__main__ as bench_main
+from worldstream.bench import attention, gpu_attention
+from worldstream.bench.common import hardware_info, time_call
 
 
 def test_dispatcher_lists_suites_and_rejects_unknown(capsys):
-    assert bench_main.SUITES["attention"] == "bench.attention"
+    assert bench_main.SUITES["attention"] == "worldstream.bench.attention"
     assert bench_main.main(["no-such-suite"]) == 2
     assert "attention" in capsys.readouterr().out
 

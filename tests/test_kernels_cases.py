@@ -27,7 +27,7 @@ class PagedCase:
 
     def run(self, backend: str) -> torch.Tensor:
         """``paged_attention`` of this case through ``backend``."""
-        from kernels import paged_attention
+        from worldstream.kernels import paged_attention
 
         ptr, idx = self.csr()
         return paged_attention(self.q, self.k_pool, self.v_pool, ptr, idx,

@@ -9,8 +9,8 @@ import pytest
 import torch
 from hypothesis import given, settings
 
-from kernels import available_backends
 from tests.test_kernels_cases import paged_cases
+from worldstream.kernels import available_backends
 
 pytestmark = pytest.mark.skipif(
     "flex" not in available_backends("cpu"), reason="FlexAttention needs a C++ compiler on CPU"

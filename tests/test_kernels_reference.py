@@ -6,8 +6,8 @@ import pytest
 import torch
 from hypothesis import given, settings
 
-from kernels import lists_to_csr, paged_attention
 from tests.test_kernels_cases import dense_masked_sdpa, paged_cases
+from worldstream.kernels import lists_to_csr, paged_attention
 
 
 @settings(max_examples=60, deadline=None)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from kernels import select_pages_static, select_pages_topk, static_page_list
+from worldstream.kernels import select_pages_static, select_pages_topk, static_page_list
 
 
 def _lists(ptr, idx):

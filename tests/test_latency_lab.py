@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 import websockets
 
-from app.server import create_app
-from engine.api import Frame
-from streaming.framelog import FrameLog
-from streaming.limits import Limits
-from streaming.websocket import unpack_frame
 from tests.conftest import LiveServer
+from worldstream.app.server import create_app
+from worldstream.engine.api import Frame
+from worldstream.streaming.framelog import FrameLog
+from worldstream.streaming.limits import Limits
+from worldstream.streaming.websocket import unpack_frame
 
 RING = 8          # frames kept by the server under test
 FRAMES = 14       # frames the client takes: more than the ring holds

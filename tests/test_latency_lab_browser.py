@@ -17,10 +17,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.server import create_app
-from bench.analyse import analyse, load_export
 from tests.conftest import LiveServer
 from tests.test_browser import CHROMIUM, CHROMIUM_ARGS
+from worldstream.app.server import create_app
+from worldstream.bench.analyse import analyse, load_export
 
 SCREENSHOT = Path(os.environ.get("WORLDSTREAM_LAB_SCREENSHOT", "/tmp/worldstream-latency-lab.png"))
 ACTIONS = 5

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine import api
-from streaming import messages as m
+from worldstream.engine import api
+from worldstream.streaming import messages as m
 
 
 def reject(raw) -> m.MessageError:

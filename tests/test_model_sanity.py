@@ -5,11 +5,15 @@ from pure noise moves toward the data, and its camera dynamics follow the simula
 import numpy as np
 import torch
 
-from engine.evaluation.run import record
-from engine.generator import load_builtin_backend
-from engine.models.attention import DenseContext, block_causal_frame_mask, expand_frame_mask
-from engine.text import embed
-from engine.training.latents import memory_bases
+from worldstream.engine.evaluation.run import record
+from worldstream.engine.generator import load_builtin_backend
+from worldstream.engine.models.attention import (
+    DenseContext,
+    block_causal_frame_mask,
+    expand_frame_mask,
+)
+from worldstream.engine.text import embed
+from worldstream.engine.training.latents import memory_bases
 
 
 def test_shipped_model_denoises_toward_the_truth():

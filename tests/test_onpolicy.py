@@ -3,18 +3,22 @@
 import numpy as np
 import torch
 
-from engine.generator import GeneratorConfig, WorldGenerator
-from engine.models.attention import DenseContext, block_causal_frame_mask, expand_frame_mask
-from engine.models.autoencoder import build_autoencoder
-from engine.models.world_dit import WorldDiT
-from engine.training.latents import VIEW_BOX, memory_bases
-from engine.training.onpolicy import (
+from worldstream.engine.generator import GeneratorConfig, WorldGenerator
+from worldstream.engine.models.attention import (
+    DenseContext,
+    block_causal_frame_mask,
+    expand_frame_mask,
+)
+from worldstream.engine.models.autoencoder import build_autoencoder
+from worldstream.engine.models.world_dit import WorldDiT
+from worldstream.engine.training.latents import VIEW_BOX, memory_bases
+from worldstream.engine.training.onpolicy import (
     EpisodeSpec,
     collect_rollouts,
     onpolicy_loss,
     onpolicy_target,
 )
-from engine.worlds.recorder import record_episode
+from worldstream.engine.worlds.recorder import record_episode
 
 
 def tiny_generator(chunk_frames: int) -> WorldGenerator:

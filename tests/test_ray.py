@@ -13,12 +13,12 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
-from app.cmd_play import play_config
-from app.server import create_app
-from engine.api import ActionCommand, CapacityError
-from streaming.limits import Limits
-from streaming.websocket import unpack_frame
 from tests.test_engine import collect, wait_for
+from worldstream.app.cmd_play import play_config
+from worldstream.app.server import create_app
+from worldstream.engine.api import ActionCommand, CapacityError
+from worldstream.streaming.limits import Limits
+from worldstream.streaming.websocket import unpack_frame
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.slow
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def cluster():
-    from engine.cluster.router import RayEngine
+    from worldstream.engine.cluster.router import RayEngine
 
     engine = RayEngine("sim", replicas=2, config=play_config(max_sessions=2),
                        monitor_period_s=0.5).start()
@@ -157,7 +157,7 @@ def test_a_killed_replicas_sessions_continue_on_the_other(cluster):
 def test_desired_replicas_follow_live_sessions():
     """The autoscaling rule, on a router that was never started (no Ray): one replica per
     ``capacity`` sessions plus room for the next user, within [min, max]."""
-    from engine.cluster.router import RayEngine, _Replica, _Routed
+    from worldstream.engine.cluster.router import RayEngine, _Replica, _Routed
 
     engine = RayEngine("sim", replicas=1, min_replicas=1, max_replicas=3)
     engine._replicas[0] = _Replica(0, None, {"capacity": 2})

@@ -11,8 +11,8 @@ from pathlib import Path
 import av
 import numpy as np
 
-from engine.api import Frame, FrameSlot
-from streaming.recording import Recorder
+from worldstream.engine.api import Frame, FrameSlot
+from worldstream.streaming.recording import Recorder
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -49,8 +49,8 @@ _WRITER = """
 import sys, time
 sys.path.insert(0, {root!r})
 from tests.test_recording import _frame
-from engine.api import FrameSlot
-from streaming.recording import Recorder
+from worldstream.engine.api import FrameSlot
+from worldstream.streaming.recording import Recorder
 slot = FrameSlot(64)
 recorder = Recorder(slot, {path!r}, fps=10).start()
 for i in range(45):

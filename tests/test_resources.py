@@ -14,13 +14,13 @@ import pytest
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from fastapi.testclient import TestClient
 
-from app.server import create_app
-from bench.adversarial import dead_offer
-from streaming.limits import Limits
-from streaming.sessions import REC_DIR_PREFIX, sweep_stale_recording_dirs
-from streaming.webrtc import bind_media
 from tests.conftest import LiveServer
 from tests.test_server_api import auth, create, ws_url
+from worldstream.app.server import create_app
+from worldstream.bench.adversarial import dead_offer
+from worldstream.streaming.limits import Limits
+from worldstream.streaming.sessions import REC_DIR_PREFIX, sweep_stale_recording_dirs
+from worldstream.streaming.webrtc import bind_media
 
 
 class Clock:

@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from engine.config import EngineConfig
-from engine.scheduler import NS, ChunkRequest, DegradeController, PlayoutClock, plan_batch
+from worldstream.engine.config import EngineConfig
+from worldstream.engine.scheduler import (
+    NS,
+    ChunkRequest,
+    DegradeController,
+    PlayoutClock,
+    plan_batch,
+)
 
 MS = 1_000_000
 
@@ -97,8 +103,8 @@ def test_config_validation_names_the_field():
 
 
 def test_engine_refuses_a_buffer_smaller_than_the_models_chunk():
-    from engine.engine import Engine
-    from engine.worlds.sim_backend import SimBackend
+    from worldstream.engine.engine import Engine
+    from worldstream.engine.worlds.sim_backend import SimBackend
 
     backend = SimBackend(chunk_frames=4)
     for kwargs in ({"buffer_max_frames": 3, "batch_join_frames": 0},

@@ -10,9 +10,9 @@ import av
 import pytest
 from fastapi.testclient import TestClient
 
-from app.server import create_app
-from streaming.limits import Limits
-from streaming.websocket import unpack_frame
+from worldstream.app.server import create_app
+from worldstream.streaming.limits import Limits
+from worldstream.streaming.websocket import unpack_frame
 
 
 @pytest.fixture

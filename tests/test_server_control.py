@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from app import cli
-from engine.api import Event
-from engine.registry import BackendUnavailableError
-from streaming.control import event_message
-from streaming.frames import pad_even
-from streaming.limits import Limits, RateLimiter
-from streaming.telemetry import StreamTelemetry
+from worldstream.app import cli
+from worldstream.engine.api import Event
+from worldstream.engine.registry import BackendUnavailableError
+from worldstream.streaming.control import event_message
+from worldstream.streaming.frames import pad_even
+from worldstream.streaming.limits import Limits, RateLimiter
+from worldstream.streaming.telemetry import StreamTelemetry
 
 
 def _image(data_url: str) -> np.ndarray:
@@ -82,7 +82,7 @@ def test_play_without_weights_suggests_sim(monkeypatch, capsys):
     def missing(name, **kwargs):
         raise BackendUnavailableError(f"model {name!r}: weights not found (assets/x)")
 
-    monkeypatch.setattr("engine.registry.load_backend", missing)
+    monkeypatch.setattr("worldstream.engine.registry.load_backend", missing)
     assert cli.main(["play", "--model", "builtin"]) == 2
     err = capsys.readouterr().err
     assert "weights not found" in err and "--model sim" in err

@@ -5,10 +5,10 @@ import json
 import numpy as np
 from PIL import Image
 
-from app.action_script import load_action_script
-from engine.evaluation.sheet import save_sheet, side_by_side
-from engine.worlds.actions import IDLE, keys_to_action
 from tests.test_generator import tiny_generator
+from worldstream.app.action_script import load_action_script
+from worldstream.engine.evaluation.sheet import save_sheet, side_by_side
+from worldstream.engine.worlds.actions import IDLE, keys_to_action
 
 
 def test_action_script_unrolls_to_per_frame_actions_and_prompts(tmp_path):

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.api import CapacityError
-from engine.backend import ChunkJob
-from engine.worlds.actions import keys_to_action
-from engine.worlds.sim_backend import SimBackend
-from engine.worlds.simulator import WorldSimulator
+from worldstream.engine.api import CapacityError
+from worldstream.engine.backend import ChunkJob
+from worldstream.engine.worlds.actions import keys_to_action
+from worldstream.engine.worlds.sim_backend import SimBackend
+from worldstream.engine.worlds.simulator import WorldSimulator
 
 SCENES = {"snow": "snow", "desert": "desert"}
 UP, RIGHT, IDLE = keys_to_action({"up"}), keys_to_action({"right"}), keys_to_action(())

@@ -3,11 +3,16 @@
 import numpy as np
 import pytest
 
-from engine.evaluation.metrics import image_shift
-from engine.worlds.actions import IDLE, action_to_direction, direction_to_action, keys_to_action
-from engine.worlds.recorder import PROMPTS, load_shard, record_shard
-from engine.worlds.scenes import SCENE_NAMES, SCENES, palette
-from engine.worlds.simulator import WorldSimulator
+from worldstream.engine.evaluation.metrics import image_shift
+from worldstream.engine.worlds.actions import (
+    IDLE,
+    action_to_direction,
+    direction_to_action,
+    keys_to_action,
+)
+from worldstream.engine.worlds.recorder import PROMPTS, load_shard, record_shard
+from worldstream.engine.worlds.scenes import SCENE_NAMES, SCENES, palette
+from worldstream.engine.worlds.simulator import WorldSimulator
 
 
 def play(seed, actions, scene="meadow"):

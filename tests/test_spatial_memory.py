@@ -6,13 +6,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.spatial_memory import (
+from worldstream.engine.spatial_memory import (
     SpatialMemory,
     centre_box,
     model_inputs,
     select_by_overlap,
 )
-from engine.worlds.simulator import WorldSimulator
+from worldstream.engine.worlds.simulator import WorldSimulator
 
 
 def frame(seed: int, size: int = 128) -> np.ndarray:

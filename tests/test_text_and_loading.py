@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from engine import text
-from engine.models.loading import BUILTIN_DIR, load_autoencoder, load_world_model
-from engine.sampler import step_sigmas
+from worldstream.engine import text
+from worldstream.engine.models.loading import BUILTIN_DIR, load_autoencoder, load_world_model
+from worldstream.engine.sampler import step_sigmas
 
 
 def test_embeddings_are_cached_unit_vectors_and_blend():

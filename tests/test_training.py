@@ -4,17 +4,17 @@ sampler against an oracle."""
 import numpy as np
 import torch
 
-from engine.models.world_dit import CameraDynamics, WorldDiT
-from engine.sampler import denoise
-from engine.spatial_memory import centre_box
-from engine.training.latents import VIEW_BOX, LatentDataset, memory_bases
-from engine.training.train_world import (
+from worldstream.engine.models.world_dit import CameraDynamics, WorldDiT
+from worldstream.engine.sampler import denoise
+from worldstream.engine.spatial_memory import centre_box
+from worldstream.engine.training.latents import VIEW_BOX, LatentDataset, memory_bases
+from worldstream.engine.training.train_world import (
     degrade_bases,
     fit_camera_dynamics,
     sample_chunk_sigmas,
     train_world,
 )
-from engine.worlds.recorder import record_episode
+from worldstream.engine.worlds.recorder import record_episode
 
 
 def test_chunk_sigmas_mix_diffusion_forcing_and_clean_context():

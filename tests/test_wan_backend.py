@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from engine.api import CapacityError
-from engine.backend import ChunkJob
-from engine.wan_backend import WanCausalBackend, WanConfig
 from tests.test_wan_model import reference_forward, tiny_transformer
 from tests.test_wan_vae_stream import tiny_vae
+from worldstream.engine.api import CapacityError
+from worldstream.engine.backend import ChunkJob
+from worldstream.engine.wan_backend import WanCausalBackend, WanConfig
 
 H = W = 32  # tiny VAE: 4x spatial -> 8x8 latents -> 16 tokens per frame
 
@@ -61,7 +61,7 @@ def test_chunks_match_independent_reference_and_one_shot_decode():
         noise = torch.randn(be.latent_shape, generator=torch.Generator().manual_seed(seed))
         want = reference_chunk(lat[:n], noise, "a red fox in snow")
         torch.testing.assert_close(lat[n], want, atol=1e-4, rtol=1e-4)
-    from engine.models.wan_vae_stream import denormalize_latents
+    from worldstream.engine.models.wan_vae_stream import denormalize_latents
     with torch.no_grad():
         video = be.vae.decode(denormalize_latents(be.vae, torch.cat(lat, 1)[None])).sample[0]
     want = to_uint8(video).numpy()  # 9 + 12 + 12 frames; the first frame shown 4 times
@@ -137,9 +137,9 @@ def test_serves_through_the_engine():
     (12-frame chunks need a playout buffer of at least 12 frames)."""
     import time
 
-    from engine.api import PromptCommand
-    from engine.config import EngineConfig
-    from engine.engine import Engine
+    from worldstream.engine.api import PromptCommand
+    from worldstream.engine.config import EngineConfig
+    from worldstream.engine.engine import Engine
 
     be = make_backend()
     config = EngineConfig(fps=60, max_sessions=1, buffer_max_frames=12, batch_join_frames=0,

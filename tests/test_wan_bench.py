@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from bench import gpu_wan
+from worldstream.bench import gpu_wan
 
 
 def test_tiny_run_reports_every_figure(tmp_path, capsys):

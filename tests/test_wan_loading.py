@@ -10,13 +10,13 @@ import pytest
 import torch
 from transformers import UMT5Config, UMT5EncoderModel
 
-import engine.models.wan_loading as wan_loading
-from engine.backend import ChunkJob
-from engine.models.wan_convert import KeyConversionError, diffusers_to_original
-from engine.models.wan_loading import InsufficientMemoryError, check_dtype
-from engine.wan_backend import load_wan_backend
+import worldstream.engine.models.wan_loading as wan_loading
 from tests.test_wan_model import tiny_transformer
 from tests.test_wan_vae_stream import tiny_vae
+from worldstream.engine.backend import ChunkJob
+from worldstream.engine.models.wan_convert import KeyConversionError, diffusers_to_original
+from worldstream.engine.models.wan_loading import InsufficientMemoryError, check_dtype
+from worldstream.engine.wan_backend import load_wan_backend
 
 SMALL = dict(height=32, width=32, window_chunks=2, memory_chunks=3, max_states=1,
              device="cpu", attention_backend="reference")

@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
-from app.server import create_app
-from bench.adversarial import dead_offer
-from engine.api import Frame, FrameSlot
-from engine.worlds.actions import keys_to_action
-from engine.worlds.simulator import WorldSimulator, player_mask
-from streaming.pacing import Pacer
-from streaming.webrtc import FrameTrack, vp8_bitrate
 from tests.conftest import LiveServer, phase_shift
+from worldstream.app.server import create_app
+from worldstream.bench.adversarial import dead_offer
+from worldstream.engine.api import Frame, FrameSlot
+from worldstream.engine.worlds.actions import keys_to_action
+from worldstream.engine.worlds.simulator import WorldSimulator, player_mask
+from worldstream.streaming.pacing import Pacer
+from worldstream.streaming.webrtc import FrameTrack, vp8_bitrate
 
 FPS = 20
 TICK = 90_000 // FPS
@@ -39,7 +39,7 @@ def test_phase_shift_on_ground_truth_hold_right():
     frames = [sim.step(keys_to_action(["right"])) for _ in range(20)]
     dx, dy = phase_shift(frames[-2], frames[-1], player_mask())
     # after 20 frames the camera runs at its terminal speed a·f/(1-f) px per frame
-    from engine.worlds.simulator import ACCEL, FRICTION
+    from worldstream.engine.worlds.simulator import ACCEL, FRICTION
 
     terminal = ACCEL * FRICTION / (1 - FRICTION)
     assert abs(dx + terminal) < 0.6 and abs(dy) < 0.3, (dx, dy, terminal)
@@ -248,7 +248,7 @@ def test_lost_packets_recover_and_decoded_frames_stay_whole(sim_engine):
     """Packets lost on the way (40 in a row, several frames' worth, the camera moving): the
     receiver asks again (NACK) or for a keyframe (PLI), and every frame decoded after the
     loss matches the frame the server sent (within codec tolerance)."""
-    from bench.e2e import psnr_db
+    from worldstream.bench.e2e import psnr_db
 
     with LiveServer(create_app(sim_engine, ui=False)) as server:
         frames, metas, sent, dropped = asyncio.run(

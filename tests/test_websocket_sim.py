@@ -14,10 +14,10 @@ import pytest
 import websockets
 from PIL import Image
 
-from app.server import create_app
-from engine.worlds.simulator import player_mask
-from streaming.websocket import pack_frame, unpack_frame
 from tests.conftest import LiveServer, phase_shift
+from worldstream.app.server import create_app
+from worldstream.engine.worlds.simulator import player_mask
+from worldstream.streaming.websocket import pack_frame, unpack_frame
 
 FPS = 20
 

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.api import ActionCommand, Command, PromptCommand, SettingsCommand
-from engine.worlds.actions import keys_to_action
+from worldstream.engine.api import ActionCommand, Command, PromptCommand, SettingsCommand
+from worldstream.engine.worlds.actions import keys_to_action
 
 
 @dataclass

@@ -21,10 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from engine.api import Command, SessionClosedError, SessionInfo
-from engine.config import EngineConfig
-from engine.engine import Engine
-from engine.registry import load_backend
+from worldstream.engine.api import Command, SessionClosedError, SessionInfo
+from worldstream.engine.config import EngineConfig
+from worldstream.engine.engine import Engine
+from worldstream.engine.registry import load_backend
 
 #: frames a session may pile up in its replica between two pulls (a stalled front end)
 PULL_SLOT_FRAMES = 64
@@ -51,7 +51,7 @@ class EngineReplica:
         backend = load_backend(model, **(model_kwargs or {}))
         # as `worldstream play` does: load the scene-prompt encoder before the first session
         # (seconds on an idle machine, far longer under load), or that session stalls
-        from engine.text import scene_for_prompt
+        from worldstream.engine.text import scene_for_prompt
 
         scene_for_prompt("warm-up")
         self.engine = Engine(backend, config).start()

@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from engine.api import (
+from worldstream.engine.api import (
     CapacityError,
     Command,
     Event,
@@ -40,9 +40,9 @@ from engine.api import (
     SessionClosedError,
     SessionInfo,
 )
-from engine.cluster.journal import Journal
-from engine.cluster.replica import EngineReplica
-from engine.config import EngineConfig
+from worldstream.engine.cluster.journal import Journal
+from worldstream.engine.cluster.replica import EngineReplica
+from worldstream.engine.config import EngineConfig
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.signal.windows import tukey
 
-from engine.worlds.simulator import player_mask
+from worldstream.engine.worlds.simulator import player_mask
 
 
 def psnr(a: np.ndarray, b: np.ndarray) -> float:

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 import numpy as np
 from tqdm import tqdm
 
-from engine.backend import ChunkJob
-from engine.evaluation.metrics import (
+from worldstream.engine.backend import ChunkJob
+from worldstream.engine.evaluation.metrics import (
     SceneClassifier,
     anisotropy,
     image_shift,
@@ -37,12 +37,12 @@ from engine.evaluation.metrics import (
     psnr,
     sharpness,
 )
-from engine.generator import WorldGenerator
-from engine.training.data import HELDOUT_SEED0
-from engine.worlds.actions import IDLE, direction_to_action
-from engine.worlds.recorder import HumanLikePolicy
-from engine.worlds.scenes import SCENE_NAMES, SCENES
-from engine.worlds.simulator import WorldSimulator
+from worldstream.engine.generator import WorldGenerator
+from worldstream.engine.training.data import HELDOUT_SEED0
+from worldstream.engine.worlds.actions import IDLE, direction_to_action
+from worldstream.engine.worlds.recorder import HumanLikePolicy
+from worldstream.engine.worlds.scenes import SCENE_NAMES, SCENES
+from worldstream.engine.worlds.simulator import WorldSimulator
 
 FPS = 15
 RIGHT, LEFT = direction_to_action(1, 0), direction_to_action(-1, 0)

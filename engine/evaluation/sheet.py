@@ -12,10 +12,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from engine import text as text_encoder  # noqa: E402
-from engine.evaluation.metrics import anisotropy, sharpness  # noqa: E402
-from engine.evaluation.run import record, rollout  # noqa: E402
-from engine.generator import WorldGenerator  # noqa: E402
+from worldstream.engine import text as text_encoder  # noqa: E402
+from worldstream.engine.evaluation.metrics import anisotropy, sharpness  # noqa: E402
+from worldstream.engine.evaluation.run import record, rollout  # noqa: E402
+from worldstream.engine.generator import WorldGenerator  # noqa: E402
 
 MOMENTS = (0, 10, 20, 40, 70, 100, 140, 180, 230)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from diffusers import AutoencoderTiny
 from diffusers.utils import logging as diffusers_logging
 
-from engine.models.world_dit import WorldDiT
+from worldstream.engine.models.world_dit import WorldDiT
 
 BUILTIN_DIR = Path(__file__).resolve().parents[2] / "assets" / "builtin"
 _WEIGHTS = "diffusion_pytorch_model.safetensors"

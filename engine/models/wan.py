@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from diffusers import WanTransformer3DModel
 
-from engine.models.wan_attention import chunk_rotary_emb, install_paged_attention
+from worldstream.engine.models.wan_attention import chunk_rotary_emb, install_paged_attention
 
 #: Wan is trained on flow-matching time t = 1000 * sigma
 NUM_TRAIN_TIMESTEPS = 1000

@@ -27,7 +27,7 @@ import torch
 from diffusers import AutoencoderKLWan, WanTransformer3DModel
 from diffusers.models.transformers.transformer_wan import WanRotaryPosEmbed
 
-from engine.models.wan_convert import check_against_model, load_causal_state_dict
+from worldstream.engine.models.wan_convert import check_against_model, load_causal_state_dict
 
 CHECKPOINT_NAMES = ("causal.safetensors", "causal.pt", "causal.pth")
 _PARTS = ("transformer", "vae", "text_encoder", "tokenizer")

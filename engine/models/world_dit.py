@@ -32,7 +32,7 @@ from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.models.modeling_utils import ModelMixin
 from torch import nn
 
-from engine.models.attention import AttentionContext, attend
+from worldstream.engine.models.attention import AttentionContext, attend
 
 
 def _timestep_embedding(sigma: torch.Tensor, dim: int) -> torch.Tensor:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.worlds.recorder import record_shard
+from worldstream.engine.worlds.recorder import record_shard
 
 NUM_SHARDS = 6
 EPISODES_PER_SHARD = 64

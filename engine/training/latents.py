@@ -11,12 +11,12 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from engine import text
-from engine.models.autoencoder import DOWNSAMPLE, frames_to_tensor, tensor_to_frames
-from engine.spatial_memory import SpatialMemory, centre_box, model_inputs
-from engine.training.common import autocast, pick_device
-from engine.worlds.recorder import PROMPTS, load_shard
-from engine.worlds.simulator import SIZE, SPRITE
+from worldstream.engine import text
+from worldstream.engine.models.autoencoder import DOWNSAMPLE, frames_to_tensor, tensor_to_frames
+from worldstream.engine.spatial_memory import SpatialMemory, centre_box, model_inputs
+from worldstream.engine.training.common import autocast, pick_device
+from worldstream.engine.worlds.recorder import PROMPTS, load_shard
+from worldstream.engine.worlds.simulator import SIZE, SPRITE
 
 #: side of the view-anchored square never written to memory: the player sprite + 3 px margin
 #: (decoded frames blur its colours outward)

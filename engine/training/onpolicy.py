@@ -35,18 +35,22 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from engine.backend import ChunkJob
-from engine.generator import GeneratorConfig, WorldGenerator
-from engine.models.attention import DenseContext, block_causal_frame_mask, expand_frame_mask
-from engine.models.world_dit import CameraDynamics, WorldDiT
-from engine.training.common import (
+from worldstream.engine.backend import ChunkJob
+from worldstream.engine.generator import GeneratorConfig, WorldGenerator
+from worldstream.engine.models.attention import (
+    DenseContext,
+    block_causal_frame_mask,
+    expand_frame_mask,
+)
+from worldstream.engine.models.world_dit import CameraDynamics, WorldDiT
+from worldstream.engine.training.common import (
     autocast,
     pick_device,
     seed_everything,
 )
-from engine.training.latents import LatentDataset, ae_encode, memory_bases
-from engine.training.train_world import export_ema, resume_run, save_run, world_loss
-from engine.worlds.recorder import PROMPTS, load_shard
+from worldstream.engine.training.latents import LatentDataset, ae_encode, memory_bases
+from worldstream.engine.training.train_world import export_ema, resume_run, save_run, world_loss
+from worldstream.engine.worlds.recorder import PROMPTS, load_shard
 
 
 @dataclass

@@ -17,15 +17,15 @@ import torch
 from diffusers.optimization import get_cosine_schedule_with_warmup
 from tqdm import tqdm
 
-from engine.models.autoencoder import build_autoencoder, frames_to_tensor, psnr_db
-from engine.training.common import (
+from worldstream.engine.models.autoencoder import build_autoencoder, frames_to_tensor, psnr_db
+from worldstream.engine.training.common import (
     autocast,
     load_checkpoint,
     pick_device,
     save_checkpoint,
     seed_everything,
 )
-from engine.worlds.recorder import load_shard
+from worldstream.engine.worlds.recorder import load_shard
 
 
 def _all_frames(shard_dirs: list[Path]) -> list[np.ndarray]:
@@ -74,7 +74,7 @@ def train_ae(
     device = pick_device()
     seed_everything(seed)
     if decoder_only:
-        from engine.models.loading import load_autoencoder
+        from worldstream.engine.models.loading import load_autoencoder
 
         ae = load_autoencoder(out_dir).to(device).train()
         ae.encoder.requires_grad_(False)

@@ -28,16 +28,20 @@ from diffusers.optimization import get_constant_schedule_with_warmup
 from diffusers.training_utils import EMAModel
 from tqdm import tqdm
 
-from engine.models.attention import DenseContext, block_causal_frame_mask, expand_frame_mask
-from engine.models.world_dit import CameraDynamics, WorldDiT
-from engine.training.common import (
+from worldstream.engine.models.attention import (
+    DenseContext,
+    block_causal_frame_mask,
+    expand_frame_mask,
+)
+from worldstream.engine.models.world_dit import CameraDynamics, WorldDiT
+from worldstream.engine.training.common import (
     autocast,
     load_checkpoint,
     pick_device,
     save_checkpoint,
     seed_everything,
 )
-from engine.training.latents import VIEW_BOX, LatentDataset
+from worldstream.engine.training.latents import VIEW_BOX, LatentDataset
 
 
 def sample_chunk_sigmas(

@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from engine.worlds.actions import IDLE, direction_to_action
-from engine.worlds.scenes import SCENE_NAMES, SCENES
-from engine.worlds.simulator import WorldSimulator
+from worldstream.engine.worlds.actions import IDLE, direction_to_action
+from worldstream.engine.worlds.scenes import SCENE_NAMES, SCENES
+from worldstream.engine.worlds.simulator import WorldSimulator
 
 #: every prompt of every scene, flattened; ``PROMPT_SCENE[i]`` is the scene index of PROMPTS[i]
 PROMPTS: tuple[str, ...] = tuple(p for s in SCENE_NAMES for p in SCENES[s]["prompts"])

@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.api import CapacityError
-from engine.backend import ChunkJob, ChunkResult
-from engine.config import MAX_STEPS
-from engine.text import check_prompt
-from engine.worlds.actions import action_to_direction
-from engine.worlds.simulator import SIZE, WorldSimulator
+from worldstream.engine.api import CapacityError
+from worldstream.engine.backend import ChunkJob, ChunkResult
+from worldstream.engine.config import MAX_STEPS
+from worldstream.engine.text import check_prompt
+from worldstream.engine.worlds.actions import action_to_direction
+from worldstream.engine.worlds.simulator import SIZE, WorldSimulator
 
 # NOTE: the simulator's terrain caches are pure functions of (seed, scene, tile): forks and
 # snapshots share them instead of copying megabytes per chunk. Any other attribute is copied.
@@ -84,7 +84,7 @@ class SimBackend:
         self.chunk_frames = chunk_frames
         self.rewind_chunks = rewind_chunks
         if scene_for is None:
-            from engine.text import scene_for_prompt as scene_for
+            from worldstream.engine.text import scene_for_prompt as scene_for
         self._scene_for = scene_for
         self.num_states = 0
 

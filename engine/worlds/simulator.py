@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.worlds import scenes
-from engine.worlds.actions import IDLE, action_to_direction
+from worldstream.engine.worlds import scenes
+from worldstream.engine.worlds.actions import IDLE, action_to_direction
 
 SIZE = 128  # frame height and width, pixels
 TILE = 128  # terrain cache tile, pixels
