@@ -14,9 +14,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Serve the playground: open http://HOST:PORT in a browser.")
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=7860, help="TCP port (default 7860)")
+    parser.add_argument("--world", choices=("landscape", "avatar"), default="landscape",
+                        help="the built-in world: the top-down landscape or the avatar (a "
+                             "character steered by expression, gaze and speech)")
     parser.add_argument("--model", default="builtin",
-                        help="world backend: builtin (the trained model) or sim (the "
-                             "ground-truth simulator)")
+                        help="world backend: builtin (the world's trained model) or sim (the "
+                             "world's ground-truth simulator)")
     parser.add_argument("--model-path", default=None,
                         help="model folder (wan-causal: the diffusers-format Wan2.1-T2V-1.3B "
                              "base plus the causal checkpoint; builtin: default assets/builtin)")
@@ -126,7 +129,13 @@ def run(args: argparse.Namespace) -> int:
     from worldstream.streaming.webrtc import bind_media, configure_ice_consent
 
     kwargs = {}
-    if args.model == "sim" and (args.model_path or args.checkpoint):
+    if args.world == "avatar":
+        if args.model not in ("builtin", "sim"):
+            raise ValueError(f"--world avatar has models builtin and sim, got {args.model!r}")
+        if args.replicas is not None:
+            raise ValueError("--world avatar runs in one process (no --replicas)")
+        args.model = {"builtin": "avatar", "sim": "avatar-sim"}[args.model]
+    if args.model in ("sim", "avatar-sim") and (args.model_path or args.checkpoint):
         raise ValueError("--model sim takes no --model-path or --checkpoint")
     if args.model_path is not None:
         kwargs["model_path" if args.model == "wan-causal" else "path"] = args.model_path
@@ -141,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
         except BackendUnavailableError as err:
             raise FileNotFoundError(
                 f"{err}\nto play without the trained model, stream the ground-truth "
-                f"simulator: `worldstream play --model sim`") from None
+                f"simulator: `worldstream play --world {args.world} --model sim`") from None
         # the scene-prompt encoder loads in seconds on an idle machine but far longer under
         # load: load it before serving, so the first session does not stall
         from worldstream.engine.text import scene_for_prompt

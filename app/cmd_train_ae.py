@@ -5,15 +5,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from worldstream.engine.training.data import ensure_dataset
+from worldstream.engine.worlds.catalog import WORLDS, world
 
 
 def register(sub) -> None:
     p = sub.add_parser("train-ae", help="train the built-in autoencoder on simulator frames")
-    p.add_argument(
-        "--data", type=Path, default=Path("data_v2"), help="dataset folder (recorded if missing)"
-    )
-    p.add_argument("--out", type=Path, default=Path("assets/builtin/vae"))
+    p.add_argument("--world", choices=tuple(WORLDS), default="landscape",
+                   help="the world whose frames to train on (sets the defaults below)")
+    p.add_argument("--data", type=Path, default=None,
+                   help="dataset folder, recorded if missing (default: the world's)")
+    p.add_argument("--out", type=Path, default=None, help="default: the world's assets vae/")
     p.add_argument("--run-dir", type=Path, default=Path("runs/ae"), help="checkpoints (resume)")
     p.add_argument("--steps", type=int, default=2400)
     p.add_argument("--max-minutes", type=float, default=None, help="stop this call after N min")
@@ -25,6 +26,8 @@ def register(sub) -> None:
         action="store_true",
         help="tune only the decoder of the weights in --out (latents stay valid)",
     )
+    p.add_argument("--init-from", type=Path, default=None,
+                   help="warm-start a fresh run from a saved autoencoder folder")
     p.set_defaults(func=run)
 
 
@@ -33,11 +36,12 @@ def run(args) -> int:
 
     if args.steps < 1 or args.batch < 1:
         raise ValueError("--steps and --batch must be >= 1")
-    shards, heldout = ensure_dataset(args.data)
+    spec = world(args.world)
+    shards, heldout = spec.ensure_dataset(args.data)
     result = train_ae(
         shards,
         heldout,
-        args.out,
+        args.out or spec.assets / "vae",
         args.run_dir,
         steps=args.steps,
         batch=args.batch,
@@ -45,6 +49,7 @@ def run(args) -> int:
         seed=args.seed,
         decoder_only=args.decoder_only,
         max_minutes=args.max_minutes,
+        init_from=args.init_from,
     )
     print(json.dumps(result))
     return 0

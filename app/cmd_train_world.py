@@ -9,9 +9,12 @@ from pathlib import Path
 
 def register(sub) -> None:
     p = sub.add_parser("train-world", help="train the built-in world model on encoded latents")
-    p.add_argument("--data", type=Path, default=Path("data_v2"))
-    p.add_argument("--vae", type=Path, default=Path("assets/builtin/vae"))
-    p.add_argument("--out", type=Path, default=Path("assets/builtin/transformer"))
+    p.add_argument("--world", choices=("landscape", "avatar"), default="landscape",
+                   help="the world to train on (sets the defaults of --data, --vae, --out)")
+    p.add_argument("--data", type=Path, default=None, help="default: the world's dataset")
+    p.add_argument("--vae", type=Path, default=None, help="default: the world's assets vae/")
+    p.add_argument("--out", type=Path, default=None,
+                   help="default: the world's assets transformer/")
     p.add_argument("--run-dir", type=Path, default=Path("runs/world"))
     p.add_argument("--steps", type=int, default=6000)
     p.add_argument("--max-minutes", type=float, default=None, help="stop this call after N min")
@@ -49,9 +52,9 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from worldstream.engine.models.loading import load_autoencoder
-    from worldstream.engine.training.data import ensure_dataset
     from worldstream.engine.training.latents import encode_shards
     from worldstream.engine.training.train_world import train_world
+    from worldstream.engine.worlds.catalog import world
 
     if args.steps < 1 or args.batch < 1:
         raise ValueError("--steps and --batch must be >= 1")
@@ -59,14 +62,19 @@ def run(args) -> int:
         raise ValueError("--onpolicy fine-tunes a trained model: give --init-from")
     if not 0.0 <= args.p_onpolicy <= 1.0:
         raise ValueError(f"--p-onpolicy must be in [0, 1], got {args.p_onpolicy}")
-    shards, _ = ensure_dataset(args.data)
-    ae = load_autoencoder(args.vae)
-    data = encode_shards(ae, shards, args.chunk_frames, cache=args.run_dir / "latents.pt")
+    spec = world(args.world)
+    if args.onpolicy and spec.name != "landscape":
+        raise ValueError("--onpolicy is implemented for the landscape world only")
+    shards, _ = spec.ensure_dataset(args.data)
+    ae = load_autoencoder(args.vae or spec.assets / "vae")
+    out = args.out or spec.assets / "transformer"
+    data = encode_shards(ae, shards, args.chunk_frames, cache=args.run_dir / "latents.pt",
+                         prompts=spec.prompts, view_box=spec.view_box)
     if args.onpolicy:
         from worldstream.engine.training.onpolicy import finetune_onpolicy
 
         result = finetune_onpolicy(
-            data, ae, shards, args.init_from, args.out, args.run_dir, steps=args.steps,
+            data, ae, shards, args.init_from, out, args.run_dir, steps=args.steps,
             refresh_every=args.refresh_every, pool_episodes=args.pool_episodes,
             p_onpolicy=args.p_onpolicy, lr=args.lr, ctx_sigma_max=args.ctx_sigma_max,
             seed=args.seed, max_minutes=args.max_minutes)
@@ -74,7 +82,7 @@ def run(args) -> int:
         return 0
     result = train_world(
         data,
-        args.out,
+        out,
         args.run_dir,
         steps=args.steps,
         batch=args.batch,
@@ -88,6 +96,9 @@ def run(args) -> int:
         seed=args.seed,
         max_minutes=args.max_minutes,
         init_from=args.init_from,
+        view_box=spec.view_box,
+        num_actions=spec.num_actions,
+        action_factors=spec.action_factors,
     )
     print(json.dumps(result))
     return 0

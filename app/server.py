@@ -169,7 +169,8 @@ def create_app(engine: EngineAPI, limits: Limits | None = None, *, ui: bool = Tr
 
     @app.get("/api/health")
     async def health() -> dict[str, Any]:
-        return {"status": "ok", "model": engine.model_name, "sessions": len(manager),
+        return {"status": "ok", "model": engine.model_name,
+                "world": getattr(engine, "world", "landscape"), "sessions": len(manager),
                 "capacity": manager.capacity}
 
     @app.post("/api/sessions", status_code=201)
@@ -279,5 +280,5 @@ def create_app(engine: EngineAPI, limits: Limits | None = None, *, ui: bool = Tr
     if ui:
         from worldstream.app.ui import mount_ui
 
-        mount_ui(app, engine.model_name)
+        mount_ui(app, engine.model_name, getattr(engine, "world", "landscape"))
     return app

@@ -12,9 +12,17 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 import gradio as gr  # noqa: E402
 from fastapi import FastAPI  # noqa: E402
 
+from worldstream.engine.worlds.avatar.actions import EXPRESSIONS  # noqa: E402
+from worldstream.engine.worlds.avatar.looks import LOOKS  # noqa: E402
+from worldstream.engine.worlds.avatar.visemes import MAX_SAY_CHARS  # noqa: E402
 from worldstream.engine.worlds.scenes import SCENES  # noqa: E402
 
 DEFAULT_PROMPT = SCENES["meadow"]["prompts"][0]
+#: per world: (default prompt, one example prompt per scene or look)
+_PROMPTS = {
+    "landscape": (DEFAULT_PROMPT, [scene["prompts"][0] for scene in SCENES.values()]),
+    "avatar": (LOOKS["office"]["prompts"][0], [look["prompts"][0] for look in LOOKS.values()]),
+}
 
 _HEAD = ('<link rel="stylesheet" href="/ws-static/play.css">'
          '<script src="/ws-static/play.js" defer></script>'
@@ -44,11 +52,25 @@ def _lab_panel_html() -> str:
     </div>"""
 
 
-def _player_html() -> str:
-    examples = "".join(f'<option value="{scene["prompts"][0]}">'
-                       for scene in SCENES.values())
+def _avatar_html() -> str:
+    """The avatar's controls (behaviour: ``play.js``): a say box and one button per expression
+    (number keys 1-5 do the same)."""
+    buttons = "".join(f'<button data-expression="{name}">{k} {name}</button>'
+                      for k, name in enumerate(EXPRESSIONS, 1))
     return f"""
-<div id="ws-root" data-default-prompt="{DEFAULT_PROMPT}">
+    <fieldset id="ws-avatar"><legend>Avatar</legend>
+      <input id="ws-say" maxlength="{MAX_SAY_CHARS}" placeholder="text to say">
+      <button id="ws-say-send" class="ws-primary">Say</button>
+      <div class="ws-buttons ws-expressions">{buttons}</div>
+    </fieldset>"""
+
+
+def _player_html(world: str = "landscape") -> str:
+    default, prompts = _PROMPTS[world]
+    examples = "".join(f'<option value="{p}">' for p in prompts)
+    avatar = _avatar_html() if world == "avatar" else ""
+    return f"""
+<div id="ws-root" data-default-prompt="{default}" data-world="{world}">
   <div class="ws-stage-col">
     <div id="ws-stage" class="ws-stage" tabindex="0" title="click, then steer with WASD / arrows">
       <video id="ws-video" autoplay muted playsinline></video>
@@ -77,14 +99,14 @@ def _player_html() -> str:
   </div>
   <div class="ws-side">
     <fieldset><legend>Scene prompt</legend>
-      <input id="ws-prompt" list="ws-examples" maxlength="400" value="{DEFAULT_PROMPT}">
+      <input id="ws-prompt" list="ws-examples" maxlength="400" value="{default}">
       <datalist id="ws-examples">{examples}</datalist>
       <label>blend with <input id="ws-blend-text" list="ws-examples" maxlength="400"
         placeholder="second prompt (optional)"></label>
       <label class="ws-row">weight <input id="ws-blend" type="range" min="0" max="1"
         step="0.05" value="0"><output id="ws-blend-value">0.00</output></label>
       <button id="ws-prompt-send" class="ws-primary">Switch prompt</button>
-    </fieldset>
+    </fieldset>{avatar}
     <fieldset><legend>Session</legend>
       <label class="ws-row">seed <input id="ws-seed" type="number" min="0" value="0"></label>
       <label class="ws-row">mode <select id="ws-mode"><option value="responsive" selected>
@@ -118,16 +140,27 @@ def _player_html() -> str:
 </div>"""
 
 
-def build_blocks(model_name: str) -> gr.Blocks:
+_HELP = {
+    "landscape": "Click the video and hold **WASD** or the **arrow keys** to move; type a scene "
+                 "prompt to change the world.",
+    "avatar": "Click the video and hold **WASD** or the **arrow keys** to turn the head, press "
+              "**1-5** for an expression, type text in the say box to make it speak; the prompt "
+              "chooses the character and the scene behind it.",
+}
+
+
+def build_blocks(model_name: str, world: str = "landscape") -> gr.Blocks:
+    """The page for ``world`` (``landscape`` or ``avatar``: the avatar adds its controls);
+    ValueError for another world."""
+    if world not in _PROMPTS:
+        raise ValueError(f"unknown world {world!r}; expected one of {tuple(_PROMPTS)}")
     with gr.Blocks(title="worldstream") as blocks:
-        gr.Markdown(f"## worldstream · live world model `{model_name}`\n"
-                    "Click the video and hold **WASD** or the **arrow keys** to move; type a "
-                    "scene prompt to change the world.")
-        gr.HTML(_player_html(), js_on_load=None)
+        gr.Markdown(f"## worldstream · live world model `{model_name}`\n{_HELP[world]}")
+        gr.HTML(_player_html(world), js_on_load=None)
     return blocks
 
 
-def mount_ui(app: FastAPI, model_name: str) -> FastAPI:
+def mount_ui(app: FastAPI, model_name: str, world: str = "landscape") -> FastAPI:
     """Mount the page at ``/`` (call after every API route is registered)."""
-    return gr.mount_gradio_app(app, build_blocks(model_name), path="/", head=_HEAD,
+    return gr.mount_gradio_app(app, build_blocks(model_name, world), path="/", head=_HEAD,
                                footer_links=[])

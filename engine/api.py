@@ -33,12 +33,16 @@ class SessionClosedError(KeyError):
 # ---------------------------------------------------------------- commands (client -> engine)
 @dataclass(frozen=True)
 class ActionCommand:
-    """The full set of held keys from now on (empty = idle). ``t_ms`` is the client timestamp."""
+    """The full set of held keys from now on (empty = idle). ``t_ms`` is the client timestamp.
+    ``expression`` (hold from the next frame on) and ``say`` (speech text to queue) steer
+    worlds whose backend has ``apply_controls`` (the avatar); None: unchanged."""
 
     seq: int
     t_ms: float
     keys: frozenset[str] = frozenset()
     pointer: tuple[float, float] | None = None
+    expression: str | None = None
+    say: str | None = None
 
 
 @dataclass(frozen=True)

@@ -85,6 +85,8 @@ class Engine:
         self.backend = backend
         self.config = config = config or EngineConfig()
         self.model_name = backend.name
+        #: the world the backend streams (optional backend attribute; the page adapts to it)
+        self.world = getattr(backend, "world", "landscape")
         self.capacity = min(config.max_sessions, backend.max_states)
         self.default_fps = config.fps or backend.default_fps
         if not config.min_fps <= self.default_fps <= config.max_fps:
@@ -482,6 +484,8 @@ class Engine:
     # ------------------------------------------------------------ commands
     def _apply(self, s: Session, command: Command, receipt_ns: int) -> None:
         if isinstance(command, ActionCommand):
+            if command.expression is not None or command.say is not None:
+                self._apply_controls(s, command)
             try:
                 s.apply_action(command, receipt_ns)
             except ValueError as exc:
@@ -496,6 +500,20 @@ class Engine:
             self._adopt(s, command)
         elif isinstance(command, RewindCommand):
             self._rewind(s, command)
+
+    def _apply_controls(self, s: Session, command: ActionCommand) -> None:
+        """A world's own controls carried by an action (the avatar's expression and speech),
+        through the optional backend hook ``apply_controls(state, expression, say)``, which
+        checks both before applying either."""
+        field = "expression" if command.expression is not None else "say"
+        controls = getattr(self.backend, "apply_controls", None)
+        if controls is None:
+            raise _InvalidCommand(field, f"{field} is not supported by model "
+                                         f"{self.model_name!r}", code="unsupported")
+        try:
+            controls(s.state, expression=command.expression, say=command.say)
+        except ValueError as exc:
+            raise _InvalidCommand(field, str(exc)) from None
 
     def _apply_prompt(self, s: Session, command: PromptCommand) -> None:
         try:

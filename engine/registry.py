@@ -12,6 +12,8 @@ _BACKENDS: dict[str, str] = {
     "sim": "worldstream.engine.worlds.sim_backend:SimBackend",
     "builtin": "worldstream.engine.generator:load_builtin_backend",
     "wan-causal": "worldstream.engine.wan_backend:load_wan_backend",
+    "avatar-sim": "worldstream.engine.worlds.avatar.sim_backend:AvatarSimBackend",
+    "avatar": "worldstream.engine.worlds.avatar.model_backend:load_avatar_backend",
 }
 
 
@@ -19,6 +21,8 @@ _BACKENDS: dict[str, str] = {
 _HINTS: dict[str, str] = {
     "builtin": "train them with `worldstream train-ae` and `worldstream train-world`, or "
                "restore the shipped assets/builtin from git",
+    "avatar": "train them with `worldstream train-ae --world avatar` and `worldstream "
+              "train-world --world avatar`, or restore the shipped assets/avatar from git",
     "wan-causal": "pass --model-path DIR holding the diffusers-format Wan2.1-T2V-1.3B base "
                   "(transformer/, vae/, text_encoder/, tokenizer/) and the causal checkpoint",
 }

@@ -16,6 +16,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
 from worldstream.engine import api
+from worldstream.engine.worlds.avatar.actions import EXPRESSIONS
+from worldstream.engine.worlds.avatar.visemes import MAX_SAY_CHARS
 
 #: the largest control message accepted, bytes of UTF-8 (PROTOCOL: 4 KB)
 MAX_MESSAGE_BYTES = 4096
@@ -26,6 +28,7 @@ MAX_HTTP_BODY_BYTES = 65536
 MAX_FORK_BRANCHES = 8
 
 Key = Literal["up", "down", "left", "right"]
+Expression = Literal[EXPRESSIONS]  # the avatar world's expressions (number keys 1-5)
 
 
 #: the largest ``seq``: JavaScript's Number.MAX_SAFE_INTEGER (a browser cannot count further);
@@ -45,13 +48,17 @@ def _finite(value: float) -> float:
 
 # ---------------------------------------------------------------- client -> server
 class ActionMessage(_Strict):
-    """The full set of held keys from now on (empty = idle); ``t`` = client clock, ms."""
+    """The full set of held keys from now on (empty = idle); ``t`` = client clock, ms.
+    Avatar world: ``expression`` holds a face from the next frame on, ``say`` queues speech
+    (other worlds answer them with ``unsupported``)."""
 
     type: Literal["action"]
     seq: int = Field(ge=0, le=MAX_SEQ)
     t: float
     keys: list[Key] = Field(max_length=4)
     pointer: list[float] | None = Field(default=None, min_length=2, max_length=2)  # [dx, dy]
+    expression: Expression | None = None
+    say: str | None = Field(default=None, min_length=1, max_length=MAX_SAY_CHARS)
 
     _t_finite = field_validator("t")(_finite)
 
@@ -241,7 +248,8 @@ def to_command(message: Any) -> api.Command:
     match message:
         case ActionMessage():
             pointer = tuple(message.pointer) if message.pointer is not None else None
-            return api.ActionCommand(message.seq, message.t, frozenset(message.keys), pointer)
+            return api.ActionCommand(message.seq, message.t, frozenset(message.keys), pointer,
+                                     message.expression, message.say)
         case PromptMessage(blend=None):
             return api.PromptCommand(message.seq, message.t, message.text)
         case PromptMessage():

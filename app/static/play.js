@@ -265,7 +265,28 @@
     const el = document.activeElement;
     return el && (el.isContentEditable || ["INPUT", "TEXTAREA", "SELECT"].includes(el.tagName));
   };
+  // avatar world: number keys and buttons set an expression, the say box queues speech; both
+  // ride on an action message with the keys held now
+  const EXPRESSION_OF_DIGIT = {};
+  function sendAvatar(fields) {
+    const seq = nextSeq(), t = performance.now();
+    S.sentAt.set(seq, t);
+    send({ type: "action", seq, t, keys: [...S.held], ...fields });
+    emit("action", { seq, t, keys: [...S.held], cause: fields });
+  }
+  function sendSay() {
+    const text = $("ws-say").value.trim();
+    if (!text) { log("nothing to say", true); return; }
+    sendAvatar({ say: text });
+    log(`say: ${text}`);
+  }
   function onKey(e) {
+    const expression = EXPRESSION_OF_DIGIT[e.code];
+    if (expression && e.type === "keydown" && !typing() && !e.repeat) {
+      sendAvatar({ expression });
+      log(`expression: ${expression}`);
+      return;
+    }
     const key = KEY_OF_CODE[e.code];
     if (!key || typing() || e.ctrlKey || e.metaKey || e.altKey) return;
     e.preventDefault();
@@ -475,6 +496,14 @@
     $("ws-fork").onclick = () => { send({ type: "fork", seq: nextSeq(), k: 4 });
       log("generating 4 futures…"); };
     $("ws-record").onclick = () => send({ type: "record", seq: nextSeq(), on: !S.recording });
+    if (root.dataset.world === "avatar") {
+      document.querySelectorAll("[data-expression]").forEach((el, i) => {
+        EXPRESSION_OF_DIGIT[`Digit${i + 1}`] = el.dataset.expression;
+        el.onclick = () => sendAvatar({ expression: el.dataset.expression });
+      });
+      $("ws-say-send").onclick = sendSay;
+      $("ws-say").addEventListener("keydown", (e) => { if (e.key === "Enter") sendSay(); });
+    }
     window.addEventListener("beforeunload", () => {
       if (S.session) {
         fetch(`/api/sessions/${S.session.session_id}`, { method: "DELETE", keepalive: true,

@@ -60,6 +60,26 @@ def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.
     return (x * cos + torch.cat([-x2, x1], dim=-1) * sin).to(x.dtype)
 
 
+class WorldDiTActionEmbedding(nn.Module):
+    """Embedding of a factored action id: ``id = a_0 + f_0 * (a_1 + f_1 * (a_2 + ...))`` with
+    factor sizes ``factors``; the sum of one embedding table per factor. A world whose frame
+    carries several independent controls (the avatar: head direction, expression, viseme)
+    learns each from every frame it occurs in, instead of one row per combination."""
+
+    def __init__(self, factors: tuple[int, ...], dim: int):
+        super().__init__()
+        self.factors = tuple(int(f) for f in factors)
+        self.tables = nn.ModuleList(nn.Embedding(f, dim) for f in self.factors)
+
+    def forward(self, actions: torch.Tensor) -> torch.Tensor:
+        """``(...)`` int64 ids -> ``(..., dim)``."""
+        out, rest = 0, actions
+        for f, table in zip(self.factors, self.tables):
+            out = out + table(rest % f)
+            rest = rest // f
+        return out
+
+
 class WorldDiTBlock(nn.Module):
     """Pre-norm transformer block with adaLN-Zero modulation and QK-RMSNorm."""
 
@@ -143,7 +163,10 @@ class WorldDiT(ModelMixin, ConfigMixin):
     ``chunk_frames`` (frames per chunk it was trained with), ``latent_mean``/``latent_std``
     (per-channel autoencoder latent statistics; the model sees normalised latents),
     ``image_size`` (frame side, px), ``view_box`` (side in px of the view-anchored square at
-    the frame centre that is never written to memory: the player sprite).
+    the frame centre that is never written to memory: the player sprite; 0 = none),
+    ``action_factors`` (None: ``num_actions`` independent ids; else the sizes of the factors
+    an action id is made of, product ``num_actions``, each embedded separately: per-frame
+    conditioning such as expression and speech, see :class:`WorldDiTActionEmbedding`).
     """
 
     def normalize(self, z: torch.Tensor) -> torch.Tensor:
@@ -178,6 +201,7 @@ class WorldDiT(ModelMixin, ConfigMixin):
         latent_std: tuple[float, ...] | None = None,
         image_size: int = 128,
         view_box: int = 13,
+        action_factors: tuple[int, ...] | None = None,
     ):
         # chunk_frames, latent_mean/std, image_size, view_box: how the model was trained (the
         # engine reads them); latents are normalised per channel as (z - mean) / std
@@ -196,8 +220,15 @@ class WorldDiT(ModelMixin, ConfigMixin):
         self.pos = nn.Parameter(torch.randn(1, self.tokens_per_frame, dim) * 0.02)
         # 2. per-frame conditioning: noise level + action + scene prompt
         self.sigma_mlp = nn.Sequential(nn.Linear(dim, dim), nn.SiLU(), nn.Linear(dim, dim))
-        self.action_emb = nn.Embedding(num_actions, dim)
-        self.action_tok = nn.Embedding(num_actions, dim)
+        if action_factors is None:
+            self.action_emb = nn.Embedding(num_actions, dim)
+            self.action_tok = nn.Embedding(num_actions, dim)
+        else:
+            if math.prod(action_factors) != num_actions:
+                raise ValueError(f"action_factors {tuple(action_factors)} must multiply to "
+                                 f"num_actions ({num_actions})")
+            self.action_emb = WorldDiTActionEmbedding(action_factors, dim)
+            self.action_tok = WorldDiTActionEmbedding(action_factors, dim)
         self.text_proj = nn.Sequential(nn.Linear(text_dim, dim), nn.SiLU(), nn.Linear(dim, dim))
         # 3. transformer blocks
         self.blocks = nn.ModuleList(WorldDiTBlock(dim, num_heads, mlp_ratio) for _ in range(depth))

@@ -58,7 +58,8 @@ class LatentDataset:
 
 
 def memory_bases(
-    recon: np.ndarray, camera: np.ndarray, switch: np.ndarray, chunk_frames: int
+    recon: np.ndarray, camera: np.ndarray, switch: np.ndarray, chunk_frames: int,
+    view_box: int = VIEW_BOX,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Replay one episode through a :class:`SpatialMemory` as the engine does: each chunk's
     frames read their base at their camera position from the memory as of the chunk's start,
@@ -66,10 +67,11 @@ def memory_bases(
 
     ``recon (L, S, S, 3)`` uint8 the frames as the engine would have written them (autoencoder
     reconstructions: in a stream memory holds decoded frames), ``camera (L, 2)`` crop origins,
-    ``switch (L,)`` bool. Returns base pictures ``(L, S, S, 3)`` uint8 and known planes
+    ``switch (L,)`` bool, ``view_box`` the side of the centre square never written (px).
+    Returns base pictures ``(L, S, S, 3)`` uint8 and known planes
     ``(L, 2, S/d, S/d)`` float32."""
     memory = SpatialMemory()
-    exclude = centre_box(recon.shape[1], VIEW_BOX)
+    exclude = centre_box(recon.shape[1], view_box)
     bases, known = [], []
     for c in range(0, len(recon), chunk_frames):
         span = range(c, min(c + chunk_frames, len(recon)))
@@ -105,10 +107,12 @@ def ae_decode(ae, z: torch.Tensor, device: torch.device) -> np.ndarray:
 
 @torch.no_grad()
 def encode_shards(
-    ae, shard_dirs: list[Path], chunk_frames: int = 1, cache: Path | None = None
+    ae, shard_dirs: list[Path], chunk_frames: int = 1, cache: Path | None = None,
+    prompts: tuple[str, ...] = PROMPTS, view_box: int = VIEW_BOX,
 ) -> LatentDataset:
     """Encode every frame of the shards and its memory base (cached to ``cache`` as a .pt file
-    when given)."""
+    when given); ``prompts`` is the table the shards' prompt indices point into (the world's
+    recorder's), ``view_box`` as in :func:`memory_bases`."""
     if cache is not None and cache.exists():
         return LatentDataset(**torch.load(cache))
     device = pick_device()
@@ -133,7 +137,8 @@ def encode_shards(
             z = encode(np.array(frames[i]))
             recon = decode(z)
             rgb, planes = memory_bases(
-                recon, np.asarray(shard["camera"][i]), np.asarray(shard["switch"][i]), chunk_frames
+                recon, np.asarray(shard["camera"][i]), np.asarray(shard["switch"][i]), chunk_frames,
+                view_box,
             )
             lat[i] = z.cpu()
             base[i] = encode(rgb).cpu()
@@ -143,7 +148,7 @@ def encode_shards(
         out["known"].append(known)
         for key, name in (("act", "actions"), ("prompt", "prompt"), ("cam", "camera")):
             out[key].append(torch.as_tensor(np.asarray(shard[name]), dtype=torch.int64))
-    emb = torch.as_tensor(np.stack([text.embed(p) for p in PROMPTS]))
+    emb = torch.as_tensor(np.stack([text.embed(p) for p in prompts]))
     data = LatentDataset(
         torch.cat(out["lat"]),
         torch.cat(out["base"]),

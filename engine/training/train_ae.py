@@ -64,12 +64,14 @@ def train_ae(
     eval_every: int = 250,
     decoder_only: bool = False,
     max_minutes: float | None = None,
+    init_from: Path | None = None,
 ) -> dict:
     """Train (or resume) and return ``{"steps", "heldout_psnr_db", "wall_s"}``; stop after
     ``steps`` steps or ``max_minutes`` of wall time in this call.
 
     ``decoder_only``: start from the weights in ``out_dir`` and tune only the decoder, so the
     latents a world model was trained on stay valid (GameNGen tuned its decoder the same way).
+    ``init_from``: warm-start a fresh run from a saved autoencoder (another world's).
     """
     device = pick_device()
     seed_everything(seed)
@@ -81,6 +83,10 @@ def train_ae(
         params = list(ae.decoder.parameters())
     else:
         ae = build_autoencoder().to(device)
+        if init_from is not None:
+            from worldstream.engine.models.loading import load_autoencoder
+
+            ae.load_state_dict(load_autoencoder(init_from).state_dict())
         params = list(ae.parameters())
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     sched = get_cosine_schedule_with_warmup(opt, 100, steps)

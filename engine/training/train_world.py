@@ -226,10 +226,15 @@ def train_world(
     init_from: Path | None = None,
     p_context: float = 0.9,
     camera_steps: int = 300,
+    view_box: int = VIEW_BOX,
+    num_actions: int = 9,
+    action_factors: tuple[int, ...] | None = None,
 ) -> dict:
     """Train or resume up to ``steps`` steps (or ``max_minutes`` of wall time this call).
 
-    ``init_from``: a saved WorldDiT of the same shape to warm-start a fresh run from."""
+    ``init_from``: a saved WorldDiT of the same shape to warm-start a fresh run from.
+    ``view_box``, ``num_actions``, ``action_factors``: the world's (``engine.worlds.catalog``).
+    """
     if frames % chunk_frames:
         raise ValueError(f"frames ({frames}) must be a multiple of chunk_frames ({chunk_frames})")
     device = pick_device()
@@ -246,7 +251,9 @@ def train_world(
         chunk_frames=chunk_frames,
         latent_mean=tuple(mean),
         latent_std=tuple(std),
-        view_box=VIEW_BOX,
+        view_box=view_box,
+        num_actions=num_actions,
+        action_factors=action_factors,
     ).to(device)
     ckpt_path = run_dir / "world_checkpoint.pt"
     fresh = not ckpt_path.exists()

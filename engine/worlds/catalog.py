@@ -1,0 +1,64 @@
+"""The worlds worldstream ships: what the training, evaluation and play commands need to know
+of each (its dataset, prompt table, action factors, shipped weights). Imports are lazy, so
+naming a world loads only its own modules."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from worldstream.engine.worlds.actions import NUM_ACTIONS as LANDSCAPE_ACTIONS
+from worldstream.engine.worlds.avatar.actions import ACTION_FACTORS as AVATAR_FACTORS
+from worldstream.engine.worlds.avatar.actions import NUM_ACTIONS as AVATAR_ACTIONS
+from worldstream.engine.worlds.simulator import SPRITE
+
+ASSETS = Path(__file__).resolve().parents[2] / "assets"
+
+
+@dataclass(frozen=True)
+class WorldSpec:
+    """``assets``: folder of the shipped weights (``vae/``, ``transformer/``); ``data``: default
+    dataset folder; ``view_box``: side (px) of the view-anchored square never written to the
+    spatial memory (the landscape's player sprite plus a 3-px margin; 0 = none);
+    ``num_actions``/``action_factors``: the model's action ids (factors None: plain ids);
+    ``dataset_module``: where ``ensure_dataset`` lives; ``prompts_ref``: ``module:NAME`` of
+    the prompt table the recorder's prompt indices point into."""
+
+    name: str
+    assets: Path
+    data: Path
+    view_box: int
+    num_actions: int
+    action_factors: tuple[int, ...] | None
+    dataset_module: str
+    prompts_ref: str
+
+    def ensure_dataset(self, root: Path | None = None) -> tuple[list[Path], Path]:
+        """Record missing shards; ``(training shard dirs, held-out shard dir)``."""
+        module = importlib.import_module(self.dataset_module)
+        return module.ensure_dataset(root or self.data)
+
+    @property
+    def prompts(self) -> tuple[str, ...]:
+        module, name = self.prompts_ref.split(":")
+        return getattr(importlib.import_module(module), name)
+
+
+WORLDS: dict[str, WorldSpec] = {
+    "landscape": WorldSpec("landscape", ASSETS / "builtin", Path("data_v2"), SPRITE + 6,
+                           LANDSCAPE_ACTIONS, None,
+                           "worldstream.engine.training.data",
+                           "worldstream.engine.worlds.recorder:PROMPTS"),
+    "avatar": WorldSpec("avatar", ASSETS / "avatar", Path("data_avatar"), 0, AVATAR_ACTIONS,
+                        AVATAR_FACTORS,
+                        "worldstream.engine.worlds.avatar.data",
+                        "worldstream.engine.worlds.avatar.looks:PROMPTS"),
+}
+
+
+def world(name: str) -> WorldSpec:
+    """The spec of world ``name``; ValueError listing the worlds."""
+    if name not in WORLDS:
+        raise ValueError(f"unknown world {name!r}; expected one of {tuple(WORLDS)}")
+    return WORLDS[name]
