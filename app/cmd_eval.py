@@ -9,6 +9,8 @@ from pathlib import Path
 
 def register(sub) -> None:
     p = sub.add_parser("eval", help="evaluate the built-in model against the simulator")
+    p.add_argument("--world", choices=("landscape", "avatar"), default="landscape",
+                   help="the world to evaluate (avatar: engine.evaluation.avatar)")
     p.add_argument("--quick", action="store_true", help="fewer episodes (<= 2 minutes)")
     p.add_argument("--json", action="store_true", help="print only the JSON object")
     p.add_argument("--model-path", type=Path, default=None, help="default: assets/builtin")
@@ -24,8 +26,9 @@ def register(sub) -> None:
     p.add_argument("--spatial-pages", type=int, default=None,
                    help="older KV pages attended by camera overlap with the view")
     p.add_argument("--no-recache", action="store_true")
-    p.add_argument("--sheet", type=Path, default=None,
-                   help="also write the side-by-side sheet (model over simulator) to this PNG")
+    p.add_argument("--sheet", type=Path, nargs="?", const=True, default=None,
+                   help="also write the side-by-side sheet (model over simulator) to this PNG "
+                        "(default: the world's assets rollout.png)")
     p.add_argument("--sheet-actions", type=Path, default=Path("assets/demo_actions.json"))
     p.add_argument("--sheet-prompt", default="a snowy forest")
     p.add_argument("--sheet-frames", type=int, default=240)
@@ -54,10 +57,13 @@ def run(args) -> int:
         "spatial_pages": args.spatial_pages,
         "recache": False if args.no_recache else None,
     }
-    gen = load_builtin_backend(
-        args.model_path or BUILTIN_DIR, **{k: v for k, v in settings.items() if v is not None}
-    )
+    kwargs = {k: v for k, v in settings.items() if v is not None}
+    if args.world == "avatar":
+        return _run_avatar(args, kwargs, settings)
+    gen = load_builtin_backend(args.model_path or BUILTIN_DIR, **kwargs)
     result = {}
+    if args.sheet is True:
+        args.sheet = BUILTIN_DIR / "rollout.png"
     if args.sheet is not None:
         script = load_action_script(args.sheet_actions)
         actions, switches = script.per_frame(args.sheet_frames)
@@ -69,6 +75,24 @@ def run(args) -> int:
         result.update(
             evaluate(gen, quick=args.quick, steps=args.steps, drift_steps=args.drift_steps)
         )
+    result["settings"] = {k: getattr(gen.config, k) for k in settings}
+    print(json.dumps(result) if args.json else json.dumps(result, indent=2))
+    return 0
+
+
+def _run_avatar(args, kwargs: dict, settings: dict) -> int:
+    from worldstream.engine.evaluation.avatar import evaluate, save_avatar_sheet
+    from worldstream.engine.worlds.avatar.model_backend import load_avatar_backend
+    from worldstream.engine.worlds.catalog import world
+
+    gen = load_avatar_backend(args.model_path, **kwargs).gen
+    result = {}
+    if args.sheet is True:
+        args.sheet = world("avatar").assets / "rollout.png"
+    if args.sheet is not None:
+        result["sheet"] = str(save_avatar_sheet(gen, args.sheet, steps=args.steps))
+    if not args.skip_metrics:
+        result.update(evaluate(gen, quick=args.quick, steps=args.steps))
     result["settings"] = {k: getattr(gen.config, k) for k in settings}
     print(json.dumps(result) if args.json else json.dumps(result, indent=2))
     return 0

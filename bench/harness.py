@@ -63,21 +63,28 @@ class Models:
                 "resolution": f"{side}x{side}"}
 
 
-def load_models(weights: str = "auto", smoke: bool = False) -> Models:
+def load_models(weights: str = "auto", smoke: bool = False,
+                world: str = "landscape") -> Models:
     """``weights``: ``trained`` (FileNotFoundError when missing), ``random``, or ``auto``
-    (trained when ``assets/builtin/{transformer,vae}`` both load, else random). ``smoke``
-    builds the tiny random :data:`SMOKE_MODEL` instead."""
+    (trained when the world's ``assets/<world>/{transformer,vae}`` both load, else random).
+    ``smoke`` builds the tiny random :data:`SMOKE_MODEL` instead. ``world``: ``landscape``
+    (``assets/builtin``) or ``avatar`` (``assets/avatar``, its factored action ids)."""
+    from worldstream.engine.worlds.catalog import world as world_spec
+
     if weights not in ("auto", "trained", "random"):
         raise ValueError(f"weights must be auto, trained or random, got {weights!r}")
+    spec = world_spec(world)
+    folder = BUILTIN_DIR if world == "landscape" else spec.assets
     if not smoke and weights != "random":
         try:
-            return Models(load_world_model(BUILTIN_DIR / "transformer"),
-                          load_autoencoder(BUILTIN_DIR / "vae"), "trained")
+            return Models(load_world_model(folder / "transformer"),
+                          load_autoencoder(folder / "vae"), "trained")
         except FileNotFoundError:
             if weights == "trained":
                 raise
     torch.manual_seed(0)
-    arch = SMOKE_MODEL if smoke else RANDOM_MODEL
+    arch = dict(SMOKE_MODEL if smoke else RANDOM_MODEL, num_actions=spec.num_actions,
+                action_factors=spec.action_factors)
     ae = build_autoencoder(width=8 if smoke else 32)
     return Models(WorldDiT(**arch).eval(), ae.eval(), "random")
 

@@ -30,12 +30,18 @@ from worldstream.bench.streams import bench_engine_config, measure_ttff, run_str
 
 
 def run_quick(models: Models, *, seconds: float, fps: int, steps: int, context_frames: int,
-              memory_frames: int, chunks: int = 3, naive_repeats: int = 1) -> dict:
+              memory_frames: int, chunks: int = 3, naive_repeats: int = 1,
+              world: str = "landscape") -> dict:
     """Every measurement of the quick suite (see the module docstring); returns the flat
-    headline keys plus ``details``."""
+    headline keys plus ``details``. ``world="avatar"``: the sessions stream through the
+    avatar's backend (its start frames, its actions)."""
     from worldstream.engine.engine import Engine
 
     gen = make_generator(models, max_states=4)
+    if world == "avatar":
+        from worldstream.engine.worlds.avatar.model_backend import AvatarModelBackend
+
+        gen = AvatarModelBackend(gen)
     batched_generate = baselines.batched_vs_one_by_one(models, steps=steps, chunks=chunks)
     config = bench_engine_config(fps=fps, steps=steps)
     with Engine(gen, config) as engine:
@@ -100,6 +106,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="length of each engine stream (default 15; 1.5 with --smoke)")
     parser.add_argument("--fps", type=int, default=60, help="target fps of the streams")
     parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--world", choices=("landscape", "avatar"), default="landscape",
+                        help="whose model to time (avatar: sessions stream through its "
+                             "backend)")
     parser.add_argument("--context-frames", type=int, default=None, help="default 64 (8 smoke)")
     parser.add_argument("--memory-frames", type=int, default=None, help="default 64 (16 smoke)")
     parser.add_argument("--no-save", action="store_true", help="do not write results/quick/")
@@ -113,10 +122,10 @@ def main(argv: list[str] | None = None) -> int:
     seconds = args.seconds or (1.5 if smoke else 15.0)
     context = args.context_frames or (8 if smoke else 64)
     memory = args.memory_frames or (16 if smoke else 64)
-    models = harness.load_models(args.weights, smoke=smoke)
+    models = harness.load_models(args.weights, smoke=smoke, world=args.world)
     figures = run_quick(models, seconds=seconds, fps=args.fps, steps=args.steps,
                         context_frames=context, memory_frames=memory,
-                        chunks=2 if smoke else 3)
+                        chunks=2 if smoke else 3, world=args.world)
     model = models.describe()
     payload = results.stamp_payload("quick", {
         **{k: v for k, v in figures.items() if k != "details"},
@@ -125,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {"chunk_frames": model["trained_chunk_frames"], "steps": args.steps,
                      "window_chunks": 3, "target_fps": args.fps, "seconds": seconds,
                      "context_frames": context, "memory_frames": memory,
-                     "threads": args.threads, "smoke": smoke},
+                     "threads": args.threads, "smoke": smoke, "world": args.world},
         "details": figures["details"]}, argv)
     if not args.no_save:
         lat = payload["details"]["one_session"]["action_to_frame_ms"]

@@ -1,0 +1,381 @@
+"""``worldstream eval --world avatar``: the avatar model against the avatar simulator, same start
+frames and actions, on held-out appearance seeds (training seeds stay below ``HELDOUT_SEED0``).
+
+Every metric reads the frames through :class:`AvatarProbe`, a small CNN fitted on simulator
+frames of training seeds (half of them blurred, as an autoencoder blurs) to predict the face's
+expression, the head's turn class (left/centre/right, up/centre/down) and the mouth's openness;
+every metric is also computed on the simulator's own frames (``*_ground_truth``), which shows
+what the probe can read.
+
+Scripted episodes (one per held-out seed, looks in turn), three segments at 20 fps:
+1. expressions: the five number keys in a random order, each held 32 frames, head still,
+   silent; ``expression_accuracy`` = fraction of frames 0.5-1.5 s after a key (frames +10 to
+   +29) whose probed expression is the key's;
+2. head turns: the nine directions (idle included) in a random order, each held 16 frames,
+   neutral, silent; ``head_turn_accuracy`` = fraction of frames +10 to +15 after a key whose
+   probed yaw and pitch classes both match the held direction;
+3. speech: two sentences of held-out word order; ``lipsync_correlation`` = the peak of the
+   cross-correlation between the probed mouth openness and the viseme track's openness
+   (``visemes.VISEME_OPEN`` of each frame's viseme) over lags -6..6 frames, and
+   ``lipsync_lag_frames`` its lag (positive: the mouth follows the track late).
+Long rollouts of random puppeteering (``avatar.recorder.PuppeteerPolicy``):
+``identity_drift_ratio`` = for appearance features (mean colours of the background border, the
+top of the head and the shirt), the ratio of frames 1,400-1,500 to frames 50-150, the one
+farthest from 1 (log scale) over features and rollouts; ``drift_ratio_3000`` sharpness and
+mean colour of frames L-100..L against the simulator's (``vs_sim``) and the rollout's own
+frames 50-150 (``self``), as for the landscape.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm import tqdm
+
+from worldstream.engine.evaluation.metrics import sharpness
+from worldstream.engine.evaluation.run import Episode, streamed_rollout
+from worldstream.engine.generator import WorldGenerator
+from worldstream.engine.training.data import HELDOUT_SEED0
+from worldstream.engine.worlds.actions import IDLE, NUM_ACTIONS, action_to_direction
+from worldstream.engine.worlds.avatar.actions import (
+    EXPRESSIONS,
+    NEUTRAL,
+    SPEECH_FPS,
+    AvatarControls,
+    decode_action,
+    encode_action,
+)
+from worldstream.engine.worlds.avatar.looks import LOOK_NAMES, LOOKS
+from worldstream.engine.worlds.avatar.recorder import WORDS, PuppeteerPolicy
+from worldstream.engine.worlds.avatar.simulator import SIZE, AvatarSimulator
+from worldstream.engine.worlds.avatar.visemes import VISEME_OPEN
+
+EXPRESSION_HOLD, TURN_HOLD = 32, 16
+EXPRESSION_WINDOW = (10, 30)  # frames after the key: 0.5-1.5 s at 20 fps
+TURN_WINDOW = (10, 16)
+TURN_THRESHOLD = 0.5  # |yaw| or |pitch| above this: turned
+MAX_LAG = 6
+EARLY, LATE = slice(50, 150), slice(1400, 1500)
+PROBE_PATH = Path("runs/avatar_probe.pt")
+
+
+def turn_class(value: float) -> int:
+    """0 (negative: left/up), 1 (centre), 2 (positive: right/down)."""
+    return 0 if value < -TURN_THRESHOLD else 2 if value > TURN_THRESHOLD else 1
+
+
+# ------------------------------------------------------------------ probe
+class AvatarProbe(nn.Module):
+    """CNN on the 96×96 centre crop of a frame (head and neck at full resolution: brows and
+    eyelids move by 1-3 px) -> expression logits ``(N, 5)``, yaw and pitch class logits
+    ``(N, 3)`` each, mouth openness ``(N,)``."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Conv2d(3, 32, 5, 2, 2), nn.ReLU(), nn.Conv2d(32, 64, 3, 2, 1), nn.ReLU(),
+            nn.Conv2d(64, 64, 3, 2, 1), nn.ReLU(), nn.Flatten(), nn.Linear(64 * 12 * 12, 128),
+            nn.ReLU())
+        self.head = nn.Linear(128, len(EXPRESSIONS) + 3 + 3 + 1)
+
+    @staticmethod
+    def prepare(frames: np.ndarray) -> torch.Tensor:
+        """``(N, 128, 128, 3)`` uint8 -> ``(N, 3, 96, 96)`` float32 in [-1, 1]."""
+        crop = np.asarray(frames)[:, 8:104, 16:112]
+        return torch.as_tensor(crop).permute(0, 3, 1, 2).float() / 127.5 - 1
+
+    def forward(self, x: torch.Tensor):
+        out = self.head(self.body(x))
+        e = len(EXPRESSIONS)
+        return out[:, :e], out[:, e : e + 3], out[:, e + 3 : e + 6], out[:, -1]
+
+    @torch.no_grad()
+    def read(self, frames: np.ndarray) -> dict[str, np.ndarray]:
+        """Per frame: ``expression``, ``yaw``, ``pitch`` (classes, int) and ``mouth``
+        (openness, float)."""
+        outs = [self(self.prepare(frames[i : i + 256])) for i in range(0, len(frames), 256)]
+        expr, yaw, pitch, mouth = (torch.cat(o) for o in zip(*outs))
+        return {"expression": expr.argmax(1).numpy(), "yaw": yaw.argmax(1).numpy(),
+                "pitch": pitch.argmax(1).numpy(), "mouth": mouth.numpy()}
+
+
+def _blur(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """Blur half the images (3×3 box once or twice): what an autoencoder does to edges."""
+    hit = torch.rand(len(x), generator=gen) < 0.5
+    once = F.avg_pool2d(x, 3, 1, 1, count_include_pad=False)
+    twice = F.avg_pool2d(once, 3, 1, 1, count_include_pad=False)
+    pick = torch.where((torch.rand(len(x), generator=gen) < 0.5)[:, None, None, None], once,
+                       twice)
+    return torch.where(hit[:, None, None, None], pick, x)
+
+
+def fit_probe(episodes: int = 96, length: int = 64, steps: int = 3000,
+              seed: int = 0) -> AvatarProbe:
+    """Fit :class:`AvatarProbe` on recorded puppeteering of training seeds (labels: the
+    simulator's pose: nearest expression face, yaw/pitch classes, mouth openness)."""
+    from worldstream.engine.worlds.avatar.data import TRAIN_SEED0
+    from worldstream.engine.worlds.avatar.recorder import record_episode
+
+    eps = [record_episode(TRAIN_SEED0 + s, length)
+           for s in tqdm(range(episodes), desc="probe data", unit="episode", leave=False)]
+    frames = np.concatenate([e["frames"] for e in eps])
+    pose = np.concatenate([e["pose"] for e in eps])
+    x = AvatarProbe.prepare(frames)
+    expr = torch.as_tensor(pose[:, 3]).long()
+    yaw = torch.as_tensor([turn_class(v) for v in pose[:, 0]])
+    pitch = torch.as_tensor([turn_class(v) for v in pose[:, 1]])
+    mouth = torch.as_tensor(pose[:, 2])
+    torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
+    probe = AvatarProbe()
+    opt = torch.optim.AdamW(probe.parameters(), lr=1e-3)
+    for _ in tqdm(range(steps), desc="fitting the probe", unit="step", leave=False):
+        i = torch.randint(0, len(x), (64,), generator=gen)
+        e, y, p, m = probe(_blur(x[i], gen))
+        loss = (F.cross_entropy(e, expr[i]) + F.cross_entropy(y, yaw[i])
+                + F.cross_entropy(p, pitch[i]) + 4 * F.mse_loss(m, mouth[i]))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    return probe.eval()
+
+
+def load_probe(path: Path = PROBE_PATH) -> AvatarProbe:
+    """The fitted probe, cached at ``path`` (fitted and saved when missing)."""
+    probe = AvatarProbe()
+    if path.exists():
+        probe.load_state_dict(torch.load(path))
+        return probe.eval()
+    probe = fit_probe()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(probe.state_dict(), path)
+    return probe
+
+
+# ------------------------------------------------------------------ episodes
+@dataclass
+class ScriptedEpisode:
+    """A scripted held-out episode: the simulator's ``frames (L, H, W, 3)`` uint8 and avatar
+    ``actions``; ``expression_keys``/``turn_keys``: ``(frame, expression or direction id)``
+    of each key; ``speech``: the frame range of the speech segment."""
+
+    episode: Episode
+    expression_keys: list[tuple[int, int]]
+    turn_keys: list[tuple[int, int]]
+    speech: range
+
+
+def scripted_actions(rng: np.random.Generator) -> tuple[list[int], list, list, range]:
+    """The three segments' avatar actions (module docstring) and where their keys are."""
+    actions, expression_keys, turn_keys = [], [], []
+    for e in rng.permutation(len(EXPRESSIONS)):
+        expression_keys.append((len(actions), int(e)))
+        actions += [encode_action(IDLE, int(e))] * EXPRESSION_HOLD
+    for d in rng.permutation(NUM_ACTIONS):
+        turn_keys.append((len(actions), int(d)))
+        actions += [encode_action(int(d), NEUTRAL)] * TURN_HOLD
+    controls = AvatarControls()
+    for _ in range(2):
+        controls.say(" ".join(rng.choice(WORDS, int(rng.integers(4, 8)))))
+    start = len(actions)
+    actions += controls.next_actions([IDLE] * len(controls.speech))
+    return actions, expression_keys, turn_keys, range(start, len(actions))
+
+
+def scripted_episode(seed: int, look: str) -> ScriptedEpisode:
+    """The scripted episode of world ``seed`` in ``look`` (prompt: one of its paraphrases)."""
+    rng = np.random.default_rng([seed, 5])
+    actions, expression_keys, turn_keys, speech = scripted_actions(rng)
+    sim = AvatarSimulator(seed, look)
+    frames = np.stack([sim.step(a) for a in actions])
+    prompts = LOOKS[look]["prompts"]
+    prompt = prompts[int(rng.integers(len(prompts)))]
+    ep = Episode(frames, actions, np.zeros((len(actions), 2), np.int64), look, prompt)
+    return ScriptedEpisode(ep, expression_keys, turn_keys, speech)
+
+
+def rollout(gen: WorldGenerator, ep: Episode, steps: int, seed: int) -> np.ndarray:
+    """The model's free rollout of ``ep``'s actions from its true first chunk: all frames, the
+    first chunk included."""
+    n = len(ep.actions) // gen.chunk_frames * gen.chunk_frames
+    out = ep.frames[:n].copy()
+    streamed_rollout(gen, ep, steps, seed, out.__setitem__)
+    return out
+
+
+# ------------------------------------------------------------------ metrics
+def expression_hits(read: dict, keys: list[tuple[int, int]]) -> list[bool]:
+    """Per frame 0.5-1.5 s after each key: is the probed expression the key's?"""
+    a, b = EXPRESSION_WINDOW
+    return [bool(read["expression"][f + k] == e) for f, e in keys for k in range(a, b)]
+
+
+def turn_hits(read: dict, keys: list[tuple[int, int]]) -> list[bool]:
+    """Per frame +10..+15 after each direction key: do the probed yaw and pitch classes match
+    the held direction?"""
+    a, b = TURN_WINDOW
+    hits = []
+    for f, d in keys:
+        dx, dy = action_to_direction(d)
+        hits += [bool(read["yaw"][f + k] == dx + 1 and read["pitch"][f + k] == dy + 1)
+                 for k in range(a, b)]
+    return hits
+
+
+def lipsync(mouth: np.ndarray, track: np.ndarray) -> tuple[float, int]:
+    """Peak of the normalised cross-correlation of ``mouth`` (measured openness per frame)
+    against ``track`` (target openness) over lags -MAX_LAG..MAX_LAG, and its lag (frames the
+    mouth is late). Both ``(L,)`` float; the overlap at every lag is ``L - MAX_LAG`` frames."""
+    n = len(track) - 2 * MAX_LAG
+    ref = track[MAX_LAG : MAX_LAG + n]
+    best = (-2.0, 0)
+    for lag in range(-MAX_LAG, MAX_LAG + 1):
+        seg = mouth[MAX_LAG + lag : MAX_LAG + lag + n]
+        c = float(np.corrcoef(seg, ref)[0, 1]) if seg.std() > 0 and ref.std() > 0 else 0.0
+        best = max(best, (c, lag))
+    return round(best[0], 3), best[1]
+
+
+def track_openness(actions: list[int]) -> np.ndarray:
+    """The viseme track's openness of each frame, ``(L,)`` float32."""
+    return VISEME_OPEN[[decode_action(a)[2] for a in actions]]
+
+
+REGIONS = {  # appearance features: mean colour of each (rows, cols)
+    "background_top": (slice(0, 8), slice(0, SIZE)),
+    "background_left": (slice(0, 90), slice(0, 8)),
+    "background_right": (slice(0, 90), slice(SIZE - 8, SIZE)),
+    "head_top": (slice(14, 26), slice(50, 78)),
+    "shirt": (slice(116, SIZE), slice(20, SIZE - 20)),
+}
+
+
+def frame_features(rgb: np.ndarray) -> np.ndarray:
+    """``(2 + 3 * len(REGIONS),)`` float64: sharpness, luma, then each region's mean RGB."""
+    regions = [rgb[r, c].reshape(-1, 3).mean(0) for r, c in REGIONS.values()]
+    luma = float(rgb.reshape(-1, 3).mean(0) @ np.array([0.299, 0.587, 0.114]))
+    return np.concatenate([[sharpness(rgb), luma], *regions])
+
+
+def long_rollout(gen: WorldGenerator, seed: int, look: str, length: int,
+                 steps: int) -> dict[str, np.ndarray]:
+    """Random puppeteering of ``length`` frames, model and simulator on the same actions:
+    per-frame :func:`frame_features` of both, ``(L, F)`` each (frames are not kept)."""
+    rng = np.random.default_rng([seed, 9])
+    policy = PuppeteerPolicy(rng)
+    sim = AvatarSimulator(seed, look)
+    f = gen.chunk_frames
+    actions, sim_feats, first = [], [], []
+    for i in range(length):
+        a = policy()
+        frame = sim.step(a)
+        actions.append(a)
+        sim_feats.append(frame_features(frame))
+        if i < f:
+            first.append(frame)
+    model_feats = np.zeros((length, len(sim_feats[0])))
+    model_feats[:f] = sim_feats[:f]
+    prompt = LOOKS[look]["prompts"][0]
+    ep = Episode(np.stack(first), actions, np.zeros((length, 2), np.int64), look, prompt)
+
+    def keep(i, frame):
+        model_feats[i] = frame_features(frame)
+
+    streamed_rollout(gen, ep, steps, seed, keep)
+    return {"model": model_feats, "sim": np.stack(sim_feats)}
+
+
+def identity_ratio(feats: np.ndarray) -> float:
+    """Of the appearance features (the region colours), late/early ratio farthest from 1."""
+    ratios = feats[LATE, 2:].mean(0) / np.maximum(feats[EARLY, 2:].mean(0), 1.0)
+    return float(ratios[np.argmax(np.abs(np.log(ratios)))])
+
+
+def drift_metrics(runs: list[dict], length: int) -> dict:
+    """``identity_drift_ratio`` (+ twin) and ``drift_ratio_{length}`` from long rollouts."""
+    last = slice(length - 100, length)
+
+    def worst(values):
+        return round(float(values[int(np.argmax(np.abs(np.log(values))))]), 3)
+
+    out = {"identity_drift_ratio": worst([identity_ratio(r["model"]) for r in runs]),
+           "identity_drift_ratio_ground_truth": worst([identity_ratio(r["sim"]) for r in runs])}
+    drift = {"vs_sim": {}, "self": {}, "self_ground_truth": {}}
+    for key, cols in (("sharpness", [0]), ("colour", list(range(2, 2 + 3 * len(REGIONS))))):
+        drift["vs_sim"][key] = round(float(np.mean(
+            [r["model"][last][:, cols].mean() / r["sim"][last][:, cols].mean() for r in runs])), 3)
+        drift["self"][key] = round(float(np.mean(
+            [r["model"][last][:, cols].mean() / r["model"][EARLY][:, cols].mean()
+             for r in runs])), 3)
+        drift["self_ground_truth"][key] = round(float(np.mean(
+            [r["sim"][last][:, cols].mean() / r["sim"][EARLY][:, cols].mean() for r in runs])), 3)
+    out[f"drift_ratio_{length}"] = drift
+    out[f"drift_ratio_{length}_ground_truth"] = {"vs_sim": {"sharpness": 1.0, "colour": 1.0},
+                                                 "self": drift["self_ground_truth"]}
+    return out
+
+
+def evaluate(gen: WorldGenerator, quick: bool = True, steps: int = 4,
+             probe: AvatarProbe | None = None) -> dict:
+    """Every avatar metric; ``quick``: 3 scripted episodes and one long rollout (full: 12 and
+    four), both 3,000 frames long."""
+    t0 = time.perf_counter()
+    probe = probe or load_probe()
+    n_ep = 3 if quick else 12
+    out: dict = {"quick": quick, "steps": steps, "episodes": n_ep, "fps": SPEECH_FPS}
+    got: dict[str, list] = {"expr": [], "turn": [], "mouth": [], "track": []}
+    truth: dict[str, list] = {"expr": [], "turn": [], "mouth": []}
+    for i in tqdm(range(n_ep), desc="scripted episodes", unit="episode"):
+        seed = HELDOUT_SEED0 + 600 + i
+        sep = scripted_episode(seed, LOOK_NAMES[i % len(LOOK_NAMES)])
+        model = rollout(gen, sep.episode, steps, seed)
+        n = len(model)
+        for frames, into in ((model, got), (sep.episode.frames[:n], truth)):
+            read = probe.read(frames)
+            into["expr"] += expression_hits(read, sep.expression_keys)
+            into["turn"] += turn_hits(read, sep.turn_keys)
+            into["mouth"].append(read["mouth"][sep.speech.start : min(sep.speech.stop, n)])
+        got["track"].append(track_openness(sep.episode.actions)[sep.speech.start : n])
+    out["expression_accuracy"] = round(float(np.mean(got["expr"])), 3)
+    out["expression_accuracy_ground_truth"] = round(float(np.mean(truth["expr"])), 3)
+    out["head_turn_accuracy"] = round(float(np.mean(got["turn"])), 3)
+    out["head_turn_accuracy_ground_truth"] = round(float(np.mean(truth["turn"])), 3)
+    track = np.concatenate(got["track"])
+    c, lag = lipsync(np.concatenate(got["mouth"]), track)
+    ct, lagt = lipsync(np.concatenate(truth["mouth"]), track)
+    out.update(lipsync_correlation=c, lipsync_correlation_ground_truth=ct,
+               lipsync_lag_frames=lag, lipsync_lag_frames_ground_truth=lagt)
+    length = 3000
+    looks = LOOK_NAMES[:1] if quick else LOOK_NAMES[:4]
+    runs = [long_rollout(gen, HELDOUT_SEED0 + 700 + k, look, length, steps)
+            for k, look in enumerate(tqdm(looks, desc="long rollouts", unit="rollout"))]
+    out.update(drift_metrics(runs, length))
+    out["wall_s"] = round(time.perf_counter() - t0, 1)
+    return out
+
+
+def save_avatar_sheet(gen: WorldGenerator, out: str | Path, steps: int = 4,
+                      seed: int = HELDOUT_SEED0 + 600, look: str = "office") -> Path:
+    """The side-by-side sheet of one scripted episode (model over simulator, same actions):
+    frames 20 after each expression key (labelled with the expression), 14 after four
+    direction keys, and eight frames across the speech. Returns the PNG's path."""
+    from worldstream.engine.evaluation.sheet import save_sheet
+
+    sep = scripted_episode(seed, look)
+    model = rollout(gen, sep.episode, steps, seed)
+    moments = [f + 20 for f, _ in sep.expression_keys]
+    moments += [f + 14 for f, _ in sep.turn_keys[:4]]
+    moments += list(np.linspace(sep.speech.start, min(sep.speech.stop, len(model)) - 1, 8,
+                                dtype=int))
+    names = " ".join(EXPRESSIONS[e] for _, e in sep.expression_keys)
+    turns = " ".join(str(action_to_direction(d)) for _, d in sep.turn_keys[:4])
+    title = (f"\"{sep.episode.prompt}\" (held-out seed {seed}): model (top) vs simulator "
+             f"(bottom), {steps} steps; expressions {names}; turns (dx, dy) {turns}; speech")
+    return save_sheet(model, sep.episode.frames, out, title, tuple(moments))
+

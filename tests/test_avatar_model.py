@@ -1,0 +1,118 @@
+"""The avatar's model side (issue 16): the factored action embedding of the world model, the
+model backend's controls over a tiny random generator, and the engine's avatar controls."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from worldstream.engine.api import ActionCommand
+from worldstream.engine.backend import ChunkJob
+from worldstream.engine.config import EngineConfig
+from worldstream.engine.engine import Engine
+from worldstream.engine.generator import GeneratorConfig, WorldGenerator
+from worldstream.engine.models.autoencoder import build_autoencoder
+from worldstream.engine.models.world_dit import WorldDiT, WorldDiTActionEmbedding
+from worldstream.engine.worlds.actions import IDLE, direction_to_action
+from worldstream.engine.worlds.avatar.actions import (
+    ACTION_FACTORS,
+    NUM_ACTIONS,
+    decode_action,
+    encode_action,
+)
+from worldstream.engine.worlds.avatar.model_backend import AvatarModelBackend
+from worldstream.engine.worlds.avatar.sim_backend import AvatarSimBackend, start_frames
+from worldstream.engine.worlds.avatar.simulator import AvatarSimulator
+from worldstream.engine.worlds.sim_backend import SimBackend
+
+RIGHT = direction_to_action(1, 0)
+
+
+def test_factored_embedding_is_the_sum_of_its_tables():
+    emb = WorldDiTActionEmbedding((9, 5, 9), 8)
+    a = torch.tensor([encode_action(RIGHT, 3, 7), 0, NUM_ACTIONS - 1])
+    want = torch.stack([emb.tables[0].weight[d] + emb.tables[1].weight[e] + emb.tables[2].weight[v]
+                        for d, e, v in (decode_action(int(x)) for x in a)])
+    torch.testing.assert_close(emb(a), want)
+    with pytest.raises(ValueError, match="multiply"):
+        WorldDiT(dim=32, depth=1, num_heads=2, num_actions=400, action_factors=ACTION_FACTORS)
+    # the landscape's config keeps plain embeddings (its shipped weights load unchanged)
+    assert isinstance(WorldDiT(dim=32, depth=1, num_heads=2).action_emb, torch.nn.Embedding)
+
+
+def tiny_avatar_backend() -> AvatarModelBackend:
+    torch.manual_seed(0)
+    model = WorldDiT(dim=32, depth=1, num_heads=2, chunk_frames=1, num_actions=NUM_ACTIONS,
+                     action_factors=ACTION_FACTORS, view_box=0)
+    gen = WorldGenerator(model, build_autoencoder(width=8),
+                         GeneratorConfig(attention_backend="reference", max_states=4))
+    return AvatarModelBackend(gen)
+
+
+def test_model_backend_starts_from_the_look_and_steers_with_controls(monkeypatch):
+    monkeypatch.setattr("worldstream.engine.worlds.avatar.model_backend.look_for_prompt",
+                        lambda p: "forest")
+    monkeypatch.setattr("worldstream.engine.worlds.avatar.model_backend.start_frames",
+                        lambda look, seed, n: start_frames("forest", seed, n))
+    backend = tiny_avatar_backend()
+    state = backend.new_state("a hiker", 3)
+    np.testing.assert_array_equal(state.inner.start_frames,
+                                  AvatarSimulator(3, "forest").step(IDLE)[None])
+    backend.apply_controls(state, expression="frown", say="ab")  # AA x3, MBP x2, rest x6
+    sent = []
+    real = backend.gen.generate
+    monkeypatch.setattr(backend.gen, "generate", lambda jobs: sent.append(jobs) or real(jobs))
+    for _ in range(4):
+        (res,) = backend.generate([ChunkJob(state, [RIGHT], 2)])
+        assert res.error is None and res.frames.shape == (1, 128, 128, 3)
+    assert [decode_action(j[0].actions[0]) for j in sent] == [
+        (RIGHT, 3, 2), (RIGHT, 3, 2), (RIGHT, 3, 2), (RIGHT, 3, 1)]
+    assert len(state.controls.speech) == 7
+    backend.rewind(state, 2)
+    assert len(state.controls.speech) == 9
+    # a job the generator refuses (a bad direction) consumes no speech
+    (res,) = backend.generate([ChunkJob(state, [99], 2)])
+    assert res.error is not None and len(state.controls.speech) == 9
+    backend.free(state)
+    backend.finish()
+    assert backend.gen.allocator.num_free() == backend.gen.allocator.num_pages
+
+
+def _frames(slot, n):
+    out = []
+    while len(out) < n:
+        frame = slot.get(timeout=10)
+        assert frame is not None
+        out.append(frame)
+    return out
+
+
+def test_engine_routes_expression_and_say_to_the_avatar_only():
+    cfg = EngineConfig(fps=60, buffer_max_frames=8, max_sessions=2)
+    with Engine(AvatarSimBackend(look_for=lambda p: "studio"), cfg) as engine:
+        assert engine.world == "avatar"
+        info = engine.create_session("studio", seed=2)
+        slot = engine.subscribe(info.session_id, maxlen=1000)
+        engine.submit(info.session_id, ActionCommand(1, 0.0, frozenset({"right"}), None,
+                                                     "smile", "oh"))
+        frames = _frames(slot, 40)
+    ref = AvatarSimulator(2, "studio")
+    # before the action: idle and neutral; after: right, smile, and "oh" = O x3, CONS x2
+    visemes = iter([5, 5, 5, 8, 8])
+    for frame in frames:
+        if frame.action_seq < 1:
+            want = ref.step(IDLE)
+        else:
+            want = ref.step(encode_action(RIGHT, 1, next(visemes, 0)))
+        np.testing.assert_array_equal(frame.rgb, want)
+    assert frames[-1].action_seq == 1
+    with Engine(SimBackend(scene_for=lambda p: "meadow"), cfg) as engine:
+        assert engine.world == "landscape"
+        info = engine.create_session("meadow", seed=0)
+        events = engine.events(info.session_id)
+        engine.submit(info.session_id, ActionCommand(1, 0.0, frozenset(), None, "smile"))
+        error = events.get(timeout=10)
+        while error.kind != "error":
+            error = events.get(timeout=10)
+    assert (error.payload["code"], error.payload["field"]) == ("unsupported", "expression")
