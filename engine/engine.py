@@ -16,6 +16,8 @@ import random
 import threading
 import time
 import uuid
+from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import replace
 from typing import Any
 
@@ -37,6 +39,7 @@ from worldstream.engine.api import (
 )
 from worldstream.engine.backend import ChunkJob, ChunkResult, WorldBackend
 from worldstream.engine.config import MAX_CHUNK_FRAMES, MAX_STEPS, MODES, EngineConfig
+from worldstream.engine.inputlog import InputLog
 from worldstream.engine.prompts import PromptPrefetcher
 from worldstream.engine.scheduler import NS, BatchPlan, ChunkRequest, DegradeController, plan_batch
 from worldstream.engine.session import Branch, Session
@@ -65,7 +68,7 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _derived_seed(*parts: int) -> int:
+def derived_seed(*parts: int) -> int:
     """A well-mixed 31-bit seed from integers (branch previews get distinct noise)."""
     return int(np.random.SeedSequence([p & 0xFFFFFFFF for p in parts]).generate_state(1)[0]
                >> 1)
@@ -219,6 +222,9 @@ class Engine:
                 stats_window_s=cfg.metrics_window_s,
             )
             session.mode = cfg.mode
+            session.inputs = InputLog({"kind": "prompt" if history is None else "history"},
+                                      seed=seed, prompt=prompt, chunk_frames=self.chunk_frames,
+                                      steps=session.steps, fps=fps)
             self._sessions[session.session_id] = session
         self._commands.put(("create", session, history))
         return SessionInfo(session.session_id, self.backend.width, self.backend.height, fps)
@@ -438,6 +444,9 @@ class Engine:
         if kind == "close":
             self._release(session)
             return
+        if kind == "call":  # work of another module on this thread (engine.worldio)
+            self._call(session, *item[2:])
+            return
         if session.closed:
             return
         if kind == "pause":
@@ -458,6 +467,7 @@ class Engine:
         command, receipt_ns = item[2], item[3]
         try:
             self._apply(session, command, receipt_ns)
+            self._log_command(session, command)
         except _InvalidCommand as exc:
             session.emit("error", seq=command.seq, code=exc.code, field=exc.field,
                          message=str(exc))
@@ -478,6 +488,42 @@ class Engine:
         finish = getattr(self.backend, "finish", None)
         if finish is not None:
             finish()
+
+    def call(self, session_id: str, fn: Callable[[Session], Any]) -> Future:
+        """Run ``fn(session)`` on the engine thread between two batches (where no chunk of
+        the session is being generated); its result or exception completes the returned
+        future. Raises SessionClosedError for an unknown or closed session; a session that
+        closes before its turn fails the future with SessionClosedError."""
+        with self._lock:
+            session = self._session(session_id)
+        future: Future = Future()
+        self._commands.put(("call", session, fn, future))
+        return future
+
+    def _call(self, session: Session, fn: Callable[[Session], Any], future: Future) -> None:
+        if not future.set_running_or_notify_cancel():
+            return
+        if session.closed:
+            future.set_exception(SessionClosedError(session.session_id))
+            return
+        try:
+            future.set_result(fn(session))
+        except Exception as exc:  # the caller's to report; the session goes on
+            future.set_exception(exc)
+
+    def _log_command(self, s: Session, c: Command) -> None:
+        """Append an applied command to the session's input log (an action older than the
+        newest one applied was ignored: not logged)."""
+        applied: dict[str, Any] = {}
+        if isinstance(c, ActionCommand) and s.action_seq != c.seq:
+            return
+        if isinstance(c, SettingsCommand):
+            applied = {"chunk_frames": s.chunk_frames, "steps": s.steps,
+                       **{k: getattr(c, k) for k in ("memory_frames", "attention")
+                          if getattr(c, k) is not None}}
+        elif isinstance(c, ForkCommand):
+            applied = {"fork_id": s.fork_id}
+        s.inputs.command(c, s.chunk_index, s.frame_index, applied=applied)
 
     # ------------------------------------------------------------ commands
     def _apply(self, s: Session, command: Command, receipt_ns: int) -> None:
@@ -597,7 +643,7 @@ class Engine:
             for i in range(c.k):
                 state = self.backend.fork(s.state)
                 self._account(s, 1)
-                s.branches.append(Branch(state=state, seed=_derived_seed(s.seed, s.fork_id, i),
+                s.branches.append(Branch(state=state, seed=derived_seed(s.seed, s.fork_id, i),
                                          chunks_left=cfg.preview_chunks, requested_ns=receipt_ns))
         except CapacityError as exc:
             self._free_branches(s)
@@ -637,11 +683,16 @@ class Engine:
             if s is None:
                 continue
             if req.branch is None:
+                if s.script is not None:  # a story's events due by this chunk
+                    s.script.play_due(s)
                 state, seed = s.state, None
+                s.inputs.steps_used(plan.steps, s.chunk_index, s.frame_index)
             else:
+                s.inputs.add("preview", s.chunk_index, s.frame_index, branch=req.branch,
+                             steps=plan.steps)
                 branch = s.branches[req.branch]
                 done = self.config.preview_chunks - branch.chunks_left
-                state, seed = branch.state, _derived_seed(branch.seed, done)
+                state, seed = branch.state, derived_seed(branch.seed, done)
             jobs.append(ChunkJob(state, [s.action] * plan.chunk_frames, plan.steps, seed))
             meta.append((s, req, s.action_seq, s.action_t_ms, s.prompt_version, s.fork_id))
         if not jobs:

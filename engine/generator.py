@@ -90,6 +90,12 @@ class GeneratorConfig:
     ``autoencoder_dtype``: the autoencoder's compute dtype (None: bf16 on CUDA and on CPUs
     with native bf16, where it halves encode + decode time — 35 -> 19 ms a frame measured on
     an AVX-512-BF16 EPYC core — else ``dtype``).
+    ``batch_invariant``: generate each job of a batch on its own, so that a stream's frames
+    do not depend on which other sessions or fork branches shared its batch: exact replay of
+    a session (issue 15). NOTE: measured on this CPU, the model's small-row matmuls and
+    oneDNN's convolutions pick their kernels by batch size, and a chunk batched with a branch
+    came out different in the last bits (1 ulp in the latents, visible in the frames a few
+    chunks later); False batches the jobs' forwards (more aggregate fps with several sessions).
     NOTE: one thread is the default because this model's ops are small: with two OpenMP
     threads on a 2-core machine that also runs the video encoder and the event loop, every op
     waits at a barrier for a descheduled thread — measured 140 ms vs 5.9 s per 4-step chunk
@@ -109,6 +115,7 @@ class GeneratorConfig:
     memory_tiles: int = 256
     pixel_residual: bool = True
     restyle_chunks: int = 1
+    batch_invariant: bool = True
     dtype: torch.dtype = torch.float32
     autoencoder_dtype: torch.dtype | None = None
     attention_backend: str = "auto"
@@ -256,6 +263,8 @@ class WorldGenerator:
     name = "builtin"
     default_fps = 15
     rewind_chunks = 4
+    #: ``new_state`` takes ``start_frames`` (a start from a picture)
+    starts_from_frames = True
 
     def __init__(self, model: WorldDiT, autoencoder, config: GeneratorConfig | None = None):
         self.config = cfg = config or GeneratorConfig()
@@ -430,7 +439,8 @@ class WorldGenerator:
     # -- generation -----------------------------------------------------------------------
     @torch.no_grad()
     def generate(self, jobs: list[ChunkJob]) -> list[ChunkResult]:
-        """One chunk per job; jobs are batched by (frames, steps). Per-job failures (pool
+        """One chunk per job; jobs are batched by (frames, steps), or each run on its own with
+        ``batch_invariant``. Per-job failures (pool
         exhausted, bad actions) come back as ``ChunkResult.error``."""
         results: list[ChunkResult | None] = [None] * len(jobs)
         with self._settled():
@@ -439,7 +449,8 @@ class WorldGenerator:
                 try:
                     self._validate(job)
                     self._prepare(job.state)
-                    groups.setdefault((job.num_frames, job.steps), []).append(i)
+                    key = (job.num_frames, job.steps, i if self.config.batch_invariant else -1)
+                    groups.setdefault(key, []).append(i)
                 except Exception as err:  # isolate this job's failure
                     results[i] = ChunkResult(None, error=err)
             for idx in groups.values():

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from worldstream.engine.api import ActionCommand, Event, EventQueue, Frame, FrameSlot
+from worldstream.engine.inputlog import InputLog
 from worldstream.engine.scheduler import NS, DegradeController, PlayoutClock
 from worldstream.engine.worlds.actions import IDLE, keys_to_action
 
@@ -113,6 +114,8 @@ class Session:
         self.released = False
         self.paused = False  # no chunks while paused (no viewer attached)
         self.num_states = 1  # backend states counted against the budget (reserved at admission)
+        self.inputs: InputLog | None = None  # what steered it (engine.inputlog), set on admission
+        self.script: Any = None  # a story playing (engine.worldio.StoryPlayer), or None
 
     @property
     def steps(self) -> int:
