@@ -63,6 +63,7 @@ def save(engine: Any, session_id: str) -> Future:
 
 def _session_meta(s: Session) -> dict[str, Any]:
     return {"seed": s.seed, "prompt": s.prompt, "keys": sorted(s.held_keys),
+            "frame_index": s.frame_index,
             "chunk_frames": s.chunk_frames, "steps": s.steps, "mode": s.mode,
             "settings": dict(s.settings), "fork_id": s.fork_id}
 
@@ -71,7 +72,8 @@ def load(engine: Any, session_id: str, data: bytes) -> Future:
     """Replace the session's world with the save point ``data``. Raises SavepointError at once
     (nothing changes) for a file that is not a save point of this model and version, or is
     damaged; the future fails with CapacityError when the model's memory is full. The future's
-    result: ``{"prompt", "seed", "frames"}`` (frames: the saved world's age)."""
+    result: ``{"prompt", "seed", "world_frames", "frame_index"}`` (the saved world's age in
+    frames, and the stream's frame index from which the loaded world shows)."""
     arrays, meta = decode(data, engine.backend)
     session = meta.get("session")
     if not isinstance(session, dict) or session.get("chunk_frames") not in engine.chunk_sizes:
@@ -92,7 +94,8 @@ def load(engine: Any, session_id: str, data: bytes) -> Future:
         s.inputs = _new_log(s, {"kind": "savepoint", "sha256": sha})
         frames = _world_frames(s.state)
         s.emit("info", loaded=sha[:12], prompt=s.prompt)
-        return {"prompt": s.prompt, "seed": s.seed, "frames": frames}
+        return {"prompt": s.prompt, "seed": s.seed, "world_frames": frames,
+                "frame_index": s.frame_index}
 
     return engine.call(session_id, run)
 
@@ -109,7 +112,8 @@ def start_from_picture(engine: Any, session_id: str, data: bytes) -> Future:
     """Replace the session's world with one whose first frame is the picture ``data`` (PNG or
     JPEG; centre-cropped and resized to the model's resolution), at the session's prompt and
     seed. Raises PictureError at once for a bad picture or a model that cannot start from
-    one. The future's result: ``{"width", "height"}``."""
+    one. The future's result: ``{"width", "height", "frame_index"}`` (the stream's frame index
+    from which the new world shows)."""
     backend = engine.backend
     if not getattr(backend, "starts_from_frames", False):
         raise PictureError(f"model {backend.name!r} cannot start from a picture")
@@ -123,7 +127,8 @@ def start_from_picture(engine: Any, session_id: str, data: bytes) -> Future:
         s.held_keys, s.action, s.script = frozenset(), keys_to_action(()), None
         s.inputs = _new_log(s, {"kind": "image", "png": png})
         s.emit("info", picture=True)
-        return {"width": backend.width, "height": backend.height}
+        return {"width": backend.width, "height": backend.height,
+                "frame_index": s.frame_index}
 
     return engine.call(session_id, run)
 
@@ -132,7 +137,7 @@ def play_story(engine: Any, session_id: str, story: Storyboard) -> Future:
     """Play ``story`` live in the session from its next chunk: a fresh world of its first
     beat's prompt at its seed, then its events at their chunks (:class:`StoryPlayer`). The
     session emits ``story`` events (``beat``, ``beats``; ``done`` at the end). The future's
-    result: ``{"beats", "chunks", "frames", "duration_s", "beat_chunks"}``."""
+    result: ``{"beats", "chunks", "frames", "duration_s", "beat_chunks", "frame_index"}``."""
     prepare = getattr(engine.backend, "prepare_prompt", None)
     if prepare is not None:  # encode the prompts here, not on the engine thread
         for beat in story.beats:
@@ -149,7 +154,8 @@ def play_story(engine: Any, session_id: str, story: Storyboard) -> Future:
         s.inputs = _new_log(s, {"kind": "prompt"})
         s.script = StoryPlayer(engine, events, beat_chunks, chunks, s.chunk_index)
         return {"beats": len(story.beats), "chunks": chunks, "frames": chunks * s.chunk_frames,
-                "duration_s": story.duration_s, "beat_chunks": beat_chunks}
+                "duration_s": story.duration_s, "beat_chunks": beat_chunks,
+                "frame_index": s.frame_index}
 
     return engine.call(session_id, run)
 
