@@ -38,7 +38,16 @@ def register(sub) -> None:
     p.add_argument("--fps", type=int, default=15, help="playback rate of the script and the MP4")
     p.add_argument("--steps", type=int, default=4, help="denoising steps per chunk (1-4)")
     p.add_argument("--seed", type=int, default=0, help="world seed of session 0 (+i for session i)")
-    p.add_argument("--model", default="builtin", help="builtin | sim | wan-causal")
+    p.add_argument("--model", default=None,
+                   help="builtin | sim | wan-causal (default builtin; a replay uses its log's)")
+    p.add_argument("--replay", type=Path, default=None,
+                   help="play this input log (a session's export) instead: the same frames")
+    p.add_argument("--state", type=Path, default=None,
+                   help="with --replay: the save point the logged session was loaded from")
+    p.add_argument("--story", type=Path, default=None,
+                   help="play this storyboard JSON instead (--fps, --steps apply)")
+    p.add_argument("--score", action="store_true",
+                   help="with --story: each beat's scene accuracy 1-2 s after its start")
     p.set_defaults(func=run)
 
 
@@ -53,6 +62,13 @@ def run(args) -> int:
     from worldstream.engine.registry import load_backend
     from worldstream.streaming.recording import Recorder
 
+    if args.replay is not None or args.story is not None:
+        from worldstream.app.headless import run_replay, run_story
+
+        if args.replay is not None and args.story is not None:
+            raise ValueError("--replay and --story exclude each other")
+        return run_replay(args) if args.replay is not None else run_story(args)
+    args.model = args.model or "builtin"
     if args.frames < 1 or args.sessions < 1 or args.fps < 1:
         raise ValueError("--frames, --sessions and --fps must be >= 1")
     prompts = args.prompt or [DEFAULT_PROMPTS[0]]

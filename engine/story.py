@@ -161,7 +161,7 @@ def compile_story(story: Storyboard, *, fps: int, chunk_frames: int) -> tuple[
             prev = story.beats[i - 1].prompt
             n = max(1, round(beat.transition_s * TRANSITION_STEPS_PER_S))
             for j in range(n):
-                at(start + round(j * beat.transition_s * fps / n),
+                at(start + math.floor(j * beat.transition_s * fps / n),
                    {"kind": "prompt", "text": prev, "blend_text": beat.prompt,
                     "blend_weight": round((j + 1) / (n + 1), 4)})
             at(start + round(beat.transition_s * fps), prompt_event(beat))

@@ -80,7 +80,8 @@ PLAN = [
 def test_sim_session_replays_bit_identically_and_the_log_names_everything():
     config = EngineConfig(max_sessions=2, fps=60, chunk_frames=2)
     with Engine(SimBackend(), config) as engine:
-        plan = [*PLAN, (64, SettingsCommand(11, chunk_frames=3, steps=2)), (70, _action(12, "down"))]
+        plan = [*PLAN, (64, SettingsCommand(11, chunk_frames=3, steps=2)),
+                (70, _action(12, "down"))]
         original, log = record_session(engine, "a green meadow with ponds", 11, plan, 90)
     kinds = [e["kind"] for e in log["events"]]
     assert kinds.count("prompt") == 3 and kinds.count("rewind") == 1

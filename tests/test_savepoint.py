@@ -49,11 +49,11 @@ def save_load_continue(engine, seconds, fps, prompt):
     the save on and B's from the load on, ``seconds`` of each."""
     a = engine.create_session(prompt, seed=3).session_id
     sa = Stream(engine, a)
-    for seq, (at, command) in enumerate([
+    for at, command in [
             (2, ActionCommand(1, 0.0, frozenset({"right"}))),
             (8, PromptCommand(2, 0.0, "a snowy forest")),
             (12, ForkCommand(3, 2)), (20, RewindCommand(4, 1)),
-            (24, ActionCommand(5, 0.0, frozenset({"down", "left"})))]):
+            (24, ActionCommand(5, 0.0, frozenset({"down", "left"})))]:
         sa.until(at)
         engine.submit(a, command)
     sa.until(30)
