@@ -29,7 +29,9 @@ def register(sub) -> None:
     p.add_argument("--sheet-actions", type=Path, default=Path("assets/demo_actions.json"))
     p.add_argument("--sheet-prompt", default="a snowy forest")
     p.add_argument("--sheet-frames", type=int, default=240)
-    p.add_argument("--skip-metrics", action="store_true", help="only write the sheet")
+    p.add_argument("--picture-sheet", type=Path, default=None,
+                   help="also write the sheet of streams started from procedural photos")
+    p.add_argument("--skip-metrics", action="store_true", help="only write the sheet(s)")
     p.set_defaults(func=run)
 
 
@@ -65,6 +67,10 @@ def run(args) -> int:
         title = (f"{args.sheet_actions.name}, \"{args.sheet_prompt}\": model (top) vs simulator "
                  f"(bottom), same actions, {args.steps} steps")
         result["sheet"] = str(save_sheet(model, sim, args.sheet, title))
+    if args.picture_sheet is not None:
+        from worldstream.engine.evaluation.picture_start import photo_sheet
+
+        result["picture_sheet"] = photo_sheet(gen, args.picture_sheet, steps=args.steps)
     if not args.skip_metrics:
         result.update(
             evaluate(gen, quick=args.quick, steps=args.steps, drift_steps=args.drift_steps)

@@ -121,11 +121,11 @@ def score_story(story, frames: np.ndarray, fps: int) -> list[dict[str, Any]]:
     """Per beat: its scene (the prompt's, or the heavier prompt's of a blend) and the fraction
     of its frames 1-2 s after its start that the evaluation's scene classifier assigns to it
     (None for a beat shorter than 2 s)."""
-    from worldstream.engine.evaluation.run import _scene_classifier
+    from worldstream.engine.evaluation.run import scene_classifier
     from worldstream.engine.story import beat_starts
     from worldstream.engine.text import scene_for_prompt
 
-    classifier = _scene_classifier()
+    classifier = scene_classifier()
     starts = beat_starts(story, fps)
     scores = []
     for i, beat in enumerate(story.beats):

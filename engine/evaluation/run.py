@@ -14,7 +14,9 @@ moving free rollout of the model's sharpness over the simulator's on the same ac
 ``rollout_anisotropy`` max over the same segments of the gradient anisotropy (streaks);
 ``drift_ratio_3000`` sharpness and mean colour of frames L-100..L against the simulator's
 frames L-100..L (``vs_sim``) and against the rollout's own frames 50-150 (``self``);
-``luma_drift`` mean luma of frames L-100..L minus the simulator's, idle and moving, every
+``picture_start_psnr_1_16`` frames 1-16 after starting from a held-out simulator frame
+uploaded as a picture (``engine.evaluation.picture_start``); ``luma_drift`` mean luma
+of frames L-100..L minus the simulator's, idle and moving, every
 scene. Every metric is also computed on the ground-truth frames (``*_ground_truth``) to show the
 metric itself is sound.
 """
@@ -37,6 +39,7 @@ from worldstream.engine.evaluation.metrics import (
     psnr,
     sharpness,
 )
+from worldstream.engine.evaluation.picture_start import PICTURE_AT, picture_start_metrics
 from worldstream.engine.generator import WorldGenerator
 from worldstream.engine.training.data import HELDOUT_SEED0
 from worldstream.engine.worlds.actions import IDLE, direction_to_action
@@ -271,7 +274,7 @@ def revisit(gen: WorldGenerator, steps: int, episodes: int) -> dict:
             "revisit_psnr_db_ground_truth": round(float(np.mean(truth)), 2)}
 
 
-def _scene_classifier(n_frames: int = 48) -> SceneClassifier:
+def scene_classifier(n_frames: int = 48) -> SceneClassifier:
     by_scene = {}
     for k, scene in enumerate(SCENE_NAMES):
         by_scene[scene] = np.concatenate(
@@ -310,12 +313,15 @@ def evaluate(
         ),
         2,
     )
+    # issue 15: a start from a picture (a simulator frame taken after some play)
+    long_eps = [record(s, PICTURE_AT + 17) for s in seeds]
+    out.update(picture_start_metrics(gen, long_eps, seeds, steps))
     hits = [h for r, ep in zip(rolls, episodes) for h in action_hits(r, ep.offsets, f)]
     truth = [h for ep in episodes for h in action_hits(ep.frames, ep.offsets, f)]
     out["action_accuracy"] = round(float(np.mean(hits)), 3)
     out["action_accuracy_ground_truth"] = round(float(np.mean(truth)), 3)
     # prompt switches: one second in the old scene, then two in the new one
-    clf = _scene_classifier()
+    clf = scene_classifier()
     switch_chunk = FPS // f + 1
     n_sw = 4 if quick else 12
     got, truth = [], []
