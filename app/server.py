@@ -273,6 +273,10 @@ def create_app(engine: EngineAPI, limits: Limits | None = None, *, ui: bool = Tr
         await ws.accept()
         await WebSocketConnection(manager, session, ws).serve()
 
+    from worldstream.app import world_routes
+
+    world_routes.register(app, engine, authorized, client_of, _bearer)
+
     # NOTE: not /static: Gradio serves its own fonts and scripts there, and a mount of ours
     # would shadow them (404s in the page)
     app.mount("/ws-static", StaticFiles(directory=STATIC_DIR), name="ws-static")
