@@ -4,18 +4,18 @@ import numpy as np
 import pytest
 import torch
 
-from worldstream.engine.backend import ChunkJob
-from worldstream.engine.generator import GeneratorConfig, WorldGenerator
-from worldstream.engine.models.attention import DenseContext, expand_frame_mask
-from worldstream.engine.models.autoencoder import build_autoencoder
-from worldstream.engine.models.world_dit import WorldDiT
+from worldstream.engine.backends.builtin import BuiltinBackend, BuiltinConfig
+from worldstream.engine.core.backend import ChunkJob
+from worldstream.engine.models.builtin.attention import DenseContext, expand_frame_mask
+from worldstream.engine.models.builtin.autoencoder import build_autoencoder
+from worldstream.engine.models.builtin.world_dit import WorldDiT
 from worldstream.engine.worlds.actions import action_to_direction
 from worldstream.engine.worlds.simulator import ACCEL, FRICTION
 
 F = 2  # frames per chunk
 
 
-def tiny_generator(**cfg) -> WorldGenerator:
+def tiny_generator(**cfg) -> BuiltinBackend:
     torch.manual_seed(0)
     model = WorldDiT(dim=64, depth=2, num_heads=2, chunk_frames=F)
     # adaLN-Zero starts as the identity; randomise it so that every path matters
@@ -23,7 +23,7 @@ def tiny_generator(**cfg) -> WorldGenerator:
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05)
     cfg.setdefault("attention_backend", "reference")
-    return WorldGenerator(model, build_autoencoder(width=8), GeneratorConfig(**cfg))
+    return BuiltinBackend(model, build_autoencoder(width=8), BuiltinConfig(**cfg))
 
 
 def exact_camera(camera) -> None:

@@ -8,7 +8,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from worldstream.engine.kv_cache import PageAllocator, PageTable, pages_to_csr
+from worldstream.engine.core.kv_cache import PageAllocator, PageTable, pages_to_csr
 
 
 def _table(alloc, **kw):

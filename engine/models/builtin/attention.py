@@ -4,7 +4,8 @@
 
 * :class:`DenseContext` — a whole token sequence at once (training, reference forward): SDPA with a
   boolean frame-level mask (block-causal by chunk, or any mask the caller builds).
-* a paged context (``engine.generator.PagedAttentionContext``) — the engine's streaming path: it
+* a paged context (``engine.backends.builtin.PagedAttentionContext``) — the engine's streaming
+path: it
   writes the chunk's keys/values into the session's KV-cache pages and attends through
   ``kernels.paged_attention`` over the CSR page lists (sink + window + selected pages).
 

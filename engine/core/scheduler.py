@@ -34,7 +34,7 @@ class PlayoutClock:
         self.fps = fps
         self.started = False
         self.anchor_ns = created_ns
-        self.anchor_frame = 0
+        self.anchor_frame = 0.0  # frames presented at anchor_ns (fractional)
 
     def presented(self, now_ns: int) -> float:
         """Frames presented by ``now_ns`` (fractional; 0 before the start)."""

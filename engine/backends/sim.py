@@ -1,9 +1,10 @@
-"""``--model sim``: a :class:`~engine.backend.WorldBackend` that streams the ground-truth world.
+"""``--model sim``: a :class:`~engine.core.backend.WorldBackend` that streams the ground-truth
+world.
 
 Each state is a :class:`~engine.worlds.simulator.WorldSimulator` plus a bounded history of
 snapshots (one per generated chunk) for rewind. A prompt selects the scene whose paraphrases
-are nearest to it (``engine.text.scene_for_prompt``). Zero model cost: it calibrates the
-latency lab and tests the streaming layer without a neural model.
+are nearest to it (``engine.models.builtin.text.scene_for_prompt``). Zero model cost: it calibrates
+the latency lab and tests the streaming layer without a neural model.
 """
 
 from __future__ import annotations
@@ -16,11 +17,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from worldstream.engine.api import CapacityError
-from worldstream.engine.backend import ChunkJob, ChunkResult
-from worldstream.engine.config import MAX_STEPS
-from worldstream.engine.text import check_prompt
-from worldstream.engine.worlds.actions import action_to_direction
+from worldstream.engine.core.backend import ChunkJob, ChunkResult
+from worldstream.engine.core.limits import MAX_STEPS, check_prompt
+from worldstream.engine.worlds.actions import action_to_direction, keys_to_action
 from worldstream.engine.worlds.simulator import SIZE, WorldSimulator
 
 # NOTE: the simulator's terrain caches are pure functions of (seed, scene, tile): forks and
@@ -51,11 +50,13 @@ class SimBackend:
     """The built-in world simulator behind the ``WorldBackend`` contract.
 
     Args:
-        max_states: live states (sessions + branches) admitted; more raise CapacityError.
+        max_states: live states (sessions + branches) the engine admits (its state budget;
+            a simulator state costs no pooled memory, so the backend does not count them).
         default_fps: the rate sessions are streamed at by default.
         chunk_frames: frames per chunk by default.
         rewind_chunks: chunks of history kept for rewind.
-        scene_for: prompt -> scene name (default ``engine.text.scene_for_prompt``, which loads
+        scene_for: prompt -> scene name (default ``engine.models.builtin.text.scene_for_prompt``,
+        which loads
             the sentence-embedding model on first use).
     Frames are ``(SIZE, SIZE, 3)`` uint8 RGB. The job seed is ignored: the world is
     deterministic given its creation seed and the actions.
@@ -84,13 +85,13 @@ class SimBackend:
         self.chunk_frames = chunk_frames
         self.rewind_chunks = rewind_chunks
         if scene_for is None:
-            from worldstream.engine.text import scene_for_prompt as scene_for
+            from worldstream.engine.models.builtin.text import scene_for_prompt as scene_for
         self._scene_for = scene_for
-        self.num_states = 0
 
-    def _admit(self) -> None:
-        if self.num_states >= self.max_states:
-            raise CapacityError(f"the simulator backend holds at most {self.max_states} states")
+    def key_action(self, keys: frozenset[str]) -> int:
+        """The built-in world's action id (``engine.worlds.actions``) for held direction keys;
+        ValueError naming an unknown key."""
+        return keys_to_action(keys)
 
     def _live(self, state: SimState) -> SimState:
         if not isinstance(state, SimState) or state.freed:
@@ -98,13 +99,10 @@ class SimBackend:
         return state
 
     def new_state(self, prompt: str, seed: int) -> SimState:
-        """A world of ``seed`` in the prompt's scene. CapacityError when full, ValueError for an
-        empty/over-long prompt."""
+        """A world of ``seed`` in the prompt's scene. ValueError for an empty/over-long
+        prompt."""
         check_prompt(prompt)
-        self._admit()
-        state = SimState(WorldSimulator(seed=seed, scene=self._scene_for(prompt)))
-        self.num_states += 1
-        return state
+        return SimState(WorldSimulator(seed=seed, scene=self._scene_for(prompt)))
 
     def prepare_prompt(self, text: str, blend_text: str | None = None,
                        blend_weight: float = 0.0) -> None:
@@ -128,18 +126,14 @@ class SimBackend:
         state.sim.set_scene(self._scene_for(heavier))
 
     def fork(self, state: SimState) -> SimState:
-        """An independent copy (with its history); CapacityError when full."""
+        """An independent copy (with its history)."""
         self._live(state)
-        self._admit()
-        twin = SimState(_copy_sim(state.sim), deque(_copy_sim(s) for s in state.history))
-        self.num_states += 1
-        return twin
+        return SimState(_copy_sim(state.sim), deque(_copy_sim(s) for s in state.history))
 
     def free(self, state: SimState) -> None:
         if isinstance(state, SimState) and not state.freed:
             state.freed = True
             state.history.clear()
-            self.num_states -= 1
 
     def rewind(self, state: SimState, chunks: int) -> None:
         """Back to the world as it was ``chunks`` chunks ago; ValueError beyond the history."""

@@ -2,14 +2,14 @@
 
 :class:`WanChunkModel` runs one chunk of latent frames per batch row through a
 ``WanTransformer3DModel`` whose self-attention goes through the engine's paged KV cache
-(``engine.models.wan_attention``): a forward attends the keys/values already in the session's
+(``engine.models.wan.attention``): a forward attends the keys/values already in the session's
 pages (earlier chunks, written by cache fills) plus its own, i.e. block-causal attention by
 chunk. It reuses the model's modules in the order of diffusers' ``forward`` (same numbered
 stages) with three differences: RoPE at absolute frame positions per batch row, one timestep
 per row, and the text projection (``condition_embedder.text_embedder``) done once per prompt
 by :meth:`WanChunkModel.project_text` instead of at every forward.
 
-Loading (local directories only) is in ``engine.models.wan_loading``.
+Loading (local directories only) is in ``engine.models.wan.loading``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from diffusers import WanTransformer3DModel
 
-from worldstream.engine.models.wan_attention import chunk_rotary_emb, install_paged_attention
+from worldstream.engine.models.wan.attention import chunk_rotary_emb, install_paged_attention
 
 #: Wan is trained on flow-matching time t = 1000 * sigma
 NUM_TRAIN_TIMESTEPS = 1000
@@ -68,7 +68,7 @@ class WanChunkModel:
             timestep: ``(B,)`` float, ``1000 * sigma`` of each row.
             text: ``(B, L, inner_dim)`` projected prompt (:meth:`project_text`).
             frame_start: ``(B,)`` int, absolute latent-frame index of each row's first frame.
-            context: the attention context (``engine.generator.PagedAttentionContext``): it
+            context: the attention context (``engine.backends.builtin.PagedAttentionContext``): it
                 writes this chunk's keys/values to its pages and attends the rows' pages.
         Returns:
             ``(B, C, F, h, w)`` flow prediction in the transformer's dtype.

@@ -46,22 +46,6 @@ def tensor_to_frames(x: torch.Tensor) -> torch.Tensor:
     return x.float().add(1.0).mul(127.5).round().clamp(0, 255).to(torch.uint8).movedim(-3, -1)
 
 
-@torch.no_grad()
-def encode(ae: AutoencoderTiny, frames: torch.Tensor, batch: int = 64) -> torch.Tensor:
-    """``(N, 3, 128, 128)`` in [-1, 1] -> ``(N, C, 32, 32)`` float32 latents."""
-    return torch.cat(
-        [ae.encoder(frames[i : i + batch]).float() for i in range(0, len(frames), batch)]
-    )
-
-
-@torch.no_grad()
-def decode(ae: AutoencoderTiny, latents: torch.Tensor, batch: int = 64) -> torch.Tensor:
-    """``(N, C, 32, 32)`` latents -> ``(N, 3, 128, 128)`` float32 in [-1, 1]."""
-    return torch.cat(
-        [ae.decoder(latents[i : i + batch]).float() for i in range(0, len(latents), batch)]
-    )
-
-
 def psnr_db(a: torch.Tensor, b: torch.Tensor) -> float:
     """PSNR in dB between two image tensors in [-1, 1] (peak-to-peak 2)."""
     mse = torch.mean((a.float() - b.float()) ** 2).item()

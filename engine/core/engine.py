@@ -1,4 +1,4 @@
-"""The streaming engine: sessions over one :class:`~engine.backend.WorldBackend`, generated
+"""The streaming engine: sessions over one :class:`~engine.core.backend.WorldBackend`, generated
 chunk by chunk in its own thread behind a thread-safe command queue.
 
 The engine thread is the only one that touches the backend (no backend needs to be
@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from worldstream.engine.api import (
+from worldstream.engine.core.api import (
     ActionCommand,
     AdoptCommand,
     CapacityError,
@@ -35,12 +35,24 @@ from worldstream.engine.api import (
     SessionInfo,
     SettingsCommand,
 )
-from worldstream.engine.backend import ChunkJob, ChunkResult, WorldBackend
-from worldstream.engine.config import MAX_CHUNK_FRAMES, MAX_STEPS, MODES, EngineConfig
-from worldstream.engine.prompts import PromptPrefetcher
-from worldstream.engine.scheduler import NS, BatchPlan, ChunkRequest, DegradeController, plan_batch
-from worldstream.engine.session import Branch, Session
-from worldstream.engine.text import check_prompt
+from worldstream.engine.core.backend import ChunkJob, ChunkResult, WorldBackend
+from worldstream.engine.core.config import MODES, EngineConfig
+from worldstream.engine.core.limits import (
+    MAX_CHUNK_FRAMES,
+    MAX_MEMORY_FRAMES,
+    MAX_STEPS,
+    MIN_MEMORY_FRAMES,
+    check_prompt,
+)
+from worldstream.engine.core.prompts import PromptPrefetcher
+from worldstream.engine.core.scheduler import (
+    NS,
+    BatchPlan,
+    ChunkRequest,
+    DegradeController,
+    plan_batch,
+)
+from worldstream.engine.core.session import Branch, Session
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +84,7 @@ def _derived_seed(*parts: int) -> int:
 
 
 class Engine:
-    """Implements :class:`engine.api.EngineAPI` over ``backend``.
+    """Implements :class:`engine.core.api.EngineAPI` over ``backend``.
 
     Args:
         backend: the world model (or the simulator) generating chunks.
@@ -86,6 +98,8 @@ class Engine:
         self.config = config = config or EngineConfig()
         self.model_name = backend.name
         self.capacity = min(config.max_sessions, backend.max_states)
+        # the core knows keys, not actions: the backend names its own action for them
+        self.idle_action = backend.key_action(frozenset())
         self.default_fps = config.fps or backend.default_fps
         if not config.min_fps <= self.default_fps <= config.max_fps:
             raise ValueError(f"fps {self.default_fps} outside [{config.min_fps}, {config.max_fps}]")
@@ -168,23 +182,24 @@ class Engine:
     # ------------------------------------------------------------ EngineAPI (any thread)
     def create_session(
         self, prompt: str, seed: int | None = None, fps: int | None = None,
-        history: tuple[np.ndarray, list[int]] | None = None,
+        history: tuple[np.ndarray, list[frozenset[str]]] | None = None,
     ) -> SessionInfo:
         """Admit a session; its backend state is made on the engine thread (a failure there
         ends the session with an error event). ``history``: recent frames ``(n, H, W, 3)``
-        uint8 and the action ids that led to each, fed to the model as context before the
-        first chunk (a recache: restoring a session that lived elsewhere) when the backend
-        has the optional ``observe(state, frames, actions)`` hook, in whole chunks. Raises
-        CapacityError when ``max_sessions`` or the backend's state budget is reached,
+        uint8 and the keys held for each (the backend maps them to its actions), fed to the model
+        as context before the first chunk (a recache: restoring a session that lived elsewhere)
+        when the backend has the optional ``observe(state, frames, actions)`` hook, in whole
+        chunks. Raises CapacityError when ``max_sessions`` or the backend's state budget is reached,
         ValueError for a bad prompt, seed, fps or history."""
         check_prompt(prompt)
         if history is not None:
-            frames, actions = history
+            frames, keys = history
             shape = (self.backend.height, self.backend.width, 3)
             if (not isinstance(frames, np.ndarray) or frames.dtype != np.uint8
-                    or frames.shape[1:] != shape or len(actions) != len(frames)):
-                raise ValueError(f"history must be (n, {shape}) uint8 frames with one action "
-                                 "each")
+                    or frames.shape[1:] != shape or len(keys) != len(frames)):
+                raise ValueError(f"history must be (n, {shape}) uint8 frames with one set of "
+                                 "held keys each")
+            history = (frames, [self.backend.key_action(k) for k in keys])  # ValueError
         if seed is None:
             seed = random.randrange(2**31)
         if not _is_int(seed) or seed < 0:
@@ -217,6 +232,7 @@ class Engine:
                     factor=cfg.fps_degrade_factor, misses=cfg.degrade_after_misses,
                     recover=cfg.recover_after_chunks),
                 stats_window_s=cfg.metrics_window_s,
+                idle_action=self.idle_action,
             )
             session.mode = cfg.mode
             self._sessions[session.session_id] = session
@@ -483,7 +499,7 @@ class Engine:
     def _apply(self, s: Session, command: Command, receipt_ns: int) -> None:
         if isinstance(command, ActionCommand):
             try:
-                s.apply_action(command, receipt_ns)
+                s.apply_action(command, self.backend.key_action(command.keys), receipt_ns)
             except ValueError as exc:
                 raise _InvalidCommand("keys", str(exc)) from None
         elif isinstance(command, PromptCommand):
@@ -529,7 +545,7 @@ class Engine:
             "steps": (c.steps, 1, MAX_STEPS),
             "chunk_frames": (c.chunk_frames, 1, MAX_CHUNK_FRAMES),
             "fps": (c.fps, cfg.min_fps, cfg.max_fps),
-            "memory_frames": (c.memory_frames, 1, 1 << 20),
+            "memory_frames": (c.memory_frames, MIN_MEMORY_FRAMES, MAX_MEMORY_FRAMES),
         }
         for name, (value, low, high) in checks.items():
             if value is not None and (not _is_int(value) or not low <= value <= high):
@@ -555,7 +571,6 @@ class Engine:
                 configure(s.state, **model_settings)
             except ValueError as exc:
                 raise _InvalidCommand(next(iter(model_settings)), str(exc)) from None
-            s.settings.update(model_settings)
         with self._lock:  # metrics() and latency_budget() read these
             if c.chunk_frames is not None or c.steps is not None:
                 s.stats.gen_ms.clear()  # chunk time changes: plan from fresh measurements

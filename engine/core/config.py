@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-MAX_STEPS = 4
-MAX_CHUNK_FRAMES = 4
+from worldstream.engine.core.limits import MAX_CHUNK_FRAMES, MAX_FORK_BRANCHES, MAX_STEPS
 
 
 @dataclass(frozen=True)
@@ -28,7 +27,7 @@ MODES: dict[str, Mode] = {
 
 @dataclass
 class EngineConfig:
-    """Settings of :class:`engine.engine.Engine`. ``__post_init__`` raises ValueError naming
+    """Settings of :class:`engine.core.engine.Engine`. ``__post_init__`` raises ValueError naming
     the first invalid field. ``None`` means "the backend's default" where noted.
 
     Attributes:
@@ -61,7 +60,7 @@ class EngineConfig:
         retry_after_s: the ``retry_after_s`` of a CapacityError.
         metrics_window_s: span of the measured-fps window.
         prompts_per_s: prompt encodings per second per session (off the engine thread); faster
-            prompts are coalesced, the latest wins (``engine.prompts``).
+            prompts are coalesced, the latest wins (``engine.core.prompts``).
     """
 
     max_sessions: int = 4
@@ -77,7 +76,7 @@ class EngineConfig:
     slot_maxlen: int = 8
     preview_chunks: int = 2
     preview_max_wait_ms: float = 250.0
-    max_fork: int = 4
+    max_fork: int = MAX_FORK_BRANCHES
     rewind_chunks: int = 8
     degrade_after_misses: int = 3
     recover_after_chunks: int = 60
@@ -102,6 +101,8 @@ class EngineConfig:
             raise ValueError(f"mode must be one of {sorted(MODES)} or None, got {self.mode!r}")
         if not 1 <= self.steps <= MAX_STEPS:
             raise ValueError(f"steps must be in [1, {MAX_STEPS}], got {self.steps}")
+        if self.max_fork > MAX_FORK_BRANCHES:
+            raise ValueError(f"max_fork must be <= {MAX_FORK_BRANCHES}, got {self.max_fork}")
         if not 1 <= self.min_steps <= self.steps:
             raise ValueError(f"min_steps must be in [1, steps={self.steps}], got {self.min_steps}")
         if self.chunk_frames is not None and self.chunk_frames > MAX_CHUNK_FRAMES:

@@ -17,7 +17,7 @@ import numpy as np
 class ChunkJob:
     """One chunk to generate for one session (or one branch of a session).
 
-    ``actions``: per-frame action ids (``engine.worlds.actions``), ``len == num_frames``.
+    ``actions``: per-frame action ids of the backend (``key_action``), ``len == num_frames``.
     ``steps``: denoising steps (1-4). ``seed``: RNG seed for this chunk's noise, or None to
     continue the state's own generator.
     """
@@ -54,8 +54,12 @@ class WorldBackend(Protocol):
     #: history depth (chunks) kept for rewind
     rewind_chunks: int
 
+    def key_action(self, keys: frozenset[str]) -> int:
+        """This model's action id for held direction keys (``engine.core.limits
+        .DIRECTION_KEYS``); ValueError naming an unknown key."""
+
     def new_state(self, prompt: str, seed: int) -> Any:
-        """Fresh state for a prompt; raises ``engine.api.CapacityError`` when the pool is full,
+        """Fresh state for a prompt; raises ``engine.core.api.CapacityError`` when the pool is full,
         ``ValueError`` for an empty/over-long prompt."""
 
     def set_prompt(
@@ -75,27 +79,3 @@ class WorldBackend(Protocol):
     def generate(self, jobs: list[ChunkJob]) -> list[ChunkResult]:
         """Generate one chunk per job in one batch. A failure in one job returns a result with
         ``error`` set and leaves the other jobs' results valid."""
-
-
-class StateBudget:
-    """How many model states (sessions + branches) a backend may hold at once; not thread-safe
-    by itself (backends call it under their own lock).
-
-    ``reserve()`` raises ``engine.api.CapacityError`` when all ``max_states`` are live;
-    ``release()`` returns one."""
-
-    def __init__(self, max_states: int):
-        if max_states < 1:
-            raise ValueError(f"max_states must be >= 1, got {max_states}")
-        self.max_states = max_states
-        self.live = 0
-
-    def reserve(self) -> None:
-        from worldstream.engine.api import CapacityError
-
-        if self.live >= self.max_states:
-            raise CapacityError(f"all {self.max_states} model states are in use", 5.0)
-        self.live += 1
-
-    def release(self) -> None:
-        self.live -= 1

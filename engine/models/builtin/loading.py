@@ -8,9 +8,9 @@ from pathlib import Path
 from diffusers import AutoencoderTiny
 from diffusers.utils import logging as diffusers_logging
 
-from worldstream.engine.models.world_dit import WorldDiT
+from worldstream.engine.models.builtin.world_dit import WorldDiT
 
-BUILTIN_DIR = Path(__file__).resolve().parents[2] / "assets" / "builtin"
+BUILTIN_DIR = Path(__file__).resolve().parents[3] / "assets" / "builtin"
 _WEIGHTS = "diffusion_pytorch_model.safetensors"
 
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import importlib
 import importlib.util
 
-from worldstream.engine.backend import WorldBackend
+from worldstream.engine.core.backend import WorldBackend
 
 #: name -> "module:factory"; the factory takes keyword arguments and returns a WorldBackend
 _BACKENDS: dict[str, str] = {
-    "sim": "worldstream.engine.worlds.sim_backend:SimBackend",
-    "builtin": "worldstream.engine.generator:load_builtin_backend",
-    "wan-causal": "worldstream.engine.wan_backend:load_wan_backend",
+    "sim": "worldstream.engine.backends.sim:SimBackend",
+    "builtin": "worldstream.engine.backends.builtin:load_builtin_backend",
+    "wan-causal": "worldstream.engine.backends.wan:load_wan_backend",
 }
 
 
@@ -35,21 +35,32 @@ def _module_exists(module: str) -> bool:
         return False
 
 
-def available_models() -> list[str]:
-    """Names whose backend module is installed (the weights are checked when loading)."""
-    return [name for name, target in _BACKENDS.items()
-            if _module_exists(target.partition(":")[0])]
+#: the factory argument a model folder (``--model-path``) goes to; models without one take none
+_PATH_ARGUMENT: dict[str, str] = {"builtin": "path", "wan-causal": "model_path"}
+#: models whose weights may come from a separate checkpoint file (``--checkpoint``)
+_TAKES_CHECKPOINT = frozenset({"wan-causal"})
 
 
-def load_backend(name: str, **kwargs) -> WorldBackend:
-    """The backend ``name`` built with ``kwargs``.
+def load_backend(name: str, model_path: str | None = None, checkpoint: str | None = None,
+                 **kwargs) -> WorldBackend:
+    """The backend ``name`` built with ``kwargs`` (the backend's config fields), its weights
+    from ``model_path`` (a folder) and ``checkpoint`` (a file) where the model takes them.
 
-    Raises ValueError for an unknown name (listing the known ones), BackendUnavailableError
-    naming the missing module or weights file when a known backend cannot be loaded.
+    Raises ValueError for an unknown name (listing the known ones) or a path the model does
+    not take, BackendUnavailableError naming the missing module or weights file when a known
+    backend cannot be loaded.
     """
     target = _BACKENDS.get(name)
     if target is None:
         raise ValueError(f"unknown model {name!r}; known models: {sorted(_BACKENDS)}")
+    if model_path is not None:
+        if name not in _PATH_ARGUMENT:
+            raise ValueError(f"model {name!r} takes no --model-path")
+        kwargs[_PATH_ARGUMENT[name]] = model_path
+    if checkpoint is not None:
+        if name not in _TAKES_CHECKPOINT:
+            raise ValueError(f"model {name!r} takes no --checkpoint")
+        kwargs["checkpoint"] = checkpoint
     module_name, _, factory_name = target.partition(":")
     if not _module_exists(module_name):
         raise BackendUnavailableError(

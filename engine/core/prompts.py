@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from worldstream.engine.api import ActionCommand, PromptCommand, SettingsCommand
+from worldstream.engine.core.api import ActionCommand, PromptCommand, SettingsCommand
 
 log = logging.getLogger(__name__)
 

@@ -4,19 +4,19 @@ Tokens are 4×4 latent patches (a 32×32 latent frame -> 8×8 = 64 tokens). Each
 conditioned (adaLN-Zero, DiT) on its noise level σ, its action and the scene-prompt embedding;
 the action is also added to every token of its frame (a strong per-token signal). Positions:
 learned over the 8×8 grid, rotary (RoPE) over time, so cached keys stay valid as the stream
-moves on. Attention goes through ``engine.models.attention.attend`` (one call site): dense
+moves on. Attention goes through ``engine.models.builtin.attention.attend`` (one call site): dense
 block-causal for training, paged KV cache in the engine. The network predicts the clean latent
-x0 (velocity prediction failed at this width; see DESIGN.md).
+x0 (velocity prediction failed at this width in the first training runs).
 
 Spatial memory (v2). Every frame is fed a *base*: the window of the stream's spatial memory
-(``engine.spatial_memory``) at the frame's camera position, encoded by the autoencoder, with two
-planes saying where memory holds content of the current prompt (*current*) and of an earlier
-one (*stale*, to restyle). The output is residual on that base, so the transformer generates
-only what memory cannot explain: newly revealed ground, animated water, clouds and creatures,
-the player sprite, a new prompt's look. The camera position comes from a learned camera
-dynamics model (:class:`CameraDynamics`, velocity from the previous velocity and the action,
-fitted to the simulator's recorded camera paths): the model decides where the view moves, the
-memory makes sure what was seen stays where it was. Since the base is read from memory once per
+(``engine.models.builtin.spatial_memory``) at the frame's camera position, encoded by the
+autoencoder, with two planes saying where memory holds content of the current prompt (*current*)
+and of an earlier one (*stale*, to restyle). The output is residual on that base, so the
+transformer generates only what memory cannot explain: newly revealed ground, animated water,
+clouds and creatures, the player sprite, a new prompt's look. The camera position comes from a
+learned camera dynamics model (:class:`CameraDynamics`, velocity from the previous velocity and the
+action, fitted to the simulator's recorded camera paths): the model decides where the view moves,
+the memory makes sure what was seen stays where it was. Since the base is read from memory once per
 frame at integer pixel offsets, nothing is resampled twice — v1's base was the previous
 *generated* frame shifted by a sub-pixel amount, and its rollouts collapsed into streaks within
 three seconds (issue 11).
@@ -32,7 +32,7 @@ from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.models.modeling_utils import ModelMixin
 from torch import nn
 
-from worldstream.engine.models.attention import AttentionContext, attend
+from worldstream.engine.models.builtin.attention import AttentionContext, attend
 
 
 def _timestep_embedding(sigma: torch.Tensor, dim: int) -> torch.Tensor:
@@ -235,7 +235,8 @@ class WorldDiT(ModelMixin, ConfigMixin):
             actions: ``(B, T)`` int64 action ids (``engine.worlds.actions``).
             text: ``(B, T, text_dim)`` scene-prompt embedding per frame (zeros = no prompt).
             positions: ``(B, T)`` int64 absolute frame indices (rotary time positions).
-            ctx: attention context (dense mask or paged KV cache), see ``engine.models.attention``.
+            ctx: attention context (dense mask or paged KV cache), see
+            ``engine.models.builtin.attention``.
         Returns:
             ``(B, T, C, h, w)`` float32 predicted x0: the base (scaled by its clean fraction)
             plus the network's output.

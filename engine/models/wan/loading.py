@@ -27,7 +27,7 @@ import torch
 from diffusers import AutoencoderKLWan, WanTransformer3DModel
 from diffusers.models.transformers.transformer_wan import WanRotaryPosEmbed
 
-from worldstream.engine.models.wan_convert import check_against_model, load_causal_state_dict
+from worldstream.engine.models.wan.convert import check_against_model, load_causal_state_dict
 
 CHECKPOINT_NAMES = ("causal.safetensors", "causal.pt", "causal.pth")
 _PARTS = ("transformer", "vae", "text_encoder", "tokenizer")
@@ -49,7 +49,7 @@ class WanParts:
 
 def check_dtype(dtype: torch.dtype, device: torch.device) -> None:
     """ValueError for a dtype ``device`` cannot run usefully: float16 on CPU (matmul under
-    1 GFLOP/s on the dev CPU, see DESIGN.md), bfloat16 on a GPU without bf16 support, or
+    1 GFLOP/s on the dev CPU), bfloat16 on a GPU without bf16 support, or
     anything but float32/bfloat16/float16."""
     if dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise ValueError(f"unsupported dtype {dtype}; use torch.bfloat16 (GPU) or float32")

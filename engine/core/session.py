@@ -13,9 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from worldstream.engine.api import ActionCommand, Event, EventQueue, Frame, FrameSlot
-from worldstream.engine.scheduler import NS, DegradeController, PlayoutClock
-from worldstream.engine.worlds.actions import IDLE, keys_to_action
+from worldstream.engine.core.api import ActionCommand, Event, EventQueue, Frame, FrameSlot
+from worldstream.engine.core.scheduler import NS, DegradeController, PlayoutClock
 
 
 @dataclass
@@ -85,24 +84,23 @@ class Session:
         created_ns: int,
         degrade: DegradeController,
         stats_window_s: float,
+        idle_action: int,
     ):
         self.session_id = session_id
         self.prompt = prompt
         self.seed = seed
         self.state: Any = None  # the backend state, made on the engine thread
         self.prompt_version = 0
-        self.held_keys: frozenset[str] = frozenset()
-        self.action = IDLE
+        self.action = idle_action  # the backend's action id for the held keys
         self.action_seq = -1
         self.action_t_ms: float | None = None
         self.pending_actions: list[tuple[int, int]] = []  # (seq, receipt ns) awaiting a frame
         self.frame_index = 0  # frames generated on the stream
         self.chunk_index = 0
         self.chunk_frames = chunk_frames
-        self.mode: str | None = None  # engine.config.MODES key, None: custom settings
+        self.mode: str | None = None  # engine.core.config.MODES key, None: custom settings
         self.clock = PlayoutClock(fps, created_ns)
         self.degrade = degrade
-        self.settings: dict[str, Any] = {}
         self.fork_id = -1
         self.fork_seq = -1
         self.branches: list[Branch] = []
@@ -118,14 +116,12 @@ class Session:
     def steps(self) -> int:
         return self.degrade.steps
 
-    def apply_action(self, command: ActionCommand, receipt_ns: int) -> bool:
-        """Hold ``command.keys`` from the next chunk on; an action older than the newest one
-        applied (reordered in transit) is ignored. Returns whether it was applied; raises
-        ValueError (nothing changed) for an unknown key."""
-        action = keys_to_action(command.keys)
+    def apply_action(self, command: ActionCommand, action: int, receipt_ns: int) -> bool:
+        """Hold ``action`` (the backend's id for ``command.keys``) from the next chunk on; an
+        action older than the newest one applied (reordered in transit) is ignored. Returns
+        whether it was applied."""
         if command.seq <= self.action_seq:
             return False
-        self.held_keys = frozenset(command.keys)
         self.action = action
         self.action_seq = command.seq
         self.action_t_ms = command.t_ms

@@ -14,9 +14,6 @@ from typing import Any, Protocol
 
 import numpy as np
 
-#: Direction keys of the wire protocol, in the order used by action ids.
-KEYS: tuple[str, ...] = ("up", "down", "left", "right")
-
 
 class CapacityError(RuntimeError):
     """The engine cannot admit another session (page pool or session limit reached)."""
@@ -38,7 +35,6 @@ class ActionCommand:
     seq: int
     t_ms: float
     keys: frozenset[str] = frozenset()
-    pointer: tuple[float, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -54,7 +50,7 @@ class PromptCommand:
 
 @dataclass(frozen=True)
 class SettingsCommand:
-    """New stream settings; None keeps a value. ``mode`` (``engine.config.MODES``) sets
+    """New stream settings; None keeps a value. ``mode`` (``engine.core.config.MODES``) sets
     ``chunk_frames`` and ``steps`` first; explicit values in the same command override it."""
 
     seq: int

@@ -1,10 +1,10 @@
-"""Few-step flow-matching denoising of one chunk, then the cache fill.
+"""Few-step flow-matching denoising of a batch of chunks (the runner does the cache fill).
 
 Flow matching (Rectified Flow / SD3): ``x_σ = (1 - σ)·x0 + σ·ε``; the model predicts x0, which is
 turned into the velocity ``v = (x_σ - x0) / σ`` that diffusers' ``FlowMatchEulerDiscreteScheduler``
 integrates. Steps use the base levels ``1, (n-1)/n, ..., 1/n`` mapped by the scheduler's shift
-(passed as explicit ``sigmas``: ``set_timesteps(n)`` with a shift wastes the last step, see
-DESIGN.md); the last Euler step lands exactly on the model's x0.
+(passed as explicit ``sigmas``: ``set_timesteps(n)`` with a shift wastes the last step); the
+last Euler step lands exactly on the model's x0.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Callable
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 
-MAX_STEPS = 4
+from worldstream.engine.core.limits import MAX_STEPS
 
 
 def step_sigmas(steps: int, shift: float) -> list[float]:
@@ -41,12 +41,15 @@ def denoise(
 
     Args:
         predict_x0: ``(x_σ, σ) -> x0`` with tensors shaped like ``noise``.
-        noise: ``(B, F, C, h, w)`` standard normal noise (σ = 1).
+        noise: standard normal noise (σ = 1) of any shape, e.g. ``(B, F, C, h, w)`` for the
+            built-in model, ``(B, C, F, h, w)`` for Wan; any float dtype.
         steps: 1-4 Euler steps.
         shift: timestep shift of the scheduler (larger = more time at high noise).
     Returns:
-        ``(B, F, C, h, w)`` float32 clean latents.
+        float32 clean latents shaped like ``noise``. ValueError for ``steps`` outside 1-4.
     """
+    if not 1 <= steps <= MAX_STEPS:
+        raise ValueError(f"steps must be in [1, {MAX_STEPS}], got {steps}")
     scheduler = FlowMatchEulerDiscreteScheduler(shift=shift)
     scheduler.set_timesteps(sigmas=[1.0 - i / steps for i in range(steps)])
     x = noise.float()
