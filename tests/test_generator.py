@@ -243,3 +243,28 @@ def test_bf16_generation_runs_and_tracks_fp32():
         outs[dtype] = s.history[-1].latents.float()
     err = (outs[torch.float32] - outs[torch.bfloat16]).abs().mean()
     assert err < 0.05 * outs[torch.float32].abs().mean()
+
+
+def test_memory_frames_and_attention_settings_reach_the_attention_context():
+    """The protocol's ``memory_frames`` narrows the pages a session's chunks attend (whole
+    chunks, one chunk up to the model's window); ``attention`` picks its kernel; values outside
+    those are refused with nothing changed (issue 13: they always answered "unsupported")."""
+    gen = tiny_generator(window_chunks=3, memory_chunks=4)
+    state = gen.new_state("a meadow", 0)
+    for c in range(4):
+        gen.generate([ChunkJob(state, [4] * F, 1, seed=c)])
+    gen.finish()
+    assert len(state.table.window_pages()) == 3 * F
+    with pytest.raises(ValueError, match="memory_frames"):
+        gen.configure(state, memory_frames=3 * F + 1)
+    with pytest.raises(ValueError, match="attention backend"):
+        gen.configure(state, memory_frames=1, attention="no-such-kernel")
+    assert len(state.table.window_pages()) == 3 * F and state.attention is None
+    gen.configure(state, memory_frames=F + 1, attention="reference")  # rounds up to 2 chunks
+    assert len(state.table.window_pages()) == 2 * F and state.attention == "reference"
+    seen = []
+    context = gen._context
+    gen._context = lambda pages, contexts, *a, **k: seen.append(contexts) or context(
+        pages, contexts, *a, **k)
+    gen.generate([ChunkJob(state, [4] * F, 1, seed=9)])
+    assert len(seen[0][0]) == 2 * F  # the denoise attends the narrowed window only

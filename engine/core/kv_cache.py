@@ -234,20 +234,6 @@ class PageTable:
         self.allocator.decref(pages)
 
 
-def pages_to_csr(page_lists: list[list[int]]) -> tuple[list[int], list[int]]:
-    """CSR form of per-query-block page lists, the input of the paged attention kernels.
-
-    Returns ``(block_ptr, block_idx)``: query block ``b`` attends pages
-    ``block_idx[block_ptr[b]:block_ptr[b + 1]]``; ``len(block_ptr) == len(page_lists) + 1``.
-    """
-    block_ptr = [0]
-    block_idx: list[int] = []
-    for pages in page_lists:
-        block_idx.extend(pages)
-        block_ptr.append(len(block_idx))
-    return block_ptr, block_idx
-
-
 def allocate_chunks(
     allocator: PageAllocator, num_jobs: int, pages_per_chunk: int
 ) -> tuple[list[int], list[list[int]]]:
