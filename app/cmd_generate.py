@@ -34,7 +34,9 @@ def register(sub) -> None:
         default=Path("out.mp4"),
         help="output MP4; with --sessions N, OUT_0.mp4 ... OUT_{N-1}.mp4",
     )
-    p.add_argument("--sessions", type=int, default=1)
+    p.add_argument(
+        "--sessions", type=int, default=1, help="sessions generated side by side (one MP4 each)"
+    )
     p.add_argument("--fps", type=int, default=15, help="playback rate of the script and the MP4")
     p.add_argument("--steps", type=int, default=4, help="denoising steps per chunk (1-4)")
     p.add_argument("--seed", type=int, default=0, help="world seed of session 0 (+i for session i)")
@@ -48,6 +50,9 @@ def register(sub) -> None:
                    help="play this storyboard JSON instead (--fps, --steps apply)")
     p.add_argument("--score", action="store_true",
                    help="with --story: each beat's scene accuracy 1-2 s after its start")
+    p.add_argument("--model-path", default=None,
+                   help="model folder (wan-causal: required; builtin: default assets/builtin)")
+    p.add_argument("--checkpoint", default=None, help="wan-causal: the causal generator file")
     p.set_defaults(func=run)
 
 
@@ -56,10 +61,10 @@ def _outputs(out: Path, n: int) -> list[Path]:
 
 
 def run(args) -> int:
-    from worldstream.engine.api import ActionCommand, PromptCommand
-    from worldstream.engine.config import EngineConfig
-    from worldstream.engine.engine import Engine
-    from worldstream.engine.registry import load_backend
+    from worldstream.engine.core.api import ActionCommand, PromptCommand
+    from worldstream.engine.core.config import EngineConfig
+    from worldstream.engine.core.engine import Engine
+    from worldstream.engine.core.registry import load_backend
     from worldstream.streaming.recording import Recorder
 
     if args.replay is not None or args.story is not None:
@@ -82,7 +87,7 @@ def run(args) -> int:
         scripts[i] if i < len(scripts) else scripts[i % len(scripts)].rotated(i)
         for i in range(args.sessions)
     ]
-    backend = load_backend(args.model)
+    backend = load_backend(args.model, model_path=args.model_path, checkpoint=args.checkpoint)
     # offline job: keep the requested steps and fps (no degradation), never drop frames
     config = EngineConfig(
         max_sessions=args.sessions,

@@ -15,8 +15,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=7860, help="TCP port (default 7860)")
     parser.add_argument("--model", default="builtin",
-                        help="world backend: builtin (the trained model) or sim (the "
-                             "ground-truth simulator)")
+                        help="world backend: builtin (the trained model), sim (the "
+                             "ground-truth simulator) or wan-causal (a Wan2.1 causal "
+                             "checkpoint, with --model-path)")
     parser.add_argument("--model-path", default=None,
                         help="model folder (wan-causal: the diffusers-format Wan2.1-T2V-1.3B "
                              "base plus the causal checkpoint; builtin: default assets/builtin)")
@@ -104,8 +105,8 @@ def access_settings(args: argparse.Namespace):
 def play_config(max_sessions: int, mode: str = "responsive"):
     """The engine settings of an interactive session: chunks start just in time for their
     playout deadline (``EngineConfig.jit_margin_ms``), so no frame is generated ahead on older
-    keys; ``mode`` is the sessions' starting mode (``engine.config.MODES``)."""
-    from worldstream.engine.config import EngineConfig
+    keys; ``mode`` is the sessions' starting mode (``engine.core.config.MODES``)."""
+    from worldstream.engine.core.config import EngineConfig
 
     return EngineConfig(max_sessions=max_sessions, mode=mode)
 
@@ -120,18 +121,12 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from worldstream.app.server import create_app
-    from worldstream.engine.engine import Engine
-    from worldstream.engine.registry import BackendUnavailableError, load_backend
+    from worldstream.engine.core.engine import Engine
+    from worldstream.engine.core.registry import BackendUnavailableError, load_backend
     from worldstream.streaming.limits import Limits
     from worldstream.streaming.webrtc import bind_media, configure_ice_consent
 
-    kwargs = {}
-    if args.model == "sim" and (args.model_path or args.checkpoint):
-        raise ValueError("--model sim takes no --model-path or --checkpoint")
-    if args.model_path is not None:
-        kwargs["model_path" if args.model == "wan-causal" else "path"] = args.model_path
-    if args.checkpoint is not None:
-        kwargs["checkpoint"] = args.checkpoint
+    kwargs = {"model_path": args.model_path, "checkpoint": args.checkpoint}
     policy, per_client = access_settings(args)
     if args.replicas is not None:
         engine = _ray_engine(args, kwargs)
@@ -144,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
                 f"simulator: `worldstream play --model sim`") from None
         # the scene-prompt encoder loads in seconds on an idle machine but far longer under
         # load: load it before serving, so the first session does not stall
-        from worldstream.engine.text import scene_for_prompt
+        from worldstream.engine.models.builtin.text import scene_for_prompt
 
         scene_for_prompt("warm-up")
         engine = Engine(backend, play_config(args.max_sessions, args.mode)).start()

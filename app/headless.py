@@ -49,7 +49,7 @@ class Mp4Writer:
 
 def _play(backend: Any, log, out: Path, savepoint: bytes | None = None,
           keep: list | None = None) -> dict[str, Any]:
-    from worldstream.engine.replay import replay
+    from worldstream.engine.studio.replay import replay
 
     writer = Mp4Writer(out, log.fps)
     t0 = time.perf_counter()
@@ -71,8 +71,8 @@ def _play(backend: Any, log, out: Path, savepoint: bytes | None = None,
 
 def run_replay(args) -> int:
     """``--replay LOG [--state SAVE]``: the log's model, seed and inputs, frame for frame."""
-    from worldstream.engine.inputlog import parse_log
-    from worldstream.engine.registry import load_backend
+    from worldstream.engine.core.inputlog import parse_log
+    from worldstream.engine.core.registry import load_backend
 
     path = Path(args.replay)
     if not path.is_file():
@@ -92,10 +92,10 @@ def run_replay(args) -> int:
 
 def run_story(args) -> int:
     """``--story STORY [--score]``: the storyboard played from a fresh world."""
-    from worldstream.engine.inputlog import ReplayLog
-    from worldstream.engine.registry import load_backend
-    from worldstream.engine.savepoint import model_version
-    from worldstream.engine.story import parse_story, story_log
+    from worldstream.engine.core.inputlog import ReplayLog
+    from worldstream.engine.core.registry import load_backend
+    from worldstream.engine.studio.savepoint import model_version
+    from worldstream.engine.studio.story import parse_story, story_log
 
     path = Path(args.story)
     if not path.is_file():
@@ -122,8 +122,8 @@ def score_story(story, frames: np.ndarray, fps: int) -> list[dict[str, Any]]:
     of its frames 1-2 s after its start that the evaluation's scene classifier assigns to it
     (None for a beat shorter than 2 s)."""
     from worldstream.engine.evaluation.run import scene_classifier
-    from worldstream.engine.story import beat_starts
-    from worldstream.engine.text import scene_for_prompt
+    from worldstream.engine.models.builtin.text import scene_for_prompt
+    from worldstream.engine.studio.story import beat_starts
 
     classifier = scene_classifier()
     starts = beat_starts(story, fps)

@@ -17,10 +17,10 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from worldstream.engine.api import CapacityError, SessionClosedError
-from worldstream.engine.picture import MAX_PICTURE_BYTES, PictureError
-from worldstream.engine.savepoint import MAX_SAVEPOINT_BYTES, SavepointError
-from worldstream.engine.story import MAX_STORY_BYTES, parse_story
+from worldstream.engine.core.api import CapacityError, SessionClosedError
+from worldstream.engine.studio.picture import MAX_PICTURE_BYTES, PictureError
+from worldstream.engine.studio.savepoint import MAX_SAVEPOINT_BYTES, SavepointError
+from worldstream.engine.studio.story import MAX_STORY_BYTES, parse_story
 
 #: how long a route waits for the engine thread, s (it runs between two chunks)
 _ENGINE_WAIT_S = 60.0
@@ -50,7 +50,7 @@ def register(app: FastAPI, engine: Any, authorized: Callable, client_of: Callabl
     """Add the routes to ``app``; ``authorized(session_id, token, client)`` is the server's
     session check (raises its ApiError)."""
     from worldstream.app.server import ApiError
-    from worldstream.engine import worldio
+    from worldstream.engine.studio import worldio
 
     def supported() -> None:
         if not hasattr(engine, "call"):  # e.g. the scale-out router: replicas hold the worlds

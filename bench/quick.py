@@ -33,7 +33,7 @@ def run_quick(models: Models, *, seconds: float, fps: int, steps: int, context_f
               memory_frames: int, chunks: int = 3, naive_repeats: int = 1) -> dict:
     """Every measurement of the quick suite (see the module docstring); returns the flat
     headline keys plus ``details``."""
-    from worldstream.engine.engine import Engine
+    from worldstream.engine.core.engine import Engine
 
     gen = make_generator(models, max_states=4)
     batched_generate = baselines.batched_vs_one_by_one(models, steps=steps, chunks=chunks)

@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from worldstream.engine import worldio
-from worldstream.engine.config import EngineConfig
-from worldstream.engine.engine import Engine
+from worldstream.engine.backends.sim import SimBackend
+from worldstream.engine.core.config import EngineConfig
+from worldstream.engine.core.engine import Engine
 from worldstream.engine.evaluation.metrics import psnr
-from worldstream.engine.picture import MAX_PICTURE_BYTES, PictureError, fit_picture
-from worldstream.engine.worlds.sim_backend import SimBackend
+from worldstream.engine.studio import worldio
+from worldstream.engine.studio.picture import MAX_PICTURE_BYTES, PictureError, fit_picture
 from worldstream.engine.worlds.simulator import WorldSimulator
 
 
@@ -76,7 +76,7 @@ def test_the_simulator_cannot_start_from_a_picture_and_goes_on():
 
 
 def test_builtin_stream_starts_from_the_picture():
-    from worldstream.engine.generator import load_builtin_backend
+    from worldstream.engine.backends.builtin import load_builtin_backend
 
     sim = WorldSimulator(seed=987_654, scene="desert")
     for _ in range(10):

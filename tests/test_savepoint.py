@@ -10,18 +10,18 @@ import time
 import numpy as np
 import pytest
 
-from worldstream.engine import worldio
-from worldstream.engine.api import ActionCommand, ForkCommand, PromptCommand, RewindCommand
-from worldstream.engine.config import EngineConfig
-from worldstream.engine.engine import Engine
-from worldstream.engine.savepoint import (
+from worldstream.engine.backends.sim import SimBackend
+from worldstream.engine.core.api import ActionCommand, ForkCommand, PromptCommand, RewindCommand
+from worldstream.engine.core.config import EngineConfig
+from worldstream.engine.core.engine import Engine
+from worldstream.engine.studio import worldio
+from worldstream.engine.studio.savepoint import (
     SavepointError,
     decode,
     encode,
     model_version,
     read_meta,
 )
-from worldstream.engine.worlds.sim_backend import SimBackend
 
 
 class Stream:
@@ -79,7 +79,7 @@ def test_sim_save_load_continue_is_identical():
 
 @pytest.fixture(scope="module")
 def builtin():
-    from worldstream.engine.generator import load_builtin_backend
+    from worldstream.engine.backends.builtin import load_builtin_backend
 
     return load_builtin_backend()
 
@@ -137,7 +137,7 @@ def test_bad_save_files_get_one_clear_error_and_change_nothing(builtin):
 
 
 def test_model_version_names_weights_and_settings(builtin):
-    from worldstream.engine.generator import load_builtin_backend
+    from worldstream.engine.backends.builtin import load_builtin_backend
 
     assert model_version(builtin) == model_version(load_builtin_backend())
     assert model_version(builtin) != model_version(load_builtin_backend(window_chunks=3))

@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 
 from worldstream.app import cli
-from worldstream.engine import worldio
-from worldstream.engine.config import EngineConfig
-from worldstream.engine.engine import Engine
-from worldstream.engine.inputlog import parse_log
-from worldstream.engine.replay import replay
-from worldstream.engine.savepoint import model_version
-from worldstream.engine.story import compile_story, parse_story, story_from_data, story_log
-from worldstream.engine.worlds.sim_backend import SimBackend
+from worldstream.engine.backends.sim import SimBackend
+from worldstream.engine.core.config import EngineConfig
+from worldstream.engine.core.engine import Engine
+from worldstream.engine.core.inputlog import parse_log
+from worldstream.engine.studio import worldio
+from worldstream.engine.studio.replay import replay
+from worldstream.engine.studio.savepoint import model_version
+from worldstream.engine.studio.story import compile_story, parse_story, story_from_data, story_log
 
 THREE = {"seed": 4, "beats": [
     {"prompt": "a green meadow with ponds", "duration_s": 2,

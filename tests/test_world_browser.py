@@ -104,8 +104,8 @@ def test_builtin_model_starts_from_an_uploaded_picture():
     from playwright.sync_api import sync_playwright
 
     from worldstream.app.cmd_play import play_config
-    from worldstream.engine.engine import Engine
-    from worldstream.engine.generator import load_builtin_backend
+    from worldstream.engine.backends.builtin import load_builtin_backend
+    from worldstream.engine.core.engine import Engine
 
     sim = WorldSimulator(seed=424_242, scene="desert")
     picture = [sim.step(4) for _ in range(3)][-1]

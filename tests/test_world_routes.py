@@ -10,7 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from worldstream.app.server import create_app
-from worldstream.engine.savepoint import read_meta
+from worldstream.engine.studio.savepoint import read_meta
 from worldstream.streaming.limits import Limits
 
 

@@ -3,9 +3,10 @@ built-in model starts from a simulator frame of a held-out world, and what it ma
 pictures unlike its world (a sheet of procedural "photos": nothing is downloaded).
 
 ``picture_start_psnr_1_16``: a held-out episode's frame ``K`` (after ``K`` frames of play, so
-the camera moves) goes through the upload path (PNG bytes -> :func:`engine.picture.fit_picture`)
-and starts a stream; frames 1-16 generated with the episode's next actions are compared with
-the simulator's frames ``K+1..K+16`` (mean PSNR, dB). ``picture_start_copy_psnr_1_16`` is the
+the camera moves) goes through the upload path (PNG bytes ->
+:func:`engine.studio.picture.fit_picture`) and starts a stream; frames 1-16 generated with
+the episode's next actions are compared with the simulator's frames ``K+1..K+16`` (mean
+PSNR, dB). ``picture_start_copy_psnr_1_16`` is the
 trivial baseline: the picture itself held for those 16 frames. The model starts with the
 camera at rest (a picture carries no velocity) while the simulator's camera may be moving.
 """
@@ -16,9 +17,9 @@ import io
 
 import numpy as np
 
-from worldstream.engine.backend import ChunkJob
+from worldstream.engine.core.backend import ChunkJob
 from worldstream.engine.evaluation.metrics import psnr
-from worldstream.engine.picture import fit_picture
+from worldstream.engine.studio.picture import fit_picture
 from worldstream.engine.worlds.actions import IDLE, direction_to_action
 
 #: frames of play before the picture is taken
