@@ -20,6 +20,7 @@ SUITES = {
     "report": "worldstream.bench.report",
     "analyse": "worldstream.bench.analyse",
     "browser": "worldstream.bench.browser",
+    "replay": "worldstream.bench.replay",
 }
 
 
