@@ -25,7 +25,11 @@ browser:
 		apt-get install -y -qq --no-install-recommends chromium >/dev/null) || \
 		echo "chromium not installed: browser tests will be skipped"
 
+# lint, then type checks of the serving core and the shared runner (mypy's default mode: the
+# annotated code is checked, unannotated code is not), then the suite
 test: $(STAMP) browser
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy engine/core engine/backends/runner.py
 	$(VENV)/bin/pytest
 
 lint: $(STAMP)

@@ -20,9 +20,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from worldstream.engine.core.limits import DIRECTION_KEYS
 from worldstream.engine.worlds.actions import keys_to_action
 
-Key = Literal["up", "down", "left", "right"]
+Key = Literal[DIRECTION_KEYS]  # type: ignore[valid-type]
 _ROTATE = {"up": "right", "right": "down", "down": "left", "left": "up"}
 
 

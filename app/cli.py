@@ -8,6 +8,8 @@ import importlib
 import os
 import sys
 
+from worldstream.engine.core.registry import BackendUnavailableError
+
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 # module names of the sub-commands, in --help order
@@ -15,7 +17,12 @@ COMMANDS = ("play", "generate", "train_ae", "train_world", "eval")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="worldstream", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="worldstream",
+        description="worldstream: a steerable, real-time video / world-model playground. "
+        "`worldstream play` opens the playground on the built-in model; `worldstream "
+        "COMMAND --help` describes each command.",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     for name in COMMANDS:
         try:
@@ -33,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError) as err:  # bad input: one line, exit code 2
+    except (ValueError, FileNotFoundError, BackendUnavailableError) as err:
+        # bad input or a model that cannot load here: one line, exit code 2
         print(f"worldstream {args.command}: error: {err}", file=sys.stderr)
         return 2
 

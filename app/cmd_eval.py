@@ -14,25 +14,78 @@ def register(sub) -> None:
     p.add_argument("--quick", action="store_true", help="fewer episodes (<= 2 minutes)")
     p.add_argument("--json", action="store_true", help="print only the JSON object")
     p.add_argument("--model-path", type=Path, default=None, help="default: assets/builtin")
-    p.add_argument("--steps", type=int, default=4)
-    p.add_argument("--drift-steps", type=int, default=None)
-    p.add_argument("--ctx-sigma", type=float, default=None,
-                   help="context noise level (default: the model's streaming default)")
-    p.add_argument("--ctx-noise", action=argparse.BooleanOptionalAction, default=None,
-                   help="add real noise to the context (default: the streaming default)")
-    p.add_argument("--window-chunks", type=int, default=None)
-    p.add_argument("--memory-chunks", type=int, default=None)
-    p.add_argument("--topk-pages", type=int, default=None)
-    p.add_argument("--spatial-pages", type=int, default=None,
-                   help="older KV pages attended by camera overlap with the view")
-    p.add_argument("--no-recache", action="store_true")
-    p.add_argument("--sheet", type=Path, nargs="?", const=True, default=None,
-                   help="also write the side-by-side sheet (model over simulator) to this PNG "
-                        "(default: the world's assets rollout.png)")
-    p.add_argument("--sheet-actions", type=Path, default=Path("assets/demo_actions.json"))
-    p.add_argument("--sheet-prompt", default="a snowy forest")
-    p.add_argument("--sheet-frames", type=int, default=240)
-    p.add_argument("--skip-metrics", action="store_true", help="only write the sheet")
+    p.add_argument("--steps", type=int, default=4, help="denoising steps per chunk (1-4)")
+    p.add_argument(
+        "--drift-steps",
+        type=int,
+        default=None,
+        help="denoising steps of the long drift rollouts (default: --steps)",
+    )
+    p.add_argument(
+        "--ctx-sigma",
+        type=float,
+        default=None,
+        help="context noise level (default: the model's streaming default)",
+    )
+    p.add_argument(
+        "--ctx-noise",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="add real noise to the context (default: the streaming default)",
+    )
+    p.add_argument(
+        "--window-chunks",
+        type=int,
+        default=None,
+        help="chunks always attended (default: the model's streaming setting)",
+    )
+    p.add_argument(
+        "--memory-chunks",
+        type=int,
+        default=None,
+        help="chunks retained for sparse memory and rewind",
+    )
+    p.add_argument(
+        "--topk-pages",
+        type=int,
+        default=None,
+        help="older pages attended by key similarity (0 = off)",
+    )
+    p.add_argument(
+        "--spatial-pages",
+        type=int,
+        default=None,
+        help="older KV pages attended by camera overlap with the view",
+    )
+    p.add_argument(
+        "--no-recache", action="store_true", help="do not recache the window after a prompt switch"
+    )
+    p.add_argument(
+        "--sheet",
+        type=Path,
+        nargs="?",
+        const=True,
+        default=None,
+        help="also write the side-by-side sheet (model over simulator) to this PNG (default: "
+        "the world's assets rollout.png)",
+    )
+    p.add_argument(
+        "--sheet-actions",
+        type=Path,
+        default=Path("assets/demo_actions.json"),
+        help="action script of the side-by-side sheet",
+    )
+    p.add_argument(
+        "--sheet-prompt", default="a snowy forest", help="prompt of the side-by-side sheet"
+    )
+    p.add_argument("--sheet-frames", type=int, default=240, help="frames on the side-by-side sheet")
+    p.add_argument(
+        "--picture-sheet",
+        type=Path,
+        default=None,
+        help="also write the sheet of streams started from procedural photos to this PNG",
+    )
+    p.add_argument("--skip-metrics", action="store_true", help="only write the sheet(s)")
     p.set_defaults(func=run)
 
 
@@ -40,10 +93,10 @@ def run(args) -> int:
     import torch
 
     from worldstream.app.action_script import load_action_script
+    from worldstream.engine.backends.builtin import load_builtin_backend
     from worldstream.engine.evaluation.run import evaluate
     from worldstream.engine.evaluation.sheet import save_sheet, side_by_side
-    from worldstream.engine.generator import load_builtin_backend
-    from worldstream.engine.models.loading import BUILTIN_DIR
+    from worldstream.engine.models.builtin.loading import BUILTIN_DIR
 
     if not 1 <= args.steps <= 4:
         raise ValueError("--steps must be in [1, 4]")
@@ -68,9 +121,15 @@ def run(args) -> int:
         script = load_action_script(args.sheet_actions)
         actions, switches = script.per_frame(args.sheet_frames)
         model, sim = side_by_side(gen, actions, args.sheet_prompt, switches, steps=args.steps)
-        title = (f"{args.sheet_actions.name}, \"{args.sheet_prompt}\": model (top) vs simulator "
-                 f"(bottom), same actions, {args.steps} steps")
+        title = (
+            f'{args.sheet_actions.name}, "{args.sheet_prompt}": model (top) vs simulator '
+            f"(bottom), same actions, {args.steps} steps"
+        )
         result["sheet"] = str(save_sheet(model, sim, args.sheet, title))
+    if args.picture_sheet is not None:
+        from worldstream.engine.evaluation.picture_start import photo_sheet
+
+        result["picture_sheet"] = photo_sheet(gen, args.picture_sheet, steps=args.steps)
     if not args.skip_metrics:
         result.update(
             evaluate(gen, quick=args.quick, steps=args.steps, drift_steps=args.drift_steps)
@@ -81,8 +140,8 @@ def run(args) -> int:
 
 
 def _run_avatar(args, kwargs: dict, settings: dict) -> int:
+    from worldstream.engine.backends.avatar import load_avatar_backend
     from worldstream.engine.evaluation.avatar import evaluate, save_avatar_sheet
-    from worldstream.engine.worlds.avatar.model_backend import load_avatar_backend
     from worldstream.engine.worlds.catalog import world
 
     gen = load_avatar_backend(args.model_path, **kwargs).gen

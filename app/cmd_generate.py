@@ -34,11 +34,25 @@ def register(sub) -> None:
         default=Path("out.mp4"),
         help="output MP4; with --sessions N, OUT_0.mp4 ... OUT_{N-1}.mp4",
     )
-    p.add_argument("--sessions", type=int, default=1)
+    p.add_argument(
+        "--sessions", type=int, default=1, help="sessions generated side by side (one MP4 each)"
+    )
     p.add_argument("--fps", type=int, default=15, help="playback rate of the script and the MP4")
     p.add_argument("--steps", type=int, default=4, help="denoising steps per chunk (1-4)")
     p.add_argument("--seed", type=int, default=0, help="world seed of session 0 (+i for session i)")
-    p.add_argument("--model", default="builtin", help="builtin | sim | wan-causal")
+    p.add_argument("--model", default=None,
+                   help="builtin | sim | wan-causal (default builtin; a replay uses its log's)")
+    p.add_argument("--replay", type=Path, default=None,
+                   help="play this input log (a session's export) instead: the same frames")
+    p.add_argument("--state", type=Path, default=None,
+                   help="with --replay: the save point the logged session was loaded from")
+    p.add_argument("--story", type=Path, default=None,
+                   help="play this storyboard JSON instead (--fps, --steps apply)")
+    p.add_argument("--score", action="store_true",
+                   help="with --story: each beat's scene accuracy 1-2 s after its start")
+    p.add_argument("--model-path", default=None,
+                   help="model folder (wan-causal: required; builtin: default assets/builtin)")
+    p.add_argument("--checkpoint", default=None, help="wan-causal: the causal generator file")
     p.set_defaults(func=run)
 
 
@@ -47,12 +61,19 @@ def _outputs(out: Path, n: int) -> list[Path]:
 
 
 def run(args) -> int:
-    from worldstream.engine.api import ActionCommand, PromptCommand
-    from worldstream.engine.config import EngineConfig
-    from worldstream.engine.engine import Engine
-    from worldstream.engine.registry import load_backend
+    from worldstream.engine.core.api import ActionCommand, PromptCommand
+    from worldstream.engine.core.config import EngineConfig
+    from worldstream.engine.core.engine import Engine
+    from worldstream.engine.core.registry import load_backend
     from worldstream.streaming.recording import Recorder
 
+    if args.replay is not None or args.story is not None:
+        from worldstream.app.headless import run_replay, run_story
+
+        if args.replay is not None and args.story is not None:
+            raise ValueError("--replay and --story exclude each other")
+        return run_replay(args) if args.replay is not None else run_story(args)
+    args.model = args.model or "builtin"
     if args.frames < 1 or args.sessions < 1 or args.fps < 1:
         raise ValueError("--frames, --sessions and --fps must be >= 1")
     prompts = args.prompt or [DEFAULT_PROMPTS[0]]
@@ -66,7 +87,7 @@ def run(args) -> int:
         scripts[i] if i < len(scripts) else scripts[i % len(scripts)].rotated(i)
         for i in range(args.sessions)
     ]
-    backend = load_backend(args.model)
+    backend = load_backend(args.model, model_path=args.model_path, checkpoint=args.checkpoint)
     # offline job: keep the requested steps and fps (no degradation), never drop frames
     config = EngineConfig(
         max_sessions=args.sessions,

@@ -18,8 +18,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="the built-in world: the top-down landscape or the avatar (a "
                              "character steered by expression, gaze and speech)")
     parser.add_argument("--model", default="builtin",
-                        help="world backend: builtin (the world's trained model) or sim (the "
-                             "world's ground-truth simulator)")
+                        help="world backend: builtin (the world's trained model), sim (the "
+                             "world's ground-truth simulator) or wan-causal (a Wan2.1 causal "
+                             "checkpoint, with --model-path; landscape world only)")
     parser.add_argument("--model-path", default=None,
                         help="model folder (wan-causal: the diffusers-format Wan2.1-T2V-1.3B "
                              "base plus the causal checkpoint; builtin: default assets/builtin)")
@@ -107,8 +108,8 @@ def access_settings(args: argparse.Namespace):
 def play_config(max_sessions: int, mode: str = "responsive"):
     """The engine settings of an interactive session: chunks start just in time for their
     playout deadline (``EngineConfig.jit_margin_ms``), so no frame is generated ahead on older
-    keys; ``mode`` is the sessions' starting mode (``engine.config.MODES``)."""
-    from worldstream.engine.config import EngineConfig
+    keys; ``mode`` is the sessions' starting mode (``engine.core.config.MODES``)."""
+    from worldstream.engine.core.config import EngineConfig
 
     return EngineConfig(max_sessions=max_sessions, mode=mode)
 
@@ -123,24 +124,18 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from worldstream.app.server import create_app
-    from worldstream.engine.engine import Engine
-    from worldstream.engine.registry import BackendUnavailableError, load_backend
+    from worldstream.engine.core.engine import Engine
+    from worldstream.engine.core.registry import BackendUnavailableError, load_backend
     from worldstream.streaming.limits import Limits
     from worldstream.streaming.webrtc import bind_media, configure_ice_consent
 
-    kwargs = {}
     if args.world == "avatar":
         if args.model not in ("builtin", "sim"):
             raise ValueError(f"--world avatar has models builtin and sim, got {args.model!r}")
         if args.replicas is not None:
             raise ValueError("--world avatar runs in one process (no --replicas)")
         args.model = {"builtin": "avatar", "sim": "avatar-sim"}[args.model]
-    if args.model in ("sim", "avatar-sim") and (args.model_path or args.checkpoint):
-        raise ValueError("--model sim takes no --model-path or --checkpoint")
-    if args.model_path is not None:
-        kwargs["model_path" if args.model == "wan-causal" else "path"] = args.model_path
-    if args.checkpoint is not None:
-        kwargs["checkpoint"] = args.checkpoint
+    kwargs = {"model_path": args.model_path, "checkpoint": args.checkpoint}
     policy, per_client = access_settings(args)
     if args.replicas is not None:
         engine = _ray_engine(args, kwargs)
@@ -153,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
                 f"simulator: `worldstream play --world {args.world} --model sim`") from None
         # the scene-prompt encoder loads in seconds on an idle machine but far longer under
         # load: load it before serving, so the first session does not stall
-        from worldstream.engine.text import scene_for_prompt
+        from worldstream.engine.models.builtin.text import scene_for_prompt
 
         scene_for_prompt("warm-up")
         engine = Engine(backend, play_config(args.max_sessions, args.mode)).start()

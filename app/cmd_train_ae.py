@@ -16,11 +16,18 @@ def register(sub) -> None:
                    help="dataset folder, recorded if missing (default: the world's)")
     p.add_argument("--out", type=Path, default=None, help="default: the world's assets vae/")
     p.add_argument("--run-dir", type=Path, default=Path("runs/ae"), help="checkpoints (resume)")
-    p.add_argument("--steps", type=int, default=2400)
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=2400,
+        help="optimizer steps (resumes from the run's checkpoint)",
+    )
     p.add_argument("--max-minutes", type=float, default=None, help="stop this call after N min")
-    p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch", type=int, default=16, help="frames per batch")
+    p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate")
+    p.add_argument(
+        "--seed", type=int, default=0, help="RNG seed of the initialisation and the batch order"
+    )
     p.add_argument(
         "--decoder-only",
         action="store_true",

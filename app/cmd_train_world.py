@@ -11,23 +11,40 @@ def register(sub) -> None:
     p = sub.add_parser("train-world", help="train the built-in world model on encoded latents")
     p.add_argument("--world", choices=("landscape", "avatar"), default="landscape",
                    help="the world to train on (sets the defaults of --data, --vae, --out)")
-    p.add_argument("--data", type=Path, default=None, help="default: the world's dataset")
-    p.add_argument("--vae", type=Path, default=None, help="default: the world's assets vae/")
+    p.add_argument("--data", type=Path, default=None,
+                   help="recorded episodes (the world's recorder shards; default: the world's)")
+    p.add_argument("--vae", type=Path, default=None,
+                   help="the trained autoencoder whose latents the model learns (default: the "
+                        "world's assets vae/)")
     p.add_argument("--out", type=Path, default=None,
-                   help="default: the world's assets transformer/")
-    p.add_argument("--run-dir", type=Path, default=Path("runs/world"))
-    p.add_argument("--steps", type=int, default=6000)
+                   help="where the trained world model is saved (default: the world's assets "
+                        "transformer/)")
+    p.add_argument(
+        "--run-dir",
+        type=Path,
+        default=Path("runs/world"),
+        help="checkpoints and logs (a run resumes from here)",
+    )
+    p.add_argument("--steps", type=int, default=6000, help="optimizer steps")
     p.add_argument("--max-minutes", type=float, default=None, help="stop this call after N min")
-    p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--frames", type=int, default=8)
-    p.add_argument("--chunk-frames", type=int, default=1)
-    p.add_argument("--dim", type=int, default=128)
-    p.add_argument("--depth", type=int, default=6)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--lr", type=float, default=3e-4)
-    p.add_argument("--ctx-sigma-max", type=float, default=0.3,
-                   help="largest noise level of the noise-augmented context")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch", type=int, default=16, help="clips per batch")
+    p.add_argument("--frames", type=int, default=8, help="frames per training clip")
+    p.add_argument(
+        "--chunk-frames", type=int, default=1, help="frames the model generates per chunk"
+    )
+    p.add_argument("--dim", type=int, default=128, help="transformer width")
+    p.add_argument("--depth", type=int, default=6, help="transformer blocks")
+    p.add_argument("--heads", type=int, default=4, help="attention heads")
+    p.add_argument("--lr", type=float, default=3e-4, help="AdamW learning rate")
+    p.add_argument(
+        "--ctx-sigma-max",
+        type=float,
+        default=0.3,
+        help="largest noise level of the noise-augmented context",
+    )
+    p.add_argument(
+        "--seed", type=int, default=0, help="RNG seed of the initialisation and the batch order"
+    )
     p.add_argument(
         "--init-from",
         type=Path,
@@ -35,23 +52,36 @@ def register(sub) -> None:
         help="warm-start a fresh run from a saved model folder",
     )
     onp = p.add_argument_group(
-        "on-policy fine-tuning", "fine-tune --init-from on its own rollouts: memory bases built "
+        "on-policy fine-tuning",
+        "fine-tune --init-from on its own rollouts: memory bases built "
         "from the model's generated frames, targets from the simulator "
-        "(engine.training.onpolicy; an experiment, see the model card)")
-    onp.add_argument("--onpolicy", action="store_true",
-                     help="fine-tune on the model's own rollouts (needs --init-from)")
-    onp.add_argument("--refresh-every", type=int, default=0,
-                     help="steps between rebuilding the rollout pool with the current weights "
-                          "(0: never)")
-    onp.add_argument("--pool-episodes", type=int, default=96,
-                     help="recorded episodes rolled out per pool")
-    onp.add_argument("--p-onpolicy", type=float, default=0.5,
-                     help="fraction of each batch drawn from the rollout pool")
+        "(engine.training.onpolicy; an experiment, see the model card)",
+    )
+    onp.add_argument(
+        "--onpolicy",
+        action="store_true",
+        help="fine-tune on the model's own rollouts (needs --init-from)",
+    )
+    onp.add_argument(
+        "--refresh-every",
+        type=int,
+        default=0,
+        help="steps between rebuilding the rollout pool with the current weights (0: never)",
+    )
+    onp.add_argument(
+        "--pool-episodes", type=int, default=96, help="recorded episodes rolled out per pool"
+    )
+    onp.add_argument(
+        "--p-onpolicy",
+        type=float,
+        default=0.5,
+        help="fraction of each batch drawn from the rollout pool",
+    )
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    from worldstream.engine.models.loading import load_autoencoder
+    from worldstream.engine.models.builtin.loading import load_autoencoder
     from worldstream.engine.training.latents import encode_shards
     from worldstream.engine.training.train_world import train_world
     from worldstream.engine.worlds.catalog import world
@@ -74,10 +104,21 @@ def run(args) -> int:
         from worldstream.engine.training.onpolicy import finetune_onpolicy
 
         result = finetune_onpolicy(
-            data, ae, shards, args.init_from, out, args.run_dir, steps=args.steps,
-            refresh_every=args.refresh_every, pool_episodes=args.pool_episodes,
-            p_onpolicy=args.p_onpolicy, lr=args.lr, ctx_sigma_max=args.ctx_sigma_max,
-            seed=args.seed, max_minutes=args.max_minutes)
+            data,
+            ae,
+            shards,
+            args.init_from,
+            out,
+            args.run_dir,
+            steps=args.steps,
+            refresh_every=args.refresh_every,
+            pool_episodes=args.pool_episodes,
+            p_onpolicy=args.p_onpolicy,
+            lr=args.lr,
+            ctx_sigma_max=args.ctx_sigma_max,
+            seed=args.seed,
+            max_minutes=args.max_minutes,
+        )
         print(json.dumps(result))
         return 0
     result = train_world(

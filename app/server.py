@@ -1,5 +1,5 @@
 """The FastAPI app of the playground: the HTTP routes of the wire protocol
-(``/work/shared/PROTOCOL.md``), the WebRTC offer route, the WebSocket fallback, the static JS/CSS
+(``streaming/PROTOCOL.md``), the WebRTC offer route, the WebSocket fallback, the static JS/CSS
 of the page, and the Gradio UI mounted last (so it never shadows an API route).
 
 The app does not own the engine: the caller starts it before and stops it after serving.
@@ -21,7 +21,7 @@ from fastapi.staticfiles import StaticFiles  # noqa: E402
 from starlette.middleware.trustedhost import TrustedHostMiddleware  # noqa: E402
 
 from worldstream.app.access import AccessPolicy, ClientBuckets  # noqa: E402
-from worldstream.engine.api import CapacityError, EngineAPI  # noqa: E402
+from worldstream.engine.core.api import CapacityError, EngineAPI  # noqa: E402
 from worldstream.streaming import messages as m  # noqa: E402
 from worldstream.streaming.limits import Limits  # noqa: E402
 from worldstream.streaming.sessions import (  # noqa: E402
@@ -85,7 +85,7 @@ def create_app(engine: EngineAPI, limits: Limits | None = None, *, ui: bool = Tr
     """The playground app over a started ``engine``.
 
     Args:
-        engine: implements ``engine.api.EngineAPI``; already started.
+        engine: implements ``engine.core.api.EngineAPI``; already started.
         limits: session and traffic limits (defaults: ``Limits()``).
         ui: mount the Gradio page at ``/`` (tests of the API alone pass False).
         reap_period_s: how often idle sessions are looked for, s.
@@ -273,6 +273,10 @@ def create_app(engine: EngineAPI, limits: Limits | None = None, *, ui: bool = Tr
             return
         await ws.accept()
         await WebSocketConnection(manager, session, ws).serve()
+
+    from worldstream.app import world_routes
+
+    world_routes.register(app, engine, authorized, client_of, _bearer)
 
     # NOTE: not /static: Gradio serves its own fonts and scripts there, and a mount of ours
     # would shadow them (404s in the page)

@@ -5,7 +5,9 @@ WebRTC data channel or the WebSocket, never through Gradio events."""
 
 from __future__ import annotations
 
+import html
 import os
+from pathlib import Path
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
@@ -26,7 +28,44 @@ _PROMPTS = {
 
 _HEAD = ('<link rel="stylesheet" href="/ws-static/play.css">'
          '<script src="/ws-static/play.js" defer></script>'
-         '<script src="/ws-static/latency_lab.js" defer></script>')
+         '<script src="/ws-static/latency_lab.js" defer></script>'
+         '<script src="/ws-static/world.js" defer></script>')
+_STORY = Path(__file__).parents[1] / "assets" / "stories" / "five_beats.json"
+
+
+def _world_html() -> str:
+    """Stories, save points, replay export, start from a picture (behaviour:
+    ``app/static/world.js``)."""
+    story = html.escape(_STORY.read_text() if _STORY.is_file() else
+                        '{"seed": 0, "beats": [{"prompt": "a snowy forest", "duration_s": 5}]}')
+    return f"""
+    <fieldset><legend>Storyboard</legend>
+      <textarea id="ws-story" rows="8" spellcheck="false">{story}</textarea>
+      <div class="ws-buttons"><button id="ws-story-play">▶ Play story</button>
+        <button id="ws-story-export">Export storyboard</button>
+        <span id="ws-story-state" class="ws-status"></span></div>
+      <small>Beats: prompt (or blend), duration_s, transition_s, cut, actions. The story
+        starts a fresh world, records itself; Download MP4 when done.</small>
+    </fieldset>
+    <fieldset><legend>Save points</legend>
+      <div class="ws-buttons"><button id="ws-save">Save point</button>
+        <label class="ws-file">Load file… <input id="ws-load-file" type="file"
+          accept=".wsstate,application/octet-stream"></label></div>
+      <ol id="ws-saves" class="ws-saves"></ol>
+    </fieldset>
+    <fieldset><legend>Replay</legend>
+      <div class="ws-buttons"><button id="ws-log-export">Export input log</button></div>
+      <small><code>worldstream generate --replay FILE --out replay.mp4</code> makes the same
+        frames.</small>
+    </fieldset>
+    <fieldset><legend>Start from a picture</legend>
+      <div class="ws-buttons"><label class="ws-file">PNG / JPEG… <input id="ws-picture"
+          type="file" accept="image/png,image/jpeg"></label>
+        <button id="ws-picture-frame">Current frame</button></div>
+      <small>Cropped to a square and resized. The built-in model keeps what the picture shows
+        while it stays in view, but pictures unlike its world (photos, drawings) will not become
+        its world: new ground is its own terrain.</small>
+    </fieldset>"""
 
 
 def _lab_panel_html() -> str:
@@ -135,6 +174,7 @@ def _player_html(world: str = "landscape") -> str:
       <div class="ws-buttons"><button id="ws-record">● Record</button>
         <a id="ws-download" class="ws-disabled" download>Download MP4</a></div>
     </fieldset>
+    {_world_html()}
     <div id="ws-log" class="ws-log" role="status"></div>
   </div>
 </div>"""

@@ -13,12 +13,14 @@ SUITES = {
     "quick": "worldstream.bench.quick",
     "engine": "worldstream.bench.engine",
     "baselines": "worldstream.bench.baselines",
-    "e2e": "bench.e2e",
+    "e2e": "worldstream.bench.e2e",
+    "gpu_wan": "worldstream.bench.gpu_wan",
     "soak": "worldstream.bench.soak",
     "scale": "worldstream.bench.scale",
     "report": "worldstream.bench.report",
     "analyse": "worldstream.bench.analyse",
     "browser": "worldstream.bench.browser",
+    "replay": "worldstream.bench.replay",
 }
 
 

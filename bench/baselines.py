@@ -61,7 +61,7 @@ def sparse_vs_dense(models: Models, *, memory_frames: int, steps: int, window_ch
 
 def bf16_vs_fp32(models: Models, *, steps: int, chunks: int = 4, **config) -> dict:
     """fp32 vs bf16 autocast (matmuls, convolutions and attention in bf16; weights and the KV
-    pool stay fp32). NOTE: autocast, because ``GeneratorConfig(dtype=bfloat16)`` fails in
+    pool stay fp32). NOTE: autocast, because ``BuiltinConfig(dtype=bfloat16)`` fails in
     ``WorldDiT.forward`` (the text embedding enters ``text_proj`` as fp32)."""
     fp32 = time_stream(make_generator(models, max_states=1, **config), steps=steps,
                        chunks=chunks)["chunk_ms"]

@@ -462,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=None, help="default 20 (4 smoke)")
     parser.add_argument("--fps", type=int, default=None, help="session fps (server default)")
     parser.add_argument("--mode", choices=("responsive", "quality"), default="responsive",
-                        help="the session's mode (engine.config.MODES; default responsive)")
+                        help="the session's mode (engine.core.config.MODES; default responsive)")
     parser.add_argument("--steps", type=int, default=None,
                         help="denoising steps (default: the mode's)")
     parser.add_argument("--stress", type=int, default=0, metavar="N",
@@ -489,11 +489,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.url:
             log, session = asyncio.run(run_client(args.url, script, **client))
         else:
-            from worldstream.engine.config import EngineConfig
-            from worldstream.engine.engine import Engine
+            from worldstream.engine.core.config import EngineConfig
+            from worldstream.engine.core.engine import Engine
 
             if args.model == "sim":
-                from worldstream.engine.registry import load_backend
+                from worldstream.engine.core.registry import load_backend
 
                 backend = load_backend("sim")
                 model = {"name": "sim (ground-truth simulator)", "weights": "none",

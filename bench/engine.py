@@ -24,7 +24,7 @@ from worldstream.bench.streams import bench_engine_config, measure_ttff, run_str
 def sweep(models: Models, *, chunk_sizes: list[int], steps_list: list[int], seconds: float,
           fps: int, context_frames: int) -> list[dict]:
     """One row per (chunk frames, steps): the session summary of ``bench.streams``."""
-    from worldstream.engine.engine import Engine
+    from worldstream.engine.core.engine import Engine
 
     rows = []
     for f in chunk_sizes:

@@ -1,6 +1,6 @@
 """GPU attention benchmark at Wan2.1-1.3B shapes: triton vs flex vs SDPA (<= 5 min on one H100).
 
-    python bench/gpu_attention.py --json gpu_attention.json      # on a CUDA machine
+    python -m bench gpu_attention --json gpu_attention.json      # on a CUDA machine
     python -m bench gpu_attention --dry-run                       # anywhere: print the plan
     python -m bench gpu_attention --device cpu --tokens-per-frame 64 --heads 2 --head-dim 32
                                                                   # CPU smoke run, tiny shapes
@@ -28,16 +28,11 @@ import math
 import sys
 from dataclasses import dataclass
 
-if __package__ in (None, ""):  # run as a file: make the repository root importable
-    from pathlib import Path
+import torch
+import torch.nn.functional as F
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-from worldstream.bench.common import hardware_info, time_call  # noqa: E402
-from worldstream.kernels import available_backends, lists_to_csr, paged_attention  # noqa: E402
+from worldstream.bench.common import hardware_info, time_call
+from worldstream.kernels import available_backends, lists_to_csr, paged_attention
 
 FLEX_GRANULE = 128
 

@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.minutes <= 0 or not 0 < args.ae_share < 1:
         raise SystemExit("--minutes must be > 0 and --ae-share in (0, 1)")
-    from worldstream.engine.models.loading import load_autoencoder
+    from worldstream.engine.models.builtin.loading import load_autoencoder
     from worldstream.engine.training.latents import encode_shards
     from worldstream.engine.training.train_ae import train_ae
     from worldstream.engine.training.train_world import train_world

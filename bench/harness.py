@@ -2,7 +2,8 @@
 
 * :func:`load_models` — the shipped weights when present, else a random model of the shipped
   architecture (speed does not depend on weight values; every report says which it used).
-* :func:`make_generator` — a :class:`engine.generator.WorldGenerator` with its own copies of the
+* :func:`make_generator` — a :class:`engine.backends.builtin.BuiltinBackend` with its own copies of
+the
   weights (the generator casts them in place), for any chunk size and streaming setting.
 * :func:`time_stream` — steady-state per-chunk wall time of B states generated together.
 * :func:`naive_recompute_ms` — the no-KV-cache baseline: every denoising step re-runs the whole
@@ -21,17 +22,21 @@ from dataclasses import dataclass
 
 import torch
 
-from worldstream.engine.backend import ChunkJob
-from worldstream.engine.generator import GeneratorConfig, WorldGenerator
-from worldstream.engine.models.attention import (
+from worldstream.engine.backends.builtin import BuiltinBackend, BuiltinConfig
+from worldstream.engine.backends.sampler import denoise
+from worldstream.engine.core.backend import ChunkJob
+from worldstream.engine.models.builtin.attention import (
     DenseContext,
     block_causal_frame_mask,
     expand_frame_mask,
 )
-from worldstream.engine.models.autoencoder import build_autoencoder
-from worldstream.engine.models.loading import BUILTIN_DIR, load_autoencoder, load_world_model
-from worldstream.engine.models.world_dit import WorldDiT
-from worldstream.engine.sampler import denoise
+from worldstream.engine.models.builtin.autoencoder import build_autoencoder
+from worldstream.engine.models.builtin.loading import (
+    BUILTIN_DIR,
+    load_autoencoder,
+    load_world_model,
+)
+from worldstream.engine.models.builtin.world_dit import WorldDiT
 from worldstream.engine.worlds.actions import NUM_ACTIONS
 
 #: the architecture benchmarked when the trained transformer is not there yet (the shipped one)
@@ -99,14 +104,14 @@ def model_for_chunk(model: WorldDiT, chunk_frames: int) -> WorldDiT:
     return copy_.eval()
 
 
-def make_generator(models: Models, chunk_frames: int | None = None, **config) -> WorldGenerator:
-    """A generator over private copies of the weights; ``config`` -> :class:`GeneratorConfig`
+def make_generator(models: Models, chunk_frames: int | None = None, **config) -> BuiltinBackend:
+    """A generator over private copies of the weights; ``config`` -> :class:`BuiltinConfig`
     (``dtype`` may be given as ``"fp32"``/``"bf16"``)."""
     if isinstance(config.get("dtype"), str):
         config["dtype"] = {"fp32": torch.float32, "bf16": torch.bfloat16}[config["dtype"]]
     f = chunk_frames or models.model.config.chunk_frames
-    return WorldGenerator(model_for_chunk(models.model, f), copy.deepcopy(models.autoencoder),
-                          GeneratorConfig(**config))
+    return BuiltinBackend(model_for_chunk(models.model, f), copy.deepcopy(models.autoencoder),
+                          BuiltinConfig(**config))
 
 
 def _jobs(states, frames: int, steps: int, rng: random.Random) -> list[ChunkJob]:
@@ -114,7 +119,7 @@ def _jobs(states, frames: int, steps: int, rng: random.Random) -> list[ChunkJob]
             for s in states]
 
 
-def time_stream(gen: WorldGenerator, *, sessions: int = 1, steps: int = 4,
+def time_stream(gen: BuiltinBackend, *, sessions: int = 1, steps: int = 4,
                 warm_chunks: int | None = None, chunks: int = 5, seed: int = 0) -> dict:
     """Generate ``sessions`` streams together (one batch per call); after ``warm_chunks``
     untimed chunks (default: enough to fill the retained memory), time ``chunks`` calls.

@@ -35,11 +35,11 @@ def run_quick(models: Models, *, seconds: float, fps: int, steps: int, context_f
     """Every measurement of the quick suite (see the module docstring); returns the flat
     headline keys plus ``details``. ``world="avatar"``: the sessions stream through the
     avatar's backend (its start frames, its actions)."""
-    from worldstream.engine.engine import Engine
+    from worldstream.engine.core.engine import Engine
 
     gen = make_generator(models, max_states=4)
     if world == "avatar":
-        from worldstream.engine.worlds.avatar.model_backend import AvatarModelBackend
+        from worldstream.engine.backends.avatar import AvatarModelBackend
 
         gen = AvatarModelBackend(gen)
     batched_generate = baselines.batched_vs_one_by_one(models, steps=steps, chunks=chunks)

@@ -26,9 +26,9 @@ import numpy as np
 def measure(model: str, replicas: int, *, sessions: int, fps: int, seconds: float,
             model_kwargs: dict | None = None) -> dict:
     """One replica count: throughput and costs (see the module docstring)."""
-    from worldstream.engine.api import ActionCommand
     from worldstream.engine.cluster.router import RayEngine
-    from worldstream.engine.config import EngineConfig
+    from worldstream.engine.core.api import ActionCommand
+    from worldstream.engine.core.config import EngineConfig
 
     config = EngineConfig(max_sessions=sessions, fps=fps, max_fps=max(fps, 60), mode="responsive")
     with RayEngine(model, replicas=replicas, config=config, model_kwargs=model_kwargs) as engine:

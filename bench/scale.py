@@ -23,7 +23,7 @@ from worldstream.bench.stats import summarize
 def probe_admission(engine, limit: int = 64) -> int:
     """How many sessions ``engine`` admits before its first CapacityError (closes them all);
     ``limit`` if it never refuses."""
-    from worldstream.engine.api import CapacityError
+    from worldstream.engine.core.api import CapacityError
 
     ids = []
     try:
@@ -41,7 +41,7 @@ def probe_admission(engine, limit: int = 64) -> int:
 def scale(gen, *, counts: list[int], seconds: float, fps: int, steps: int,
           max_sessions: int) -> dict:
     from worldstream.bench.streams import bench_engine_config, measure_ttff, run_streams
-    from worldstream.engine.engine import Engine
+    from worldstream.engine.core.engine import Engine
 
     rows = []
     config = bench_engine_config(fps=fps, steps=steps, max_sessions=max_sessions)
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         from worldstream.bench import replicas  # engine replicas on Ray: a suite of its own
 
         return replicas.main(argv)
-    from worldstream.engine.config import EngineConfig
+    from worldstream.engine.core.config import EngineConfig
 
     parser = argparse.ArgumentParser(prog="python -m bench scale", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -57,7 +57,7 @@ def soak(gen, *, minutes: float, sample_s: float, fps: int, steps: int, sessions
          seed: int = 0) -> list[dict]:
     """Stream for ``minutes`` on ``gen`` and return one sample per ``sample_s``."""
     from worldstream.bench.streams import bench_engine_config, run_streams
-    from worldstream.engine.engine import Engine
+    from worldstream.engine.core.engine import Engine
 
     samples: list[dict] = []
     last = {"t": 0.0}

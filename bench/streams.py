@@ -1,4 +1,4 @@
-"""Streaming sessions through the real :class:`engine.engine.Engine` thread, as a client would:
+"""Streaming sessions through the real :class:`engine.core.engine.Engine` thread, as a client would:
 create sessions, press keys at random moments, read every frame from a subscriber slot.
 
 What is measured (all ``perf_counter_ns`` on this process's clock):
@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from worldstream.bench.stats import match_actions, summarize
-from worldstream.engine.api import ActionCommand, CapacityError
-from worldstream.engine.config import EngineConfig
-from worldstream.engine.engine import Engine
+from worldstream.engine.core.api import ActionCommand, CapacityError
+from worldstream.engine.core.config import EngineConfig
+from worldstream.engine.core.engine import Engine
 
 KEY_SETS = ([], ["up"], ["down"], ["left"], ["right"], ["up", "left"], ["down", "right"])
 NS = 1_000_000_000

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from worldstream.engine.api import Event, Frame, SessionClosedError
+from worldstream.engine.core.api import Event, Frame, SessionClosedError
 from worldstream.streaming import messages as m
 from worldstream.streaming.frames import jpeg_data_url
 from worldstream.streaming.sessions import SessionManager, StreamSession

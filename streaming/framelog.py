@@ -11,7 +11,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from worldstream.engine.api import Frame
+    from worldstream.engine.core.api import Frame
 
 #: frames kept per session by default: about 4 minutes at 16 fps, ~1.3 MB of JSON
 FRAME_LOG_FRAMES = 4096

@@ -1,4 +1,4 @@
-"""Every message of the wire protocol (``/work/shared/PROTOCOL.md`` v1 plus the extensions in
+"""Every message of the wire protocol (``streaming/PROTOCOL.md`` v1 plus the extensions in
 ``streaming/PROTOCOL_EXTENSIONS.md``) as pydantic models, and the one parser that turns raw
 client text into a validated message or a :class:`MessageError` naming the field and reason.
 
@@ -15,20 +15,29 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
-from worldstream.engine import api
+from worldstream.engine.core import api
+from worldstream.engine.core.limits import (
+    DIRECTION_KEYS,
+    MAX_ATTENTION_CHARS,
+    MAX_CHUNK_FRAMES,
+    MAX_FORK_BRANCHES,
+    MAX_MEMORY_FRAMES,
+    MAX_PROMPT_CHARS,
+    MAX_REWIND_CHUNKS,
+    MAX_SAY_CHARS,
+    MAX_STEPS,
+    MIN_MEMORY_FRAMES,
+)
 from worldstream.engine.worlds.avatar.actions import EXPRESSIONS
-from worldstream.engine.worlds.avatar.visemes import MAX_SAY_CHARS
 
 #: the largest control message accepted, bytes of UTF-8 (PROTOCOL: 4 KB)
 MAX_MESSAGE_BYTES = 4096
-#: the longest scene prompt accepted, characters (the text encoder truncates at 256 tokens)
-MAX_PROMPT_CHARS = 400
 #: the largest HTTP JSON body (an SDP offer is 3-8 KB)
 MAX_HTTP_BODY_BYTES = 65536
-MAX_FORK_BRANCHES = 8
 
-Key = Literal["up", "down", "left", "right"]
-Expression = Literal[EXPRESSIONS]  # the avatar world's expressions (number keys 1-5)
+# NOTE: Literal of a tuple is the Literal of its members (one definition of the keys)
+Key = Literal[DIRECTION_KEYS]  # type: ignore[valid-type]
+Expression = Literal[EXPRESSIONS]  # type: ignore[valid-type]  # the avatar's (keys 1-5)
 
 
 #: the largest ``seq``: JavaScript's Number.MAX_SAFE_INTEGER (a browser cannot count further);
@@ -103,11 +112,13 @@ class PromptMessage(_Strict):
 class SettingsMessage(_Strict):
     type: Literal["settings"]
     seq: int = Field(ge=0, le=MAX_SEQ)
-    steps: int | None = Field(default=None, ge=1, le=8)
-    chunk_frames: int | None = Field(default=None, ge=1, le=8)
+    steps: int | None = Field(default=None, ge=1, le=MAX_STEPS)
+    chunk_frames: int | None = Field(default=None, ge=1, le=MAX_CHUNK_FRAMES)
     fps: int | None = Field(default=None, ge=1, le=60)
-    memory_frames: int | None = Field(default=None, ge=0, le=1024)
-    attention: str | None = Field(default=None, min_length=1, max_length=32)
+    memory_frames: int | None = Field(
+        default=None, ge=MIN_MEMORY_FRAMES, le=MAX_MEMORY_FRAMES
+    )
+    attention: str | None = Field(default=None, min_length=1, max_length=MAX_ATTENTION_CHARS)
     mode: Literal["responsive", "quality"] | None = None
 
 
@@ -126,7 +137,7 @@ class AdoptMessage(_Strict):
 class RewindMessage(_Strict):
     type: Literal["rewind"]
     seq: int = Field(ge=0, le=MAX_SEQ)
-    chunks: int = Field(ge=1, le=64)
+    chunks: int = Field(ge=1, le=MAX_REWIND_CHUNKS)
 
 
 class PingMessage(_Strict):
@@ -247,9 +258,10 @@ def to_command(message: Any) -> api.Command:
     rewind); raises TypeError for messages the transport handles itself (ping, next, record)."""
     match message:
         case ActionMessage():
-            pointer = tuple(message.pointer) if message.pointer is not None else None
-            return api.ActionCommand(message.seq, message.t, frozenset(message.keys), pointer,
-                                     message.expression, message.say)
+            # NOTE: ``pointer`` is part of the wire contract and validated, but no model takes a
+            # pointer input yet, so it does not reach the engine
+            return api.ActionCommand(message.seq, message.t, frozenset(message.keys),
+                                     expression=message.expression, say=message.say)
         case PromptMessage(blend=None):
             return api.PromptCommand(message.seq, message.t, message.text)
         case PromptMessage():

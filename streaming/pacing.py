@@ -12,7 +12,7 @@ import asyncio
 import time
 from collections.abc import Callable
 
-from worldstream.engine.api import Frame, FrameSlot
+from worldstream.engine.core.api import Frame, FrameSlot
 
 #: the RTP video clock, Hz
 VIDEO_CLOCK_HZ = 90_000

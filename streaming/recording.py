@@ -14,7 +14,7 @@ from pathlib import Path
 import av
 import numpy as np
 
-from worldstream.engine.api import Frame, FrameSlot
+from worldstream.engine.core.api import Frame, FrameSlot
 from worldstream.streaming.frames import pad_even
 from worldstream.streaming.pacing import VIDEO_CLOCK_HZ, pts_of
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from worldstream.engine.api import CapacityError, EngineAPI, SessionClosedError, SessionInfo
+from worldstream.engine.core.api import CapacityError, EngineAPI, SessionClosedError, SessionInfo
 from worldstream.streaming.framelog import FrameLog
 from worldstream.streaming.limits import Limits, RateLimiter
 from worldstream.streaming.recording import Recorder

@@ -24,7 +24,7 @@ from aiortc import (
 from aiortc.codecs import vpx
 from aiortc.mediastreams import MediaStreamError
 
-from worldstream.engine.api import Frame, FrameSlot
+from worldstream.engine.core.api import Frame, FrameSlot
 from worldstream.streaming.control import ControlChannel
 from worldstream.streaming.frames import pad_even
 from worldstream.streaming.pacing import VIDEO_CLOCK_HZ, Pacer, SlotClosedError

@@ -14,7 +14,7 @@ import pytest
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
-from worldstream.engine import api  # noqa: E402
+from worldstream.engine.core import api  # noqa: E402
 
 
 class FakeEngine:
@@ -131,8 +131,8 @@ def fake_engine():
 def sim_engine():
     """The real engine streaming the ground-truth simulator (deterministic motion)."""
     from worldstream.app.cmd_play import play_config
-    from worldstream.engine.engine import Engine
-    from worldstream.engine.registry import load_backend
+    from worldstream.engine.core.engine import Engine
+    from worldstream.engine.core.registry import load_backend
 
     engine = Engine(load_backend("sim"), play_config(max_sessions=4)).start()
     # warm up: the first session loads the text encoder (~10 s here, minutes when the machine

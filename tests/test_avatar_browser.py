@@ -40,8 +40,8 @@ def frames_for(page, n: int) -> list[np.ndarray]:
 @pytest.fixture(scope="module")
 def avatar_engine():
     from worldstream.app.cmd_play import play_config
-    from worldstream.engine.engine import Engine
-    from worldstream.engine.registry import load_backend
+    from worldstream.engine.core.engine import Engine
+    from worldstream.engine.core.registry import load_backend
 
     engine = Engine(load_backend("avatar-sim"), play_config(max_sessions=2)).start()
     # warm up the prompt encoder (seconds here, minutes on an overloaded machine)

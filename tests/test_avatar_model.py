@@ -7,13 +7,16 @@ import numpy as np
 import pytest
 import torch
 
-from worldstream.engine.api import ActionCommand
-from worldstream.engine.backend import ChunkJob
-from worldstream.engine.config import EngineConfig
-from worldstream.engine.engine import Engine
-from worldstream.engine.generator import GeneratorConfig, WorldGenerator
-from worldstream.engine.models.autoencoder import build_autoencoder
-from worldstream.engine.models.world_dit import WorldDiT, WorldDiTActionEmbedding
+from worldstream.engine.backends.avatar import AvatarModelBackend
+from worldstream.engine.backends.avatar_sim import AvatarSimBackend, start_frames
+from worldstream.engine.backends.builtin import BuiltinBackend, BuiltinConfig
+from worldstream.engine.backends.sim import SimBackend
+from worldstream.engine.core.api import ActionCommand
+from worldstream.engine.core.backend import ChunkJob
+from worldstream.engine.core.config import EngineConfig
+from worldstream.engine.core.engine import Engine
+from worldstream.engine.models.builtin.autoencoder import build_autoencoder
+from worldstream.engine.models.builtin.world_dit import WorldDiT, WorldDiTActionEmbedding
 from worldstream.engine.worlds.actions import IDLE, direction_to_action
 from worldstream.engine.worlds.avatar.actions import (
     ACTION_FACTORS,
@@ -21,10 +24,7 @@ from worldstream.engine.worlds.avatar.actions import (
     decode_action,
     encode_action,
 )
-from worldstream.engine.worlds.avatar.model_backend import AvatarModelBackend
-from worldstream.engine.worlds.avatar.sim_backend import AvatarSimBackend, start_frames
 from worldstream.engine.worlds.avatar.simulator import AvatarSimulator
-from worldstream.engine.worlds.sim_backend import SimBackend
 
 RIGHT = direction_to_action(1, 0)
 
@@ -45,15 +45,15 @@ def tiny_avatar_backend() -> AvatarModelBackend:
     torch.manual_seed(0)
     model = WorldDiT(dim=32, depth=1, num_heads=2, chunk_frames=1, num_actions=NUM_ACTIONS,
                      action_factors=ACTION_FACTORS, view_box=0)
-    gen = WorldGenerator(model, build_autoencoder(width=8),
-                         GeneratorConfig(attention_backend="reference", max_states=4))
+    gen = BuiltinBackend(model, build_autoencoder(width=8),
+                         BuiltinConfig(attention_backend="reference", max_states=4))
     return AvatarModelBackend(gen)
 
 
 def test_model_backend_starts_from_the_look_and_steers_with_controls(monkeypatch):
-    monkeypatch.setattr("worldstream.engine.worlds.avatar.model_backend.look_for_prompt",
+    monkeypatch.setattr("worldstream.engine.backends.avatar.look_for_prompt",
                         lambda p: "forest")
-    monkeypatch.setattr("worldstream.engine.worlds.avatar.model_backend.start_frames",
+    monkeypatch.setattr("worldstream.engine.backends.avatar.start_frames",
                         lambda look, seed, n: start_frames("forest", seed, n))
     backend = tiny_avatar_backend()
     state = backend.new_state("a hiker", 3)
@@ -94,8 +94,8 @@ def test_engine_routes_expression_and_say_to_the_avatar_only():
         assert engine.world == "avatar"
         info = engine.create_session("studio", seed=2)
         slot = engine.subscribe(info.session_id, maxlen=1000)
-        engine.submit(info.session_id, ActionCommand(1, 0.0, frozenset({"right"}), None,
-                                                     "smile", "oh"))
+        engine.submit(info.session_id, ActionCommand(1, 0.0, frozenset({"right"}),
+                                                     expression="smile", say="oh"))
         frames = _frames(slot, 40)
     ref = AvatarSimulator(2, "studio")
     # before the action: idle and neutral; after: right, smile, and "oh" = O x3, CONS x2
@@ -111,7 +111,7 @@ def test_engine_routes_expression_and_say_to_the_avatar_only():
         assert engine.world == "landscape"
         info = engine.create_session("meadow", seed=0)
         events = engine.events(info.session_id)
-        engine.submit(info.session_id, ActionCommand(1, 0.0, frozenset(), None, "smile"))
+        engine.submit(info.session_id, ActionCommand(1, 0.0, frozenset(), expression="smile"))
         error = events.get(timeout=10)
         while error.kind != "error":
             error = events.get(timeout=10)

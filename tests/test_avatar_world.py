@@ -8,8 +8,9 @@ import json
 import numpy as np
 import pytest
 
-from worldstream.engine.api import ActionCommand
-from worldstream.engine.backend import ChunkJob
+from worldstream.engine.backends.avatar_sim import AvatarSimBackend
+from worldstream.engine.core.api import ActionCommand
+from worldstream.engine.core.backend import ChunkJob
 from worldstream.engine.worlds.actions import IDLE, direction_to_action
 from worldstream.engine.worlds.avatar.actions import (
     NUM_ACTIONS,
@@ -17,7 +18,6 @@ from worldstream.engine.worlds.avatar.actions import (
     decode_action,
     encode_action,
 )
-from worldstream.engine.worlds.avatar.sim_backend import AvatarSimBackend
 from worldstream.engine.worlds.avatar.simulator import (
     FACE_TABLE,
     AvatarSimulator,
@@ -167,7 +167,8 @@ def test_action_message_carries_expression_and_say():
     msg = m.parse_client_message(json.dumps(
         {"type": "action", "seq": 1, "t": 0, "keys": ["left"], "expression": "frown",
          "say": "hi"}))
-    assert m.to_command(msg) == ActionCommand(1, 0.0, frozenset({"left"}), None, "frown", "hi")
+    assert m.to_command(msg) == ActionCommand(1, 0.0, frozenset({"left"}), expression="frown",
+                                                  say="hi")
 
 
 @pytest.mark.parametrize("extra, code, field", [

@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worldstream.engine.api import (
+from worldstream.engine.backends.sim import SimBackend
+from worldstream.engine.core.api import (
     ActionCommand,
     AdoptCommand,
     CapacityError,
@@ -21,11 +22,10 @@ from worldstream.engine.api import (
     SessionClosedError,
     SettingsCommand,
 )
-from worldstream.engine.backend import ChunkResult
-from worldstream.engine.config import EngineConfig
-from worldstream.engine.engine import Engine
+from worldstream.engine.core.backend import ChunkResult
+from worldstream.engine.core.config import EngineConfig
+from worldstream.engine.core.engine import Engine
 from worldstream.engine.worlds.actions import IDLE, keys_to_action
-from worldstream.engine.worlds.sim_backend import SimBackend
 from worldstream.engine.worlds.simulator import WorldSimulator
 
 
@@ -34,6 +34,28 @@ class EchoState:
         self.prompt = prompt
         self.prompt_count = 0
         self.chunks = 0
+
+
+class CountingSim(SimBackend):
+    """The simulator backend counting its live states (the engine must free every one)."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.num_states = 0
+
+    def new_state(self, prompt, seed):
+        state = super().new_state(prompt, seed)
+        self.num_states += 1
+        return state
+
+    def fork(self, state):
+        twin = super().fork(state)
+        self.num_states += 1
+        return twin
+
+    def free(self, state):
+        self.num_states -= not state.freed
+        super().free(state)
 
 
 class EchoBackend:
@@ -54,6 +76,9 @@ class EchoBackend:
         self.live: set[int] = set()
         self.calls: list[list[tuple[int, int, int]]] = []  # per call: (state id, steps, frames)
         self.lock = threading.Lock()
+
+    def key_action(self, keys):
+        return keys_to_action(keys)
 
     def new_state(self, prompt, seed):
         if len(self.live) >= self.max_states:
@@ -358,7 +383,7 @@ def _world_times(frames, ref_index):
 
 
 def test_fork_adopt_rewind_through_the_engine():
-    backend = SimBackend(scene_for=lambda p: "meadow")
+    backend = CountingSim(scene_for=lambda p: "meadow")
     ref = WorldSimulator(4, "meadow")
     ref_frames = [ref.step(IDLE) for _ in range(400)]  # world time t -> frame at index t - 1
     ref_index = {rgb.tobytes(): t for t, rgb in enumerate(ref_frames, start=1)}

@@ -4,6 +4,7 @@ perfectly where it must."""
 import numpy as np
 
 from tests.test_generator import tiny_generator
+from worldstream.engine.core.backend import ChunkResult
 from worldstream.engine.evaluation.metrics import psnr
 from worldstream.engine.evaluation.run import (
     action_hits,
@@ -14,6 +15,7 @@ from worldstream.engine.evaluation.run import (
     rollout,
     teacher_forced,
 )
+from worldstream.engine.worlds.simulator import WorldSimulator
 
 
 def test_protocol_pieces_run_on_a_tiny_model():
@@ -34,7 +36,49 @@ def test_protocol_pieces_run_on_a_tiny_model():
     assert gen.allocator.num_free() == gen.allocator.num_pages  # every state freed
 
 
-def test_rollout_of_the_truth_is_perfect():
-    ep = record(900_502, 10)
-    assert all(psnr(a, b) == float("inf") for a, b in zip(ep.frames, ep.frames))
-    assert np.mean(action_hits(ep.frames, ep.offsets, 2)) >= 0.75
+class _OracleBackend:
+    """A backend that "generates" what the simulator shows for the chunk's actions: the
+    world of ``seed``/``scene``, started by stepping the given start chunk's actions
+    (``frozen``: it repeats the start chunk's last frame instead, a model that ignores keys)."""
+
+    def __init__(self, seed, scene, start_actions, frozen=False):
+        self.chunk_frames = len(start_actions)
+        self.seed, self.scene, self.start_actions, self.frozen = seed, scene, start_actions, frozen
+
+    def new_state(self, prompt, seed, start_frames):
+        sim = WorldSimulator(self.seed, self.scene)
+        last = [sim.step(a) for a in self.start_actions][-1]
+        return {"sim": sim, "last": last}
+
+    def generate(self, jobs):
+        (job,) = jobs
+        state = job.state
+        if self.frozen:
+            frames = np.stack([state["last"]] * len(job.actions))
+        else:
+            frames = np.stack([state["sim"].step(a) for a in job.actions])
+        return [ChunkResult(frames)]
+
+    def free(self, state):
+        pass
+
+
+def test_rollout_scores_an_oracle_perfectly_and_a_frozen_model_poorly():
+    """``rollout`` and ``action_hits`` against their ground truth: a backend that returns the
+    simulator's frames reproduces the episode exactly (PSNR inf on every frame) and moves with
+    the camera; one that ignores the keys is caught by the action metric."""
+    ep = record(900_502, 24)
+    f = 2
+    oracle = _OracleBackend(900_502, ep.scene, ep.actions[:f])
+    frames = rollout(oracle, ep, steps=1, seed=0)
+    assert frames.shape == ep.frames.shape
+    assert all(psnr(a, b) == float("inf") for a, b in zip(frames, ep.frames))
+    moving = [i for i, hit in enumerate(action_hits(ep.frames, ep.offsets, f))
+              if (ep.offsets[(i + 2) * f - 1] != ep.offsets[(i + 1) * f - 1]).any()]
+    assert moving, "the episode must move the camera"
+    hits = action_hits(frames, ep.offsets, f)
+    assert np.mean([hits[i] for i in moving]) >= 0.75
+    frozen = rollout(_OracleBackend(900_502, ep.scene, ep.actions[:f], frozen=True), ep,
+                     steps=1, seed=0)
+    frozen_hits = action_hits(frozen, ep.offsets, f)
+    assert np.mean([frozen_hits[i] for i in moving]) <= 0.25

@@ -4,18 +4,18 @@ import numpy as np
 import pytest
 import torch
 
-from worldstream.engine.backend import ChunkJob
-from worldstream.engine.generator import GeneratorConfig, WorldGenerator
-from worldstream.engine.models.attention import DenseContext, expand_frame_mask
-from worldstream.engine.models.autoencoder import build_autoencoder
-from worldstream.engine.models.world_dit import WorldDiT
+from worldstream.engine.backends.builtin import BuiltinBackend, BuiltinConfig
+from worldstream.engine.core.backend import ChunkJob
+from worldstream.engine.models.builtin.attention import DenseContext, expand_frame_mask
+from worldstream.engine.models.builtin.autoencoder import build_autoencoder
+from worldstream.engine.models.builtin.world_dit import WorldDiT
 from worldstream.engine.worlds.actions import action_to_direction
 from worldstream.engine.worlds.simulator import ACCEL, FRICTION
 
 F = 2  # frames per chunk
 
 
-def tiny_generator(**cfg) -> WorldGenerator:
+def tiny_generator(**cfg) -> BuiltinBackend:
     torch.manual_seed(0)
     model = WorldDiT(dim=64, depth=2, num_heads=2, chunk_frames=F)
     # adaLN-Zero starts as the identity; randomise it so that every path matters
@@ -23,7 +23,7 @@ def tiny_generator(**cfg) -> WorldGenerator:
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05)
     cfg.setdefault("attention_backend", "reference")
-    return WorldGenerator(model, build_autoencoder(width=8), GeneratorConfig(**cfg))
+    return BuiltinBackend(model, build_autoencoder(width=8), BuiltinConfig(**cfg))
 
 
 def exact_camera(camera) -> None:
@@ -243,3 +243,28 @@ def test_bf16_generation_runs_and_tracks_fp32():
         outs[dtype] = s.history[-1].latents.float()
     err = (outs[torch.float32] - outs[torch.bfloat16]).abs().mean()
     assert err < 0.05 * outs[torch.float32].abs().mean()
+
+
+def test_memory_frames_and_attention_settings_reach_the_attention_context():
+    """The protocol's ``memory_frames`` narrows the pages a session's chunks attend (whole
+    chunks, one chunk up to the model's window); ``attention`` picks its kernel; values outside
+    those are refused with nothing changed (issue 13: they always answered "unsupported")."""
+    gen = tiny_generator(window_chunks=3, memory_chunks=4)
+    state = gen.new_state("a meadow", 0)
+    for c in range(4):
+        gen.generate([ChunkJob(state, [4] * F, 1, seed=c)])
+    gen.finish()
+    assert len(state.table.window_pages()) == 3 * F
+    with pytest.raises(ValueError, match="memory_frames"):
+        gen.configure(state, memory_frames=3 * F + 1)
+    with pytest.raises(ValueError, match="attention backend"):
+        gen.configure(state, memory_frames=1, attention="no-such-kernel")
+    assert len(state.table.window_pages()) == 3 * F and state.attention is None
+    gen.configure(state, memory_frames=F + 1, attention="reference")  # rounds up to 2 chunks
+    assert len(state.table.window_pages()) == 2 * F and state.attention == "reference"
+    seen = []
+    context = gen._context
+    gen._context = lambda pages, contexts, *a, **k: seen.append(contexts) or context(
+        pages, contexts, *a, **k)
+    gen.generate([ChunkJob(state, [4] * F, 1, seed=9)])
+    assert len(seen[0][0]) == 2 * F  # the denoise attends the narrowed window only

@@ -11,7 +11,7 @@ import time
 import numpy as np
 
 from tests.test_engine import EchoBackend, cfg, collect, drain_events, wait_for
-from worldstream.engine.api import (
+from worldstream.engine.core.api import (
     ActionCommand,
     Event,
     EventQueue,
@@ -19,8 +19,8 @@ from worldstream.engine.api import (
     PromptCommand,
     SettingsCommand,
 )
-from worldstream.engine.engine import Engine
-from worldstream.engine.prompts import PromptPrefetcher
+from worldstream.engine.core.engine import Engine
+from worldstream.engine.core.prompts import PromptPrefetcher
 
 
 def _item(command, session="s"):

@@ -8,7 +8,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from worldstream.engine.kv_cache import PageAllocator, PageTable, pages_to_csr
+from worldstream.engine.core.kv_cache import PageAllocator, PageTable
 
 
 def _table(alloc, **kw):
@@ -111,11 +111,6 @@ def test_bad_chunk_changes_nothing():
     assert table.num_chunks == 0 and table.all_pages() == []
     with pytest.raises(ValueError):
         PageTable(alloc, pages_per_chunk=1, window_chunks=3, sink=False, max_chunks=2)
-
-
-def test_pages_to_csr():
-    assert pages_to_csr([[3, 4], [], [7]]) == ([0, 2, 2, 3], [3, 4, 7])
-    assert pages_to_csr([]) == ([0], [])
 
 
 class PagedCacheMachine(RuleBasedStateMachine):

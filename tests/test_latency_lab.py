@@ -15,7 +15,7 @@ import websockets
 
 from tests.conftest import LiveServer
 from worldstream.app.server import create_app
-from worldstream.engine.api import Frame
+from worldstream.engine.core.api import Frame
 from worldstream.streaming.framelog import FrameLog
 from worldstream.streaming.limits import Limits
 from worldstream.streaming.websocket import unpack_frame

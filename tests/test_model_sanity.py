@@ -1,18 +1,19 @@
-"""The shipped model does what a denoiser must (DESIGN.md: test the sampler before trusting
-rollouts): a true frame noised to a small level comes back closer to the truth, the first step
-from pure noise moves toward the data, and its camera dynamics follow the simulator's camera."""
+"""The shipped model does what a denoiser must (the field's practice: test the sampler before
+trusting rollouts): a true frame noised to a small level comes back closer to the truth, the first
+step from pure noise moves toward the data, and its camera dynamics follow the simulator's
+camera."""
 
 import numpy as np
 import torch
 
+from worldstream.engine.backends.builtin import load_builtin_backend
 from worldstream.engine.evaluation.run import record
-from worldstream.engine.generator import load_builtin_backend
-from worldstream.engine.models.attention import (
+from worldstream.engine.models.builtin.attention import (
     DenseContext,
     block_causal_frame_mask,
     expand_frame_mask,
 )
-from worldstream.engine.text import embed
+from worldstream.engine.models.builtin.text import embed
 from worldstream.engine.training.latents import memory_bases
 
 

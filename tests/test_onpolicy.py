@@ -3,14 +3,14 @@
 import numpy as np
 import torch
 
-from worldstream.engine.generator import GeneratorConfig, WorldGenerator
-from worldstream.engine.models.attention import (
+from worldstream.engine.backends.builtin import BuiltinBackend, BuiltinConfig
+from worldstream.engine.models.builtin.attention import (
     DenseContext,
     block_causal_frame_mask,
     expand_frame_mask,
 )
-from worldstream.engine.models.autoencoder import build_autoencoder
-from worldstream.engine.models.world_dit import WorldDiT
+from worldstream.engine.models.builtin.autoencoder import build_autoencoder
+from worldstream.engine.models.builtin.world_dit import WorldDiT
 from worldstream.engine.training.latents import VIEW_BOX, memory_bases
 from worldstream.engine.training.onpolicy import (
     EpisodeSpec,
@@ -21,14 +21,14 @@ from worldstream.engine.training.onpolicy import (
 from worldstream.engine.worlds.recorder import record_episode
 
 
-def tiny_generator(chunk_frames: int) -> WorldGenerator:
+def tiny_generator(chunk_frames: int) -> BuiltinBackend:
     torch.manual_seed(0)
     model = WorldDiT(dim=64, depth=2, num_heads=2, chunk_frames=chunk_frames, view_box=VIEW_BOX)
     with torch.no_grad():  # adaLN-Zero starts as the identity; randomise so every path matters
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05)
-    cfg = GeneratorConfig(attention_backend="reference", max_states=4)
-    return WorldGenerator(model, build_autoencoder(width=8), cfg)
+    cfg = BuiltinConfig(attention_backend="reference", max_states=4)
+    return BuiltinBackend(model, build_autoencoder(width=8), cfg)
 
 
 def episodes(seeds: list[int], length: int, chunk_frames: int) -> EpisodeSpec:

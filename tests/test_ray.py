@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 from tests.test_engine import collect, wait_for
 from worldstream.app.cmd_play import play_config
 from worldstream.app.server import create_app
-from worldstream.engine.api import ActionCommand, CapacityError
+from worldstream.engine.core.api import ActionCommand, CapacityError
 from worldstream.streaming.limits import Limits
 from worldstream.streaming.websocket import unpack_frame
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import av
 import numpy as np
 
-from worldstream.engine.api import Frame, FrameSlot
+from worldstream.engine.core.api import Frame, FrameSlot
 from worldstream.streaming.recording import Recorder
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,7 +49,7 @@ _WRITER = """
 import sys, time
 sys.path.insert(0, {root!r})
 from tests.test_recording import _frame
-from worldstream.engine.api import FrameSlot
+from worldstream.engine.core.api import FrameSlot
 from worldstream.streaming.recording import Recorder
 slot = FrameSlot(64)
 recorder = Recorder(slot, {path!r}, fps=10).start()

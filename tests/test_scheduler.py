@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from worldstream.engine.config import EngineConfig
-from worldstream.engine.scheduler import (
+from worldstream.engine.core.config import EngineConfig
+from worldstream.engine.core.scheduler import (
     NS,
     ChunkRequest,
     DegradeController,
@@ -93,7 +93,7 @@ def test_degrade_levels_drop_steps_then_fps():
 def test_config_validation_names_the_field():
     EngineConfig()
     for kwargs, name in [({"steps": 5}, "steps"), ({"max_sessions": 0}, "max_sessions"),
-                         ({"chunk_frames": 6}, "chunk_frames"), ({"fps": 1}, "fps"),
+                         ({"chunk_frames": 17}, "chunk_frames"), ({"fps": 1}, "fps"),
                          ({"min_steps": 3, "steps": 2}, "min_steps"),
                          ({"fps_degrade_factor": 1.0}, "fps_degrade_factor"),
                          ({"retry_after_s": 0}, "retry_after_s"),
@@ -103,8 +103,8 @@ def test_config_validation_names_the_field():
 
 
 def test_engine_refuses_a_buffer_smaller_than_the_models_chunk():
-    from worldstream.engine.engine import Engine
-    from worldstream.engine.worlds.sim_backend import SimBackend
+    from worldstream.engine.backends.sim import SimBackend
+    from worldstream.engine.core.engine import Engine
 
     backend = SimBackend(chunk_frames=4)
     for kwargs in ({"buffer_max_frames": 3, "batch_join_frames": 0},

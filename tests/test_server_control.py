@@ -10,8 +10,8 @@ import pytest
 from PIL import Image
 
 from worldstream.app import cli
-from worldstream.engine.api import Event
-from worldstream.engine.registry import BackendUnavailableError
+from worldstream.engine.core.api import Event
+from worldstream.engine.core.registry import BackendUnavailableError
 from worldstream.streaming.control import event_message
 from worldstream.streaming.frames import pad_even
 from worldstream.streaming.limits import Limits, RateLimiter
@@ -82,7 +82,7 @@ def test_play_without_weights_suggests_sim(monkeypatch, capsys):
     def missing(name, **kwargs):
         raise BackendUnavailableError(f"model {name!r}: weights not found (assets/x)")
 
-    monkeypatch.setattr("worldstream.engine.registry.load_backend", missing)
+    monkeypatch.setattr("worldstream.engine.core.registry.load_backend", missing)
     assert cli.main(["play", "--model", "builtin"]) == 2
     err = capsys.readouterr().err
     assert "weights not found" in err and "--model sim" in err

@@ -5,10 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from worldstream.engine.api import CapacityError
-from worldstream.engine.backend import ChunkJob
+from worldstream.engine.backends.sim import SimBackend
+from worldstream.engine.core.backend import ChunkJob
 from worldstream.engine.worlds.actions import keys_to_action
-from worldstream.engine.worlds.sim_backend import SimBackend
 from worldstream.engine.worlds.simulator import WorldSimulator
 
 SCENES = {"snow": "snow", "desert": "desert"}
@@ -97,18 +96,15 @@ def test_prompt_switch_and_blend_pick_the_heavier_scene():
 
 
 def test_default_scene_lookup_uses_prompt_embeddings():
-    backend = SimBackend()  # engine.text.scene_for_prompt (loads the text encoder)
+    backend = SimBackend()  # engine.models.builtin.text.scene_for_prompt (loads the text encoder)
     assert backend.new_state("a sandy desert with dunes", 0).scene == "desert"
 
 
-def test_capacity_free_and_bad_jobs_are_isolated():
+def test_free_and_bad_jobs_are_isolated():
+    # NOTE: the state budget is the engine's (tests/test_engine.py), not the backend's
     backend = _backend(max_states=2)
     a = backend.new_state("meadow", 1)
     b = backend.fork(a)
-    with pytest.raises(CapacityError):
-        backend.new_state("meadow", 2)
-    with pytest.raises(CapacityError):
-        backend.fork(a)
     backend.free(b)
     backend.free(b)  # idempotent
     c = backend.new_state("meadow", 2)

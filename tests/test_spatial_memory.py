@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worldstream.engine.spatial_memory import (
+from worldstream.engine.models.builtin.spatial_memory import (
     SpatialMemory,
     centre_box,
     model_inputs,

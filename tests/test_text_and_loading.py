@@ -3,9 +3,13 @@
 import numpy as np
 import pytest
 
-from worldstream.engine import text
-from worldstream.engine.models.loading import BUILTIN_DIR, load_autoencoder, load_world_model
-from worldstream.engine.sampler import step_sigmas
+from worldstream.engine.backends.sampler import step_sigmas
+from worldstream.engine.models.builtin import text
+from worldstream.engine.models.builtin.loading import (
+    BUILTIN_DIR,
+    load_autoencoder,
+    load_world_model,
+)
 
 
 def test_embeddings_are_cached_unit_vectors_and_blend():

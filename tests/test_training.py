@@ -4,9 +4,9 @@ sampler against an oracle."""
 import numpy as np
 import torch
 
-from worldstream.engine.models.world_dit import CameraDynamics, WorldDiT
-from worldstream.engine.sampler import denoise
-from worldstream.engine.spatial_memory import centre_box
+from worldstream.engine.backends.sampler import denoise
+from worldstream.engine.models.builtin.spatial_memory import centre_box
+from worldstream.engine.models.builtin.world_dit import CameraDynamics, WorldDiT
 from worldstream.engine.training.latents import VIEW_BOX, LatentDataset, memory_bases
 from worldstream.engine.training.train_world import (
     degrade_bases,

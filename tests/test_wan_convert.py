@@ -7,7 +7,7 @@ import torch
 from diffusers import WanTransformer3DModel
 from safetensors.torch import save_file
 
-from worldstream.engine.models.wan_convert import (
+from worldstream.engine.models.wan.convert import (
     KeyConversionError,
     check_against_model,
     diffusers_to_original,

@@ -10,13 +10,13 @@ import pytest
 import torch
 from transformers import UMT5Config, UMT5EncoderModel
 
-import worldstream.engine.models.wan_loading as wan_loading
+import worldstream.engine.models.wan.loading as wan_loading
 from tests.test_wan_model import tiny_transformer
 from tests.test_wan_vae_stream import tiny_vae
-from worldstream.engine.backend import ChunkJob
-from worldstream.engine.models.wan_convert import KeyConversionError, diffusers_to_original
-from worldstream.engine.models.wan_loading import InsufficientMemoryError, check_dtype
-from worldstream.engine.wan_backend import load_wan_backend
+from worldstream.engine.backends.wan import load_wan_backend
+from worldstream.engine.core.backend import ChunkJob
+from worldstream.engine.models.wan.convert import KeyConversionError, diffusers_to_original
+from worldstream.engine.models.wan.loading import InsufficientMemoryError, check_dtype
 
 SMALL = dict(height=32, width=32, window_chunks=2, memory_chunks=3, max_states=1,
              device="cpu", attention_backend="reference")

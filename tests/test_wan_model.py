@@ -8,10 +8,10 @@ import torch
 from diffusers import WanTransformer3DModel
 from diffusers.models.transformers.transformer_wan import WanAttnProcessor
 
-from worldstream.engine.generator import PagedAttentionContext
-from worldstream.engine.kv_cache import PageAllocator
-from worldstream.engine.models.attention import block_causal_frame_mask, expand_frame_mask
-from worldstream.engine.models.wan import WanChunkModel
+from worldstream.engine.backends.builtin import PagedAttentionContext
+from worldstream.engine.core.kv_cache import PageAllocator
+from worldstream.engine.models.builtin.attention import block_causal_frame_mask, expand_frame_mask
+from worldstream.engine.models.wan.model import WanChunkModel
 
 TINY = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16, in_channels=4,
             out_channels=4, text_dim=8, freq_dim=16, ffn_dim=32, num_layers=2,

@@ -6,7 +6,7 @@ import pytest
 import torch
 from diffusers import AutoencoderKLWan
 
-from worldstream.engine.models.wan_vae_stream import (
+from worldstream.engine.models.wan.vae_stream import (
     decode_stream,
     denormalize_latents,
     new_decode_cache,

@@ -16,7 +16,7 @@ from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from tests.conftest import LiveServer, phase_shift
 from worldstream.app.server import create_app
 from worldstream.bench.adversarial import dead_offer
-from worldstream.engine.api import Frame, FrameSlot
+from worldstream.engine.core.api import Frame, FrameSlot
 from worldstream.engine.worlds.actions import keys_to_action
 from worldstream.engine.worlds.simulator import WorldSimulator, player_mask
 from worldstream.streaming.pacing import Pacer

@@ -19,9 +19,9 @@
     held: new Set(), sentAt: new Map(), frames: new Map(), rtpOrigin: null, misses: 0,
     lastActionSeq: -1, a2p: [], presented: [], jitterMs: null, genMs: null, dropped: 0,
     chart: [], stageHist: [], budget: null, jbLast: null, recording: false, statsTimer: null, connecting: false,
-    // hooks for add-ons (latency_lab.js): action({seq, t, keys, cause}),
-    // presented(meta, at, videoFrameMetadata?)
-    listeners: { action: [], presented: [] },
+    // hooks for add-ons (latency_lab.js, world.js): action({seq, t, keys, cause}),
+    // presented(meta, at, videoFrameMetadata?), event(msg): every server "event" message
+    listeners: { action: [], presented: [], event: [] },
   };
   window.worldstream = S;
   const emit = (kind, ...args) => S.listeners[kind].forEach((fn) => fn(...args));
@@ -52,6 +52,8 @@
     return true;
   }
   const nextSeq = () => ++S.seq;
+  S.sendMessage = (msg) => send({ ...msg, seq: nextSeq() });  // for add-ons (world.js)
+  S.log = log;
 
   // ------------------------------------------------------------------ server messages
   function onServerMessage(msg) {
@@ -78,6 +80,7 @@
         break;
       case "event":
         onEvent(msg);
+        emit("event", msg);
         break;
     }
   }
@@ -103,6 +106,8 @@
       log("session closed by the server; press Restart", true);
     } else if (msg.adopted !== undefined) {
       log(`adopted future ${msg.adopted + 1}`);
+    } else if (msg.kind === "story" || msg.loaded !== undefined || msg.picture) {
+      // world.js reports these (stories), or the HTTP answer did (loads, pictures)
     } else if (msg.rewound !== undefined) {
       log(`rewound ${msg.rewound} chunks`);
     } else if (msg.chunk_frames !== undefined) {

@@ -9,14 +9,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from worldstream.engine.api import ActionCommand, Command, PromptCommand, SettingsCommand
-from worldstream.engine.worlds.actions import keys_to_action
+from worldstream.engine.core.api import ActionCommand, Command, PromptCommand, SettingsCommand
 
 
 @dataclass
 class Journal:
     """``frames``: the last ``max_frames`` frames shown, ``(H, W, 3)`` uint8 each, with the
-    action id each was conditioned on (``actions``). ``keys_by_seq``: held keys of the recent
+    held keys each was conditioned on (``keys``; the new replica's backend maps them to its
+    actions). ``keys_by_seq``: held keys of the recent
     actions, to name a frame's action from its ``action_seq``."""
 
     prompt: str
@@ -28,7 +28,7 @@ class Journal:
     last_action: ActionCommand | None = None
     paused: bool = False
     frames: deque = field(default_factory=deque)
-    actions: deque = field(default_factory=deque)
+    keys: deque = field(default_factory=deque)
     keys_by_seq: dict[int, frozenset] = field(default_factory=dict)
 
     def record_command(self, command: Command) -> None:
@@ -45,22 +45,17 @@ class Journal:
             del self.settings[:-8]
 
     def record_frame(self, rgb: np.ndarray, action_seq: int) -> None:
-        keys = self.keys_by_seq.get(action_seq, frozenset())
-        try:
-            action = keys_to_action(keys)
-        except ValueError:
-            action = keys_to_action(frozenset())
         self.frames.append(rgb)
-        self.actions.append(action)
+        self.keys.append(self.keys_by_seq.get(action_seq, frozenset()))
         while len(self.frames) > self.max_frames:
             self.frames.popleft()
-            self.actions.popleft()
+            self.keys.popleft()
 
-    def history(self) -> tuple[np.ndarray, list[int]] | None:
-        """The recent frames ``(n, H, W, 3)`` uint8 and their action ids, None if none."""
+    def history(self) -> tuple[np.ndarray, list[frozenset[str]]] | None:
+        """The recent frames ``(n, H, W, 3)`` uint8 and their held keys, None if none."""
         if not self.frames:
             return None
-        return np.stack(self.frames), list(self.actions)
+        return np.stack(self.frames), list(self.keys)
 
     def replay(self) -> list[Command]:
         """Commands that bring a restored session to the journal's settings, prompt and keys."""

@@ -21,10 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from worldstream.engine.api import Command, SessionClosedError, SessionInfo
-from worldstream.engine.config import EngineConfig
-from worldstream.engine.engine import Engine
-from worldstream.engine.registry import load_backend
+from worldstream.engine.core.api import Command, SessionClosedError, SessionInfo
+from worldstream.engine.core.config import EngineConfig
+from worldstream.engine.core.engine import Engine
+from worldstream.engine.core.registry import load_backend
 
 #: frames a session may pile up in its replica between two pulls (a stalled front end)
 PULL_SLOT_FRAMES = 64
@@ -36,7 +36,7 @@ class EngineReplica:
     run in a concurrency group of their own beside the commands.
 
     Args:
-        model: backend name for ``engine.registry.load_backend`` (``builtin``, ``sim``, ...).
+        model: backend name for ``engine.core.registry.load_backend`` (``builtin``, ``sim``, ...).
         config: the engine settings (as ``worldstream play`` makes them).
         model_kwargs: passed to ``load_backend`` (e.g. ``path``).
         threads: torch threads of this process (None: leave as is).
@@ -49,11 +49,11 @@ class EngineReplica:
 
             torch.set_num_threads(threads)
         backend = load_backend(model, **(model_kwargs or {}))
-        # as `worldstream play` does: load the scene-prompt encoder before the first session
+        # as `worldstream play` does: load the model's prompt encoder before the first session
         # (seconds on an idle machine, far longer under load), or that session stalls
-        from worldstream.engine.text import scene_for_prompt
-
-        scene_for_prompt("warm-up")
+        prepare = getattr(backend, "prepare_prompt", None)
+        if prepare is not None:
+            prepare("warm-up")
         self.engine = Engine(backend, config).start()
         self._slots: dict[str, Any] = {}
         self._received: Counter[str] = Counter()
@@ -67,7 +67,8 @@ class EngineReplica:
                 "height": backend.height}
 
     def create_session(self, prompt: str, seed: int | None, fps: int | None,
-                       history: tuple[np.ndarray, list[int]] | None = None) -> SessionInfo:
+                       history: tuple[np.ndarray, list[frozenset[str]]] | None = None
+                       ) -> SessionInfo:
         """A session on this replica (its frames are collected for :meth:`pull`); raises as
         ``Engine.create_session``."""
         info = self.engine.create_session(prompt, seed=seed, fps=fps, history=history)

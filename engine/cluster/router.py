@@ -1,4 +1,4 @@
-"""The front end's engine over replicas on Ray (issue 14): implements ``engine.api.EngineAPI``,
+"""The front end's engine over replicas on Ray (issue 14): implements ``engine.core.api.EngineAPI``,
 so the HTTP API, WebRTC, WebSocket, recording and the page work unchanged on top of it.
 
 - **Placement**: a new session goes to the live replica with the fewest sessions (then the
@@ -31,7 +31,9 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from worldstream.engine.api import (
+from worldstream.engine.cluster.journal import Journal
+from worldstream.engine.cluster.replica import EngineReplica
+from worldstream.engine.core.api import (
     CapacityError,
     Command,
     Event,
@@ -40,9 +42,7 @@ from worldstream.engine.api import (
     SessionClosedError,
     SessionInfo,
 )
-from worldstream.engine.cluster.journal import Journal
-from worldstream.engine.cluster.replica import EngineReplica
-from worldstream.engine.config import EngineConfig
+from worldstream.engine.core.config import EngineConfig
 
 log = logging.getLogger(__name__)
 

@@ -38,9 +38,9 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
+from worldstream.engine.backends.builtin import BuiltinBackend
 from worldstream.engine.evaluation.metrics import sharpness
 from worldstream.engine.evaluation.run import Episode, streamed_rollout
-from worldstream.engine.generator import WorldGenerator
 from worldstream.engine.training.data import HELDOUT_SEED0
 from worldstream.engine.worlds.actions import IDLE, NUM_ACTIONS, action_to_direction
 from worldstream.engine.worlds.avatar.actions import (
@@ -119,7 +119,7 @@ def fit_probe(episodes: int = 96, length: int = 64, steps: int = 3000,
               seed: int = 0) -> AvatarProbe:
     """Fit :class:`AvatarProbe` on recorded puppeteering of training seeds (labels: the
     simulator's pose: nearest expression face, yaw/pitch classes, mouth openness)."""
-    from worldstream.engine.worlds.avatar.data import TRAIN_SEED0
+    from worldstream.engine.training.avatar_data import TRAIN_SEED0
     from worldstream.engine.worlds.avatar.recorder import record_episode
 
     eps = [record_episode(TRAIN_SEED0 + s, length)
@@ -200,7 +200,7 @@ def scripted_episode(seed: int, look: str) -> ScriptedEpisode:
     return ScriptedEpisode(ep, expression_keys, turn_keys, speech)
 
 
-def rollout(gen: WorldGenerator, ep: Episode, steps: int, seed: int) -> np.ndarray:
+def rollout(gen: BuiltinBackend, ep: Episode, steps: int, seed: int) -> np.ndarray:
     """The model's free rollout of ``ep``'s actions from its true first chunk: all frames, the
     first chunk included."""
     n = len(ep.actions) // gen.chunk_frames * gen.chunk_frames
@@ -263,7 +263,7 @@ def frame_features(rgb: np.ndarray) -> np.ndarray:
     return np.concatenate([[sharpness(rgb), luma], *regions])
 
 
-def long_rollout(gen: WorldGenerator, seed: int, look: str, length: int,
+def long_rollout(gen: BuiltinBackend, seed: int, look: str, length: int,
                  steps: int) -> dict[str, np.ndarray]:
     """Random puppeteering of ``length`` frames, model and simulator on the same actions:
     per-frame :func:`frame_features` of both, ``(L, F)`` each (frames are not kept)."""
@@ -321,7 +321,7 @@ def drift_metrics(runs: list[dict], length: int) -> dict:
     return out
 
 
-def evaluate(gen: WorldGenerator, quick: bool = True, steps: int = 4,
+def evaluate(gen: BuiltinBackend, quick: bool = True, steps: int = 4,
              probe: AvatarProbe | None = None) -> dict:
     """Every avatar metric; ``quick``: 3 scripted episodes and one long rollout (full: 12 and
     four), both 3,000 frames long."""
@@ -360,7 +360,7 @@ def evaluate(gen: WorldGenerator, quick: bool = True, steps: int = 4,
     return out
 
 
-def save_avatar_sheet(gen: WorldGenerator, out: str | Path, steps: int = 4,
+def save_avatar_sheet(gen: BuiltinBackend, out: str | Path, steps: int = 4,
                       seed: int = HELDOUT_SEED0 + 600, look: str = "office") -> Path:
     """The side-by-side sheet of one scripted episode (model over simulator, same actions):
     frames 20 after each expression key (labelled with the expression), 14 after four

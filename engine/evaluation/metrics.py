@@ -23,7 +23,7 @@ def _gray(rgb: np.ndarray) -> np.ndarray:
 def image_shift(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
     """Translation ``(dx, dy)`` in pixels that moves image content of ``a`` to ``b`` (phase
     correlation with the centred player sprite masked out and a flat-top Tukey window; a Hann
-    window scored 0.71 on ground truth, Tukey 1.0 — DESIGN.md). Sub-pixel by a parabola fit."""
+    window scored 0.71 on ground truth, Tukey 1.0). Sub-pixel by a parabola fit."""
     h, w = a.shape[:2]
     win = np.outer(tukey(h, 0.25), tukey(w, 0.25))
     keep = ~player_mask(h)

@@ -14,7 +14,9 @@ moving free rollout of the model's sharpness over the simulator's on the same ac
 ``rollout_anisotropy`` max over the same segments of the gradient anisotropy (streaks);
 ``drift_ratio_3000`` sharpness and mean colour of frames L-100..L against the simulator's
 frames L-100..L (``vs_sim``) and against the rollout's own frames 50-150 (``self``);
-``luma_drift`` mean luma of frames L-100..L minus the simulator's, idle and moving, every
+``picture_start_psnr_1_16`` frames 1-16 after starting from a held-out simulator frame
+uploaded as a picture (``engine.evaluation.picture_start``); ``luma_drift`` mean luma
+of frames L-100..L minus the simulator's, idle and moving, every
 scene. Every metric is also computed on the ground-truth frames (``*_ground_truth``) to show the
 metric itself is sound.
 """
@@ -27,7 +29,8 @@ from dataclasses import dataclass
 import numpy as np
 from tqdm import tqdm
 
-from worldstream.engine.backend import ChunkJob
+from worldstream.engine.backends.builtin import BuiltinBackend
+from worldstream.engine.core.backend import ChunkJob
 from worldstream.engine.evaluation.metrics import (
     SceneClassifier,
     anisotropy,
@@ -37,7 +40,7 @@ from worldstream.engine.evaluation.metrics import (
     psnr,
     sharpness,
 )
-from worldstream.engine.generator import WorldGenerator
+from worldstream.engine.evaluation.picture_start import PICTURE_AT, picture_start_metrics
 from worldstream.engine.training.data import HELDOUT_SEED0
 from worldstream.engine.worlds.actions import IDLE, direction_to_action
 from worldstream.engine.worlds.recorder import HumanLikePolicy
@@ -89,13 +92,13 @@ def _chunks(ep: Episode, f: int, start: int = 1):
         yield c, ep.actions[c * f : (c + 1) * f]
 
 
-def ae_psnr(gen: WorldGenerator, frames: np.ndarray) -> float:
+def ae_psnr(gen: BuiltinBackend, frames: np.ndarray) -> float:
     """Mean PSNR (dB) of the autoencoder's reconstructions, at the streaming dtype."""
     rec = gen.decode_latents(gen.encode_frames(frames))
     return float(np.mean([psnr(a, b) for a, b in zip(rec, frames)]))
 
 
-def teacher_forced(gen: WorldGenerator, ep: Episode, steps: int, seed: int) -> list[float]:
+def teacher_forced(gen: BuiltinBackend, ep: Episode, steps: int, seed: int) -> list[float]:
     """PSNR of each chunk generated from the true context (a fork per chunk)."""
     f = gen.chunk_frames
     state = gen.new_state(ep.prompt, seed, start_frames=ep.frames[:f])
@@ -115,7 +118,7 @@ def teacher_forced(gen: WorldGenerator, ep: Episode, steps: int, seed: int) -> l
 
 
 def rollout(
-    gen: WorldGenerator,
+    gen: BuiltinBackend,
     ep: Episode,
     steps: int,
     seed: int,
@@ -142,7 +145,7 @@ def action_hits(frames: np.ndarray, offsets: np.ndarray, f: int) -> list[bool]:
 
 
 def streamed_rollout(
-    gen: WorldGenerator,
+    gen: BuiltinBackend,
     ep: Episode,
     steps: int,
     seed: int,
@@ -185,7 +188,7 @@ def _frame_stats(rgb: np.ndarray) -> tuple[float, float, float, float, float, fl
     return (sharpness(rgb), anisotropy(rgb), mean_luma(rgb), *rgb.reshape(-1, 3).mean(0))
 
 
-def long_rollouts(gen: WorldGenerator, steps: int, length: int, scenes: list[str]) -> dict:
+def long_rollouts(gen: BuiltinBackend, steps: int, length: int, scenes: list[str]) -> dict:
     """For each scene, an idle and a moving rollout of ``length`` frames against the simulator
     on the same actions: per-frame statistics of both, reduced to the drift metrics."""
     out: dict = {"length": length, "scenes": scenes, "runs": []}
@@ -251,7 +254,7 @@ def revisit_actions(key: int, back: int, hold: int = 16, coast: int = 40) -> lis
     return [IDLE] * 4 + [key] * hold + [IDLE] * coast + [back] * hold + [IDLE] * coast
 
 
-def revisit(gen: WorldGenerator, steps: int, episodes: int) -> dict:
+def revisit(gen: BuiltinBackend, steps: int, episodes: int) -> dict:
     """PSNR of the frame after a loop against the frame before it, both generated (and both
     real for the ground truth), over loops in the four directions."""
     got, truth = [], []
@@ -271,7 +274,7 @@ def revisit(gen: WorldGenerator, steps: int, episodes: int) -> dict:
             "revisit_psnr_db_ground_truth": round(float(np.mean(truth)), 2)}
 
 
-def _scene_classifier(n_frames: int = 48) -> SceneClassifier:
+def scene_classifier(n_frames: int = 48) -> SceneClassifier:
     by_scene = {}
     for k, scene in enumerate(SCENE_NAMES):
         by_scene[scene] = np.concatenate(
@@ -281,7 +284,7 @@ def _scene_classifier(n_frames: int = 48) -> SceneClassifier:
 
 
 def evaluate(
-    gen: WorldGenerator, quick: bool = True, steps: int = 4, drift_steps: int | None = None
+    gen: BuiltinBackend, quick: bool = True, steps: int = 4, drift_steps: int | None = None
 ) -> dict:
     """Run every metric; ``quick`` uses fewer episodes (<= 2 minutes on a 2-core CPU)."""
     t0 = time.perf_counter()
@@ -310,12 +313,15 @@ def evaluate(
         ),
         2,
     )
+    # issue 15: a start from a picture (a simulator frame taken after some play)
+    long_eps = [record(s, PICTURE_AT + 17) for s in seeds]
+    out.update(picture_start_metrics(gen, long_eps, seeds, steps))
     hits = [h for r, ep in zip(rolls, episodes) for h in action_hits(r, ep.offsets, f)]
     truth = [h for ep in episodes for h in action_hits(ep.frames, ep.offsets, f)]
     out["action_accuracy"] = round(float(np.mean(hits)), 3)
     out["action_accuracy_ground_truth"] = round(float(np.mean(truth)), 3)
     # prompt switches: one second in the old scene, then two in the new one
-    clf = _scene_classifier()
+    clf = scene_classifier()
     switch_chunk = FPS // f + 1
     n_sw = 4 if quick else 12
     got, truth = [], []

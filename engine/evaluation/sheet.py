@@ -12,16 +12,16 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from worldstream.engine import text as text_encoder  # noqa: E402
+from worldstream.engine.backends.builtin import BuiltinBackend  # noqa: E402
 from worldstream.engine.evaluation.metrics import anisotropy, sharpness  # noqa: E402
 from worldstream.engine.evaluation.run import record, rollout  # noqa: E402
-from worldstream.engine.generator import WorldGenerator  # noqa: E402
+from worldstream.engine.models.builtin import text as text_encoder  # noqa: E402
 
 MOMENTS = (0, 10, 20, 40, 70, 100, 140, 180, 230)
 
 
 def side_by_side(
-    gen: WorldGenerator,
+    gen: BuiltinBackend,
     actions: list[int],
     prompt: str,
     switches: dict[int, str] | None = None,

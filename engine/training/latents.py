@@ -11,9 +11,13 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from worldstream.engine import text
-from worldstream.engine.models.autoencoder import DOWNSAMPLE, frames_to_tensor, tensor_to_frames
-from worldstream.engine.spatial_memory import SpatialMemory, centre_box, model_inputs
+from worldstream.engine.models.builtin import text
+from worldstream.engine.models.builtin.autoencoder import (
+    DOWNSAMPLE,
+    frames_to_tensor,
+    tensor_to_frames,
+)
+from worldstream.engine.models.builtin.spatial_memory import SpatialMemory, centre_box, model_inputs
 from worldstream.engine.training.common import autocast, pick_device
 from worldstream.engine.worlds.recorder import PROMPTS, load_shard
 from worldstream.engine.worlds.simulator import SIZE, SPRITE

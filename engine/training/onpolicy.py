@@ -7,9 +7,9 @@ colour error compounds in space (exposure bias; ``degrade_bases`` is only a prox
 module closes the gap:
 
 1. :func:`collect_rollouts` rolls the current model out with the real inference path
-   (:class:`engine.generator.WorldGenerator`: memory read, denoise, cache fill, pixel residual,
-   memory write) on recorded training episodes: their first frame, actions, prompts and scene
-   switches. The camera is *forced* onto the simulator's recorded path
+   (:class:`engine.backends.builtin.BuiltinBackend`: memory read, denoise, cache fill, pixel
+   residual, memory write) on recorded training episodes: their first frame, actions, prompts and
+   scene switches. The camera is *forced* onto the simulator's recorded path
    (:class:`ForcedCamera`), so every generated frame is aligned with a true frame; the model's
    own camera path is kept alongside as a check.
 2. :func:`onpolicy_bases` replays the generated frames through the spatial memory exactly as
@@ -35,14 +35,14 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from worldstream.engine.backend import ChunkJob
-from worldstream.engine.generator import GeneratorConfig, WorldGenerator
-from worldstream.engine.models.attention import (
+from worldstream.engine.backends.builtin import BuiltinBackend, BuiltinConfig
+from worldstream.engine.core.backend import ChunkJob
+from worldstream.engine.models.builtin.attention import (
     DenseContext,
     block_causal_frame_mask,
     expand_frame_mask,
 )
-from worldstream.engine.models.world_dit import CameraDynamics, WorldDiT
+from worldstream.engine.models.builtin.world_dit import CameraDynamics, WorldDiT
 from worldstream.engine.training.common import (
     autocast,
     pick_device,
@@ -147,7 +147,7 @@ class Rollouts:
 
 @torch.no_grad()
 def collect_rollouts(
-    gen: WorldGenerator, eps: EpisodeSpec, steps: int = 4, seed: int = 0
+    gen: BuiltinBackend, eps: EpisodeSpec, steps: int = 4, seed: int = 0
 ) -> Rollouts:
     """Roll ``gen`` out on all of ``eps`` at once (one batched ``generate`` per chunk; the
     generator's ``max_states`` must be >= E): start from the true first chunk under the
@@ -351,12 +351,12 @@ def build_pool(
     device: torch.device | None = None,
 ) -> OnPolicyPool:
     """Roll a copy of ``model`` (eval mode, fp32) out on episodes ``index`` with the streaming
-    defaults (:class:`GeneratorConfig`), ``batch`` episodes at a time, and replay their bases."""
+    defaults (:class:`BuiltinConfig`), ``batch`` episodes at a time, and replay their bases."""
     device = device or pick_device()
-    gen = WorldGenerator(
+    gen = BuiltinBackend(
         copy.deepcopy(model).float(),
         copy.deepcopy(ae),
-        GeneratorConfig(max_states=batch, device=device.type, cpu_threads=None),
+        BuiltinConfig(max_states=batch, device=device.type, cpu_threads=None),
     )
     ae_enc = ae.to(device).eval()
     chunk = model.config.chunk_frames

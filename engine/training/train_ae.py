@@ -17,7 +17,11 @@ import torch
 from diffusers.optimization import get_cosine_schedule_with_warmup
 from tqdm import tqdm
 
-from worldstream.engine.models.autoencoder import build_autoencoder, frames_to_tensor, psnr_db
+from worldstream.engine.models.builtin.autoencoder import (
+    build_autoencoder,
+    frames_to_tensor,
+    psnr_db,
+)
 from worldstream.engine.training.common import (
     autocast,
     load_checkpoint,
@@ -76,7 +80,7 @@ def train_ae(
     device = pick_device()
     seed_everything(seed)
     if decoder_only:
-        from worldstream.engine.models.loading import load_autoencoder
+        from worldstream.engine.models.builtin.loading import load_autoencoder
 
         ae = load_autoencoder(out_dir).to(device).train()
         ae.encoder.requires_grad_(False)
@@ -84,7 +88,7 @@ def train_ae(
     else:
         ae = build_autoencoder().to(device)
         if init_from is not None:
-            from worldstream.engine.models.loading import load_autoencoder
+            from worldstream.engine.models.builtin.loading import load_autoencoder
 
             ae.load_state_dict(load_autoencoder(init_from).state_dict())
         params = list(ae.parameters())

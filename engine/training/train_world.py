@@ -1,8 +1,8 @@
 """Train the built-in world model (``worldstream train-world``).
 
 Flow matching on normalised autoencoder latents, x_σ = (1 - σ)·x0 + σ·ε, the network predicting
-x0 on top of each frame's spatial-memory base (``engine.spatial_memory``; the bases are replayed
-from the recorded episodes exactly as the engine reads them, see
+x0 on top of each frame's spatial-memory base (``engine.models.builtin.spatial_memory``; the bases
+are replayed from the recorded episodes exactly as the engine reads them, see
 ``engine.training.latents.memory_bases``). Clips of ``frames`` frames in chunks of
 ``chunk_frames``; block-causal attention; an independent noise level per chunk (Diffusion
 Forcing), drawn logit-normal (SD3). Most rows are inference-like: the chunks before a random
@@ -28,12 +28,12 @@ from diffusers.optimization import get_constant_schedule_with_warmup
 from diffusers.training_utils import EMAModel
 from tqdm import tqdm
 
-from worldstream.engine.models.attention import (
+from worldstream.engine.models.builtin.attention import (
     DenseContext,
     block_causal_frame_mask,
     expand_frame_mask,
 )
-from worldstream.engine.models.world_dit import CameraDynamics, WorldDiT
+from worldstream.engine.models.builtin.world_dit import CameraDynamics, WorldDiT
 from worldstream.engine.training.common import (
     autocast,
     load_checkpoint,

@@ -8,19 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from worldstream.engine.core.limits import check_keys
+
 NUM_ACTIONS = 9
 IDLE = 4
-VALID_KEYS = frozenset({"up", "down", "left", "right"})
 
 
 def keys_to_action(keys: Iterable[str]) -> int:
     """Action id for a set of held keys; raises ValueError naming an unknown key."""
-    held = set(keys)
-    unknown = held - VALID_KEYS
-    if unknown:
-        raise ValueError(
-            f"unknown key(s) {sorted(unknown)}; expected a subset of {sorted(VALID_KEYS)}"
-        )
+    held = check_keys(keys)
     dx = ("right" in held) - ("left" in held)
     dy = ("down" in held) - ("up" in held)
     return direction_to_action(dx, dy)

@@ -52,7 +52,7 @@ WORLDS: dict[str, WorldSpec] = {
                            "worldstream.engine.worlds.recorder:PROMPTS"),
     "avatar": WorldSpec("avatar", ASSETS / "avatar", Path("data_avatar"), 0, AVATAR_ACTIONS,
                         AVATAR_FACTORS,
-                        "worldstream.engine.worlds.avatar.data",
+                        "worldstream.engine.training.avatar_data",
                         "worldstream.engine.worlds.avatar.looks:PROMPTS"),
 }
 

@@ -13,6 +13,8 @@ import unicodedata
 
 import numpy as np
 
+from worldstream.engine.core.limits import MAX_SAY_CHARS
+
 #: viseme names, in id order; ``VISEME_SHAPES[name] = (openness, width)`` (openness 0-1 of the
 #: jaw, width relative to the neutral mouth)
 VISEMES: tuple[str, ...] = ("rest", "MBP", "AA", "E", "I", "O", "U", "FV", "CONS")
@@ -33,7 +35,6 @@ NUM_VISEMES = len(VISEMES)
 VISEME_OPEN = np.array([VISEME_SHAPES[v][0] for v in VISEMES], np.float32)
 VISEME_WIDTH = np.array([VISEME_SHAPES[v][1] for v in VISEMES], np.float32)
 
-MAX_SAY_CHARS = 200
 VOWEL_S, CONSONANT_S, WORD_GAP_S, COMMA_S, STOP_S = 0.15, 0.10, 0.05, 0.20, 0.30
 
 _DIGRAPHS = {"th": "CONS", "sh": "CONS", "ch": "CONS", "ee": "I", "oo": "U", "ou": "U"}

@@ -1,0 +1,131 @@
+"""HTTP routes of a session's world (issue 15): its input log, save points (download and
+load), a start from a picture, a storyboard played live. Contract:
+``streaming/PROTOCOL_EXTENSIONS.md`` ("Stories, save points and replays").
+
+Each route authenticates like the other session routes (bearer token; the downloads also take
+``?token=``), validates its body before anything changes (a bad file is one 4xx with one line,
+the session goes on as it was), then hands the work to the engine thread and waits for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from worldstream.engine.core.api import CapacityError, SessionClosedError
+from worldstream.engine.studio.picture import MAX_PICTURE_BYTES, PictureError
+from worldstream.engine.studio.savepoint import MAX_SAVEPOINT_BYTES, SavepointError
+from worldstream.engine.studio.story import MAX_STORY_BYTES, parse_story
+
+#: how long a route waits for the engine thread, s (it runs between two chunks)
+_ENGINE_WAIT_S = 60.0
+
+
+async def _read_capped(request: Request, limit: int, error) -> bytes:
+    """The request body, refused with 413 past ``limit`` bytes (before reading it all when
+    Content-Length says so)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise error(413, f"{declared} bytes exceeds the limit of {limit} bytes", "body")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise error(413, f"the body exceeds the limit of {limit} bytes", "body")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _content_type(request: Request) -> str:
+    return request.headers.get("content-type", "").split(";")[0].strip().lower()
+
+
+def register(app: FastAPI, engine: Any, authorized: Callable, client_of: Callable,
+             bearer: Callable) -> None:
+    """Add the routes to ``app``; ``authorized(session_id, token, client)`` is the server's
+    session check (raises its ApiError)."""
+    from worldstream.app.server import ApiError
+    from worldstream.engine.studio import worldio
+
+    def supported() -> None:
+        if not hasattr(engine, "call"):  # e.g. the scale-out router: replicas hold the worlds
+            raise ApiError(501, "this server's engine cannot save, load or script a world "
+                                "(scale-out replicas)", "session_id")
+
+    async def wait(start: Callable[[], Any], field: str) -> Any:
+        """Run ``start()`` (validates, returns the engine's future) and await its result,
+        mapping failures to ApiError."""
+        try:
+            future = start()
+            return await asyncio.wait_for(asyncio.wrap_future(future), _ENGINE_WAIT_S)
+        except (SavepointError, PictureError) as err:
+            raise ApiError(400, str(err), field) from None
+        except CapacityError as err:
+            raise ApiError(503, str(err), field, retry_after_s=err.retry_after_s,
+                           headers={"Retry-After": str(max(1, round(err.retry_after_s)))}
+                           ) from None
+        except SessionClosedError:
+            raise ApiError(404, "the session has ended", "session_id") from None
+        except TimeoutError:
+            raise ApiError(503, "the engine did not answer in time", field,
+                           headers={"Retry-After": "5"}) from None
+        except ValueError as err:
+            raise ApiError(400, str(err), field) from None
+
+    def session_of(session_id: str, request: Request, token: str | None = None):
+        supported()
+        return authorized(session_id, bearer(request) or token, client_of(request))
+
+    @app.get("/api/sessions/{session_id}/log")
+    async def input_log(session_id: str, request: Request, token: str | None = None
+                        ) -> Response:
+        session_of(session_id, request, token)
+        log = await wait(lambda: worldio.export_log(engine, session_id), "session_id")
+        return JSONResponse(log, headers={
+            "Content-Disposition": f'attachment; filename="worldstream-{session_id}.log.json"'})
+
+    @app.get("/api/sessions/{session_id}/state")
+    async def save_state(session_id: str, request: Request, token: str | None = None
+                         ) -> Response:
+        session_of(session_id, request, token)
+        data = await wait(lambda: worldio.save(engine, session_id), "session_id")
+        return Response(data, media_type="application/octet-stream", headers={
+            "Content-Disposition": f'attachment; filename="worldstream-{session_id}.wsstate"'})
+
+    @app.post("/api/sessions/{session_id}/state")
+    async def load_state(session_id: str, request: Request) -> dict[str, Any]:
+        session_of(session_id, request)
+        if _content_type(request) != "application/octet-stream":
+            raise ApiError(415, "send the save file as Content-Type: application/octet-stream",
+                           "content-type")
+        data = await _read_capped(request, MAX_SAVEPOINT_BYTES, ApiError)
+        return await wait(lambda: worldio.load(engine, session_id, data), "state")
+
+    @app.post("/api/sessions/{session_id}/picture")
+    async def picture(session_id: str, request: Request) -> dict[str, Any]:
+        session_of(session_id, request)
+        if _content_type(request) not in ("image/png", "image/jpeg"):
+            raise ApiError(415, "send the picture as Content-Type: image/png or image/jpeg",
+                           "content-type")
+        data = await _read_capped(request, MAX_PICTURE_BYTES, ApiError)
+        return await wait(lambda: worldio.start_from_picture(engine, session_id, data),
+                          "picture")
+
+    @app.post("/api/sessions/{session_id}/story")
+    async def story(session_id: str, request: Request) -> dict[str, Any]:
+        session_of(session_id, request)
+        if _content_type(request) != "application/json":
+            raise ApiError(415, "the body must be JSON sent as Content-Type: application/json",
+                           "content-type")
+        raw = await _read_capped(request, MAX_STORY_BYTES, ApiError)
+        try:
+            board = parse_story(raw)
+        except ValueError as err:
+            raise ApiError(400, str(err), "story") from None
+        result = await wait(lambda: worldio.play_story(engine, session_id, board), "story")
+        return {**result, "story": json.loads(board.model_dump_json())}

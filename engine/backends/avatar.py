@@ -1,0 +1,127 @@
+"""``play --world avatar``: the trained avatar world model (``assets/avatar``) as a backend.
+
+The neural work is the built-in model's backend (``engine.backends.builtin.BuiltinBackend``:
+paged KV cache, spatial memory, flow-matching denoise, cache fill) unchanged; this layer adds the
+avatar's controls (:class:`~engine.backends.avatar_sim.AvatarControlsMixin`), turning
+each frame's direction id into an avatar action id (direction, expression, viseme), and starts
+every stream from simulator frames of the prompt's look. The camera never moves, so the spatial
+memory holds the stream's first frame: the generated frames are residuals on that picture of
+the character (an identity anchor).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import replace
+from pathlib import Path
+
+from worldstream.engine.backends.avatar_sim import AvatarControlsMixin, AvatarState, start_frames
+from worldstream.engine.backends.builtin import BuiltinBackend, BuiltinConfig
+from worldstream.engine.core.backend import ChunkJob, ChunkResult
+from worldstream.engine.core.limits import check_prompt
+from worldstream.engine.models.builtin.loading import load_autoencoder, load_world_model
+from worldstream.engine.models.builtin.text import look_for_prompt
+from worldstream.engine.worlds.avatar.actions import NUM_ACTIONS
+from worldstream.engine.worlds.catalog import world
+
+
+class AvatarModelBackend(AvatarControlsMixin):
+    """A :class:`BuiltinBackend` whose model was trained on the avatar world, behind the
+    ``WorldBackend`` contract. ValueError when the model's action space is not the avatar's."""
+
+    name = "avatar"
+
+    def __init__(self, generator: BuiltinBackend):
+        if generator.model.config.num_actions != NUM_ACTIONS:
+            raise ValueError(f"an avatar model has {NUM_ACTIONS} action ids, this one "
+                             f"{generator.model.config.num_actions}")
+        self.gen = generator
+        self.width, self.height = generator.width, generator.height
+        self.default_fps = 20
+        self.max_states = generator.max_states
+        self.chunk_frames = generator.chunk_frames
+        self.rewind_chunks = generator.rewind_chunks
+
+    def _live(self, state: AvatarState) -> AvatarState:
+        if not isinstance(state, AvatarState) or state.freed:
+            raise ValueError("state is freed or not an avatar state")
+        return state
+
+    def new_state(self, prompt: str, seed: int) -> AvatarState:
+        """A stream of the prompt's look for world ``seed``, from its first simulator frames;
+        CapacityError when the pool is full, ValueError for a bad prompt."""
+        check_prompt(prompt)
+        frames = start_frames(look_for_prompt(prompt), seed, self.chunk_frames)
+        # NOTE: the generator prefills start frames with the landscape's IDLE id (4), which is
+        # also the avatar's (idle head, neutral, silent): encode_action() == IDLE
+        return AvatarState(self.gen.new_state(prompt, seed, start_frames=frames))
+
+    def prepare_prompt(self, text: str, blend_text: str | None = None,
+                       blend_weight: float = 0.0) -> None:
+        self.gen.prepare_prompt(text, blend_text, blend_weight)
+        look_for_prompt(text)
+
+    def set_prompt(self, state: AvatarState, text: str, blend_text: str | None = None,
+                   blend_weight: float = 0.0) -> None:
+        self.gen.set_prompt(self._live(state).inner, text, blend_text, blend_weight)
+
+    def fork(self, state: AvatarState) -> AvatarState:
+        self._live(state)
+        return AvatarState(self.gen.fork(state.inner), state.controls.copy(),
+                           deque(c.copy() for c in state.history))
+
+    def free(self, state: AvatarState) -> None:
+        if isinstance(state, AvatarState) and not state.freed:
+            self.gen.free(state.inner)
+            state.freed = True
+            state.history.clear()
+
+    def rewind(self, state: AvatarState, chunks: int) -> None:
+        """Back to the stream and controls of ``chunks`` chunks ago; ValueError (nothing
+        changed) beyond the kept history."""
+        self._live(state)
+        if not isinstance(chunks, int) or not 1 <= chunks <= len(state.history):
+            raise ValueError(f"can rewind 1..{len(state.history)} chunks, got {chunks!r}")
+        self.gen.rewind(state.inner, chunks)
+        self._rewind_controls(state, chunks)
+
+    def finish(self) -> dict[str, float]:
+        return self.gen.finish()
+
+    def configure(self, state: AvatarState, **settings) -> None:
+        """The built-in model's per-session settings (``memory_frames``, ``attention``)."""
+        self.gen.configure(self._live(state).inner, **settings)
+
+    def generate(self, jobs: list[ChunkJob]) -> list[ChunkResult]:
+        """One chunk per job, batched by the generator; a job whose state or directions are
+        bad gets a result with ``error`` and consumes no speech."""
+        results: list[ChunkResult | None] = [None] * len(jobs)
+        inner_jobs, where, before = [], [], []
+        for i, job in enumerate(jobs):
+            try:
+                state = self._live(job.state)
+                snapshot = state.controls.copy()
+                actions = self._actions(state, job.actions, self.rewind_chunks + 1)
+            except ValueError as err:
+                results[i] = ChunkResult(None, error=err)
+                continue
+            inner_jobs.append(replace(job, state=state.inner, actions=actions))
+            where.append(i)
+            before.append(snapshot)
+        for i, snapshot, res in zip(where, before, self.gen.generate(inner_jobs) if inner_jobs
+                                    else []):
+            if res.error is not None:  # the chunk was not made: its speech is still to say
+                jobs[i].state.controls = snapshot
+                jobs[i].state.history.pop()
+            results[i] = res
+        return results
+
+
+def load_avatar_backend(path: str | Path | None = None, **kwargs) -> AvatarModelBackend:
+    """The shipped avatar model (``assets/avatar/{transformer,vae}``, or ``path``) as a
+    backend; ``kwargs`` go to :class:`BuiltinConfig`. FileNotFoundError names a missing
+    weights file."""
+    path = Path(path) if path is not None else world("avatar").assets
+    return AvatarModelBackend(BuiltinBackend(load_world_model(path / "transformer"),
+                                             load_autoencoder(path / "vae"),
+                                             BuiltinConfig(**kwargs)))

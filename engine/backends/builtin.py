@@ -1,0 +1,424 @@
+"""The neural world backend: memory read -> denoise -> cache fill -> decode -> memory write,
+over the paged temporal KV cache and the spatial memory.
+
+One :class:`BuiltinBackend` holds the model, the autoencoder and one preallocated KV pool
+``[num_layers, num_pages, heads, page_size, head_dim]`` shared by every session and branch; each
+session's :class:`BuiltinState` owns a :class:`~engine.core.kv_cache.PageTable` (one page = the 64
+tokens of one latent frame), a :class:`~engine.models.builtin.spatial_memory.SpatialMemory` (what
+it has shown, in world coordinates) and its camera (position, velocity). Generating a chunk for a
+batch:
+
+1. camera: the model's learned camera dynamics turn the chunk's actions into per-frame camera
+   positions (integer world pixels);
+2. base: each frame's window is read from the spatial memory at its position, once, and encoded
+   (with planes saying where memory holds current and stale content);
+3. allocate the chunk's pages; each query chunk attends (through ``kernels.paged_attention``,
+   CSR page lists) to its sink + window pages, optionally older pages picked by camera overlap
+   with the current view (spatial) or top-k by key similarity, and its own pages;
+4. denoise in 1-4 flow-matching steps (``engine.backends.sampler``), every step rewriting the
+chunk's
+   keys/values in its own pages;
+5. cache fill: one more forward of the clean chunk tagged with the context noise level writes
+   the keys/values later chunks attend to (Self-Forcing / CausVid);
+6. decode the latents to RGB with the autoencoder, batched, and write the frames into the
+   spatial memory where it held nothing of the current prompt (write-once; the centred player
+   sprite excluded).
+
+A stream starts from real simulator frames of the prompt's scene (encoded, cache-filled and
+written to memory as the first chunk). A prompt switch recaches the window under the new text
+embedding (LongLive) and starts a new memory epoch (remembered ground is restyled on sight).
+All methods take one lock: the engine thread generates while other threads may fork or free.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+from diffusers.utils import logging as diffusers_logging
+
+from worldstream.engine.backends.runner import (
+    PagedAttentionContext,
+    PagedRunner,
+    RunnerState,
+    StreamConfig,
+)
+from worldstream.engine.core.backend import ChunkJob
+from worldstream.engine.models.builtin import text as text_encoder
+from worldstream.engine.models.builtin.autoencoder import frames_to_tensor, tensor_to_frames
+from worldstream.engine.models.builtin.loading import (
+    BUILTIN_DIR,
+    load_autoencoder,
+    load_world_model,
+)
+from worldstream.engine.models.builtin.spatial_memory import (
+    SpatialMemory,
+    UndoRecord,
+    centre_box,
+    model_inputs,
+    select_by_overlap,
+)
+from worldstream.engine.models.builtin.world_dit import WorldDiT
+from worldstream.engine.training.common import cpu_has_fast_bf16
+from worldstream.engine.worlds.actions import IDLE, keys_to_action
+from worldstream.engine.worlds.simulator import WorldSimulator
+
+
+@dataclass
+class BuiltinConfig(StreamConfig):
+    """Streaming settings of the built-in model (the shared ones: :class:`StreamConfig`).
+
+    ``topk_pages``: older pages attended per query chunk, picked by key similarity (0 = off).
+    ``spatial_pages``: older pages attended per query chunk, picked by how much of the current
+    view their frame's camera window covers (0 = off; the spatial top-k beside the recency
+    window). ``dtype``: compute dtype. ``cpu_threads``: torch intra-op threads on CPU
+    (process-wide; None = leave as is). ``memory_tiles``: spatial-memory tiles (64 px) kept per
+    state (LRU beyond). ``pixel_residual``: where memory holds current content, show the
+    remembered pixels plus the model's change to them (``memory + decode(x0) - decode(base)``)
+    instead of ``decode(x0)``: remembered ground keeps its full sharpness instead of the
+    autoencoder's, and the model's changes (water, clouds, creatures) still show; costs one
+    more decode per frame. ``restyle_chunks``: after a prompt switch, this many chunks each
+    start a new memory epoch, so everything in view reads as stale and is restyled again (at
+    least 1: the switch itself); the model restyles in one frame what the simulator
+    cross-fades over 12, and a second or third pass finishes what the first left half done.
+    ``autoencoder_dtype``: the autoencoder's compute dtype (None: bf16 on CUDA and on CPUs
+    with native bf16, where it halves encode + decode time — 35 -> 19 ms a frame measured on
+    an AVX-512-BF16 EPYC core — else ``dtype``).
+    NOTE: one thread is the default because this model's ops are small: with two OpenMP
+    threads on a 2-core machine that also runs the video encoder and the event loop, every op
+    waits at a barrier for a descheduled thread — measured 140 ms vs 5.9 s per 4-step chunk
+    under load.
+    """
+
+    topk_pages: int = 0
+    spatial_pages: int = 0
+    memory_tiles: int = 256
+    pixel_residual: bool = True
+    restyle_chunks: int = 1
+    dtype: torch.dtype = torch.float32
+    autoencoder_dtype: torch.dtype | None = None
+    device: str = "cpu"
+    cpu_threads: int | None = 1
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.topk_pages < 0 or self.spatial_pages < 0:
+            raise ValueError("topk_pages and spatial_pages must be >= 0")
+        if self.memory_tiles < 1 or self.restyle_chunks < 1:
+            raise ValueError("memory_tiles and restyle_chunks must be >= 1")
+
+
+@dataclass
+class _ChunkRecord:
+    """What a retained chunk was computed from (for recache and rewind)."""
+
+    latents: torch.Tensor | None  # (F, C, h, w) model-space clean latents
+    base: torch.Tensor  # (F, C, h, w) model-space memory bases as fed (context noise included)
+    known: torch.Tensor  # (F, 2, h, w) current/stale fractions of the bases
+    actions: list[int]
+    position: int  # time index of its first frame
+    origins: np.ndarray  # (F, 2) int64 camera windows' top-left corners, world px
+    camera: tuple[np.ndarray, torch.Tensor]  # (position, velocity) after its last frame
+    context: torch.Tensor | None = None  # (F, C, h, w) what the cache fill consumed
+    undo: list[UndoRecord] = field(default_factory=list)  # memory writes, oldest first
+
+    @property
+    def num_frames(self) -> int:
+        return len(self.actions)
+
+
+@dataclass
+class _MemoryViews:
+    """What memory showed the frames of a chunk being generated, flattened over the batch:
+    ``pictures (N, H, W, 3)`` uint8, ``current (N, H, W)`` bool, ``base (N, C, h, w)`` their
+    clean model-space latents."""
+
+    pictures: np.ndarray
+    current: np.ndarray
+    base: torch.Tensor
+
+
+@dataclass
+class BuiltinState(RunnerState):
+    """One session's (or branch's) state: the shared ones plus the spatial memory (what it
+    has shown, in world coordinates), pending start frames and the restyle countdown."""
+
+    memory: SpatialMemory = field(default_factory=SpatialMemory)
+    start_frames: np.ndarray | None = None  # (F, H, W, 3) uint8, pending prefill
+    restyle_left: int = 0  # chunks that still start a new memory epoch (after a prompt switch)
+
+    @property
+    def camera(self) -> tuple[np.ndarray, torch.Tensor]:
+        """(position ``(2,)`` float64 world px, velocity ``(2,)`` float32 px/frame) now."""
+        if not self.history:
+            return np.zeros(2), torch.zeros(2)
+        return self.history[-1].camera
+
+
+def _to(module: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
+    module = module.to(device).eval()
+    # diffusers warns on any dtype cast, even a no-op one (and names no module to keep in fp32
+    # for these): cast only when it changes something, quietly
+    if dtype == torch.float32:
+        return module
+    verbosity = diffusers_logging.get_verbosity()
+    diffusers_logging.set_verbosity_error()
+    try:
+        return module.to(dtype=dtype)
+    finally:
+        diffusers_logging.set_verbosity(verbosity)
+
+
+class BuiltinBackend(PagedRunner):
+    """``engine.core.backend.WorldBackend`` for a trained :class:`WorldDiT` + autoencoder: the
+    shared :class:`~engine.backends.runner.PagedRunner` plus the camera, the spatial memory and
+    the pixel residual."""
+
+    name = "builtin"
+    default_fps = 15
+    #: ``new_state`` takes ``start_frames`` (a start from a picture, engine.studio.worldio)
+    starts_from_frames = True
+    plan_stage = "memory_read"
+
+    def __init__(self, model: WorldDiT, autoencoder, config: BuiltinConfig | None = None):
+        cfg = config or BuiltinConfig()
+        device = torch.device(cfg.device)
+        if device.type == "cpu" and cfg.cpu_threads:
+            torch.set_num_threads(cfg.cpu_threads)
+        mc = model.config
+        super().__init__(
+            cfg,
+            pages_per_chunk=mc.chunk_frames,
+            pool_shape=(mc.depth, mc.num_heads, model.tokens_per_frame, mc.dim // mc.num_heads),
+            dtype=cfg.dtype,
+            device=device,
+            topk_pages=cfg.topk_pages,
+        )
+        self.config: BuiltinConfig = cfg
+        self.model = _to(model, device, cfg.dtype)
+        self.ae_dtype = cfg.autoencoder_dtype or (
+            torch.bfloat16
+            if device.type == "cuda" or (device.type == "cpu" and cpu_has_fast_bf16())
+            else cfg.dtype
+        )
+        self.ae = _to(autoencoder, device, self.ae_dtype)
+        self.chunk_frames = mc.chunk_frames
+        self.width = self.height = mc.image_size
+        self.downsample = mc.image_size // mc.latent_size
+        self._exclude = centre_box(mc.image_size, mc.view_box)
+
+    # -- keys and prompts -----------------------------------------------------------------
+    def key_action(self, keys: frozenset[str]) -> int:
+        """The built-in world's action id (``engine.worlds.actions``) for held direction keys;
+        ValueError naming an unknown key."""
+        return keys_to_action(keys)
+
+    def _embed(self, text: str, blend_text: str | None, weight: float) -> torch.Tensor:
+        return torch.as_tensor(np.array(text_encoder.embed_blend(text, blend_text, weight)))
+
+    def _on_prompt(self, state: BuiltinState) -> None:
+        state.restyle_left = self.config.restyle_chunks
+
+    # -- state lifecycle ------------------------------------------------------------------
+    def new_state(
+        self, prompt: str, seed: int, start_frames: np.ndarray | None = None
+    ) -> BuiltinState:
+        """A stream that starts from ``start_frames`` (``(chunk_frames, H, W, 3)`` uint8), by
+        default simulator frames of the prompt's nearest scene at world ``seed``. ValueError
+        for a bad prompt or start frames."""
+        shape = (self.chunk_frames, self.height, self.width, 3)
+        if start_frames is not None and start_frames.shape != shape:
+            raise ValueError(f"start_frames must be {shape} uint8, got {start_frames.shape}")
+        if start_frames is None:
+            sim = WorldSimulator(seed, text_encoder.scene_for_prompt(prompt))
+            start_frames = np.stack([sim.step(IDLE) for _ in range(self.chunk_frames)])
+        return super().new_state(prompt, seed, start_frames=start_frames)
+
+    def _make_state(self, table, prompt, text, rng, start_frames=None) -> BuiltinState:
+        return BuiltinState(table, prompt, text, rng,
+                            memory=SpatialMemory(max_tiles=self.config.memory_tiles),
+                            start_frames=start_frames)
+
+    def _fork_state(self, state: BuiltinState, table, rng) -> BuiltinState:
+        return BuiltinState(
+            table, state.prompt, state.text, rng,
+            deque(replace(r, undo=list(r.undo)) for r in state.history),
+            state.needs_recache, memory=state.memory.fork(), start_frames=state.start_frames,
+            restyle_left=state.restyle_left,
+        )
+
+    def _undo_extra(self, state: BuiltinState, record: _ChunkRecord) -> None:
+        for undo in reversed(record.undo):
+            state.memory.undo(undo)
+
+    @torch.no_grad()
+    def observe(self, state: BuiltinState, frames: np.ndarray, actions: list[int]) -> None:
+        """Append real frames (``(chunk_frames, H, W, 3)`` uint8, with the actions that
+        produced them) to the state's context and memory instead of generating them: teacher
+        forcing, and restoring a session from its recent frames. The camera follows the
+        actions through the model's camera dynamics."""
+        with self._settled():
+            self._prefill(state)
+            if state.needs_recache:
+                self._recache(state)
+            self._append_frames(state, frames, list(actions), move=True)
+
+    def _prefill(self, state: BuiltinState) -> None:
+        if state.start_frames is not None:
+            frames, state.start_frames = state.start_frames, None
+            # the start frames are given, not stepped: the camera stays at the origin
+            self._append_frames(state, frames, [IDLE] * len(frames), move=False)
+
+    def _append_frames(self, state: BuiltinState, frames: np.ndarray, actions: list[int],
+                       move: bool) -> None:
+        rec = self._plan([state], [actions], move=move)[0][0]
+        rec.latents = self.encode_frames(frames)
+        self._append(state, [rec])
+        self._commit_extra(state, rec, frames)
+        self._trim_history(state)
+
+    # -- a chunk ----------------------------------------------------------------------------
+    def _validate_job(self, job: ChunkJob) -> None:
+        if any(not 0 <= a < self.model.config.num_actions for a in job.actions):
+            raise ValueError(f"action ids must be in [0, {self.model.config.num_actions})")
+
+    def _noise(self, generator: torch.Generator) -> torch.Tensor:
+        mc = self.model.config
+        return torch.randn((self.chunk_frames, mc.latent_channels, mc.latent_size,
+                            mc.latent_size), generator=generator)
+
+    def _plan(
+        self, states: list[BuiltinState], actions: list[list[int]], move: bool = True
+    ) -> tuple[list[_ChunkRecord], _MemoryViews]:
+        """Each state's next chunk up to its latents: the camera path of its actions (the
+        model's camera dynamics), each frame's memory base read at that path and encoded.
+        Also returns what memory showed each frame (for the pixel residual)."""
+        cfg = self.config
+        size = self.width
+        records, pictures, current = [], [], []
+        for state, acts in zip(states, actions):
+            if move and state.restyle_left > 0:
+                state.memory.new_epoch()  # what was shown before now reads as stale
+                state.restyle_left -= 1
+            pos, vel = state.camera
+            if move:
+                disp, vel = self.model.camera.rollout(
+                    vel.to(self.device), torch.tensor(acts, device=self.device)
+                )
+                path = pos + np.cumsum(disp.cpu().double().numpy(), axis=0)
+            else:
+                path = np.repeat(pos[None], len(acts), axis=0)
+            origins = np.floor(path).astype(np.int64)
+            known = []
+            for x0, y0 in origins:
+                read = state.memory.read(x0, y0, size)
+                rgb, planes = model_inputs(read, self.downsample)
+                pictures.append(rgb)
+                current.append(read.current)
+                known.append(torch.as_tensor(planes))
+            records.append(
+                _ChunkRecord(
+                    None,
+                    None,
+                    torch.stack(known),
+                    list(acts),
+                    state.position,
+                    origins,
+                    (path[-1], vel.float().cpu()),
+                )
+            )
+        base = self.encode_frames(np.stack(pictures)).cpu()
+        views = _MemoryViews(np.stack(pictures), np.stack(current), base)
+        f = len(actions[0])
+        for n, (state, rec) in enumerate(zip(states, records)):
+            rec.base = base[n * f : (n + 1) * f]
+            if cfg.ctx_noise and cfg.ctx_sigma > 0:
+                eps = torch.randn(rec.base.shape, generator=state.rng)
+                rec.base = (1 - cfg.ctx_sigma) * rec.base + cfg.ctx_sigma * eps
+        return records, views
+
+    def _commit_extra(self, state: BuiltinState, rec: _ChunkRecord, frames: np.ndarray) -> None:
+        """Write a chunk's frames ``(F, H, W, 3)`` uint8 into the state's spatial memory."""
+        for (x0, y0), rgb in zip(rec.origins, frames):
+            rec.undo.append(state.memory.write(x0, y0, rgb, self._exclude))
+
+    def _conditioning(self, states: list[BuiltinState], records: list[_ChunkRecord]) -> tuple:
+        """Conditioning tensors for a batch of chunks (one record per state): memory bases,
+        their noise level, current/stale planes, actions, text and frame positions."""
+        f = self.chunk_frames
+        dev, dt = self.device, self.config.dtype
+        base = torch.stack([r.base for r in records]).to(dev, dt)
+        known = torch.stack([r.known for r in records]).to(dev, dt)
+        base_sigma = torch.full((len(records), f), self.config.ctx_sigma, device=dev)
+        actions = torch.tensor([r.actions for r in records], device=dev)
+        txt = torch.stack([s.text for s in states]).to(dev)[:, None].expand(-1, f, -1)
+        pos = torch.tensor([[r.position + i for i in range(f)] for r in records], device=dev)
+        return base, base_sigma, known, actions, txt, pos
+
+    def _forward(self, x, sigma: float, cond: tuple, ctx: PagedAttentionContext) -> torch.Tensor:
+        base, base_sigma, known, actions, txt, pos = cond
+        sig = torch.full(actions.shape, sigma, device=self.device)
+        return self.model(x.to(self.config.dtype), base, base_sigma, known, sig, actions, txt,
+                          pos, ctx)
+
+    def _extra_context(self, state: BuiltinState, record: _ChunkRecord) -> list[int]:
+        """Older pages whose frame's camera window overlaps the new chunk's view most (up to
+        ``spatial_pages``, overlap > 0), oldest first: revisited places come back into the
+        attention context even when they left the recency window long ago."""
+        return self._spatial_pages(state, record.origins)
+
+    def _spatial_pages(self, state: BuiltinState, origins: np.ndarray) -> list[int]:
+        k = self.config.spatial_pages
+        older = state.table.older_pages()
+        if not k or not older:
+            return []
+        f = self.chunk_frames
+        # the table and the history hold the same chunks, newest last; older pages are the
+        # chunks before the window
+        recs = list(state.history)[-(len(older) // f + state.table.window_chunks) :]
+        page_origins = [o for rec in recs[: len(older) // f] for o in rec.origins]
+        return select_by_overlap(older, page_origins, origins[-1], self.width, k)
+
+    def encode_frames(self, frames: np.ndarray) -> torch.Tensor:
+        """``(N, H, W, 3)`` uint8 frames -> ``(N, C, h, w)`` float32 model-space latents."""
+        with torch.no_grad():
+            x = frames_to_tensor(frames).to(self.device, self.ae_dtype)
+            return self.model.normalize(self.ae.encoder(x).float())
+
+    def decode_latents(self, latents: torch.Tensor) -> np.ndarray:
+        """Model-space latents ``(N, C, h, w)`` -> ``(N, H, W, 3)`` uint8 frames."""
+        with torch.no_grad():
+            flat = self.model.denormalize(latents.to(self.device).float())
+            return (
+                tensor_to_frames(self.ae.decoder(flat.to(self.ae_dtype)).float().clamp(-1, 1))
+                .cpu()
+                .numpy()
+            )
+
+    def _show(self, states, records, x0: torch.Tensor, views: _MemoryViews) -> list[np.ndarray]:
+        """Each state's frames ``(F, H, W, 3)`` uint8 for its generated latents: decoded, or
+        with ``pixel_residual`` the remembered pixels plus the model's change to them where
+        memory holds current content (see :class:`BuiltinConfig`)."""
+        flat = x0.reshape(-1, *x0.shape[2:])
+        if not self.config.pixel_residual:
+            rgb = self.decode_latents(flat)
+        else:
+            both = self.decode_latents(torch.cat([flat.float().cpu(), views.base]))
+            model, decoded_base = both[: len(flat)].astype(np.int16), both[len(flat) :]
+            shown = np.clip(views.pictures + (model - decoded_base), 0, 255).astype(np.uint8)
+            rgb = np.where(views.current[..., None], shown, model.astype(np.uint8))
+        return list(rgb.reshape(len(states), self.chunk_frames, self.height, self.width, 3))
+
+
+def load_builtin_backend(path: str | Path = BUILTIN_DIR, **kwargs) -> BuiltinBackend:
+    """The shipped built-in model (``assets/builtin/{transformer,vae}``) as a backend.
+    ``kwargs`` go to :class:`BuiltinConfig`. FileNotFoundError names a missing weights file."""
+    path = Path(path)
+    return BuiltinBackend(
+        load_world_model(path / "transformer"),
+        load_autoencoder(path / "vae"),
+        BuiltinConfig(**kwargs),
+    )

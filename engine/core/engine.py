@@ -1,0 +1,866 @@
+"""The streaming engine: sessions over one :class:`~engine.core.backend.WorldBackend`, generated
+chunk by chunk in its own thread behind a thread-safe command queue.
+
+The engine thread is the only one that touches the backend (no backend needs to be
+thread-safe). Public methods validate, register and enqueue, then return: no caller ever waits
+for a generation. One loop, calls going one way: drain commands -> ask the scheduler for a
+batch -> ``backend.generate`` -> hand frames to subscribers and account timeliness.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import queue
+import random
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from worldstream.engine.core.api import (
+    ActionCommand,
+    AdoptCommand,
+    CapacityError,
+    Command,
+    EventQueue,
+    ForkCommand,
+    FrameSlot,
+    PromptCommand,
+    RewindCommand,
+    SessionClosedError,
+    SessionInfo,
+    SettingsCommand,
+)
+from worldstream.engine.core.backend import ChunkJob, ChunkResult, WorldBackend
+from worldstream.engine.core.config import MODES, EngineConfig
+from worldstream.engine.core.inputlog import InputLog
+from worldstream.engine.core.limits import (
+    MAX_CHUNK_FRAMES,
+    MAX_MEMORY_FRAMES,
+    MAX_STEPS,
+    MIN_MEMORY_FRAMES,
+    check_prompt,
+)
+from worldstream.engine.core.prompts import PromptPrefetcher
+from worldstream.engine.core.scheduler import (
+    NS,
+    BatchPlan,
+    ChunkRequest,
+    DegradeController,
+    plan_batch,
+)
+from worldstream.engine.core.session import Branch, Session
+
+log = logging.getLogger(__name__)
+
+_COMMAND_TYPES = (ActionCommand, PromptCommand, SettingsCommand, ForkCommand, AdoptCommand,
+                  RewindCommand)
+#: the longest the engine thread sleeps with nothing due (it wakes at once on a command)
+_MAX_IDLE_S = 0.05
+#: how often the engine looks for slack while fork previews wait for it
+_PREVIEW_POLL_NS = 2_000_000
+
+
+class _InvalidCommand(ValueError):
+    """A rejected command: reported to the client as an error event naming ``field``."""
+
+    def __init__(self, field: str, message: str, code: str = "invalid"):
+        super().__init__(message)
+        self.field = field
+        self.code = code
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def derived_seed(*parts: int) -> int:
+    """A well-mixed 31-bit seed from integers (branch previews get distinct noise)."""
+    return int(np.random.SeedSequence([p & 0xFFFFFFFF for p in parts]).generate_state(1)[0]
+               >> 1)
+
+
+class Engine:
+    """Implements :class:`engine.core.api.EngineAPI` over ``backend``.
+
+    Args:
+        backend: the world model (or the simulator) generating chunks.
+        config: engine settings (default :class:`EngineConfig`()).
+    Raises ValueError when the config does not fit the backend (fps, chunk size).
+    Use as a context manager, or call :meth:`start` and :meth:`stop`.
+    """
+
+    def __init__(self, backend: WorldBackend, config: EngineConfig | None = None):
+        self.backend = backend
+        self.config = config = config or EngineConfig()
+        self.model_name = backend.name
+        #: the world the backend streams (optional backend attribute; the page adapts to it)
+        self.world = getattr(backend, "world", "landscape")
+        self.capacity = min(config.max_sessions, backend.max_states)
+        # the core knows keys, not actions: the backend names its own action for them
+        self.idle_action = backend.key_action(frozenset())
+        self.default_fps = config.fps or backend.default_fps
+        if not config.min_fps <= self.default_fps <= config.max_fps:
+            raise ValueError(f"fps {self.default_fps} outside [{config.min_fps}, {config.max_fps}]")
+        # NOTE: optional backend attribute (not in the WorldBackend contract yet): the chunk
+        # sizes it can generate; without it only its default size is used.
+        self.chunk_sizes = tuple(getattr(backend, "supported_chunk_frames",
+                                         (backend.chunk_frames,)))
+        self.chunk_frames = config.chunk_frames or backend.chunk_frames
+        self.default_steps = config.steps
+        if config.mode is not None:
+            self.chunk_frames, self.default_steps = self.mode_settings(config.mode)
+        if self.chunk_frames not in self.chunk_sizes:
+            raise ValueError(f"chunk_frames {self.chunk_frames} not supported by model "
+                             f"{backend.name!r} (supported: {list(self.chunk_sizes)})")
+        largest = max(self.chunk_sizes)
+        if config.buffer_max_frames < largest + config.batch_join_frames:
+            raise ValueError(f"buffer_max_frames ({config.buffer_max_frames}) must hold a chunk "
+                             f"of {largest} frames plus batch_join_frames "
+                             f"({config.batch_join_frames})")
+        self.rewind_chunks = min(config.rewind_chunks, backend.rewind_chunks)
+        self._lock = threading.Lock()  # sessions dict, subscribers, stats, live-state count
+        self._sessions: dict[str, Session] = {}
+        self._live_states = 0  # backend states of sessions and branches, incl. reservations
+        self._commands: queue.Queue[tuple] = queue.Queue()
+        # NOTE: optional backend hook (thread-safe): encode a prompt ahead, off this thread
+        prepare = getattr(backend, "prepare_prompt", None)
+        self._prompts = None if prepare is None else PromptPrefetcher(
+            lambda c: prepare(c.text, c.blend_text, c.blend_weight), self._commands.put,
+            config.prompts_per_s)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._num_batches = 0
+        self._num_jobs = 0
+
+    def mode_settings(self, name: str) -> tuple[int, int]:
+        """``(chunk_frames, steps)`` of mode ``name`` on this backend: the supported chunk
+        size nearest to the mode's (the smaller on a tie), its steps within the config's
+        bounds. Raises KeyError for an unknown mode."""
+        mode = MODES[name]
+        chunk = min(self.chunk_sizes, key=lambda c: (abs(c - mode.chunk_frames), c))
+        return chunk, min(max(mode.steps, self.config.min_steps), MAX_STEPS)
+
+    # ------------------------------------------------------------ lifecycle
+    def start(self) -> Engine:
+        if self._thread is not None:
+            raise RuntimeError("engine already started")
+        self._thread = threading.Thread(target=self._run, name="worldstream-engine", daemon=True)
+        self._thread.start()
+        if self._prompts is not None:
+            self._prompts.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop the engine thread, free every state, close every session. Idempotent."""
+        self._stop.set()
+        if self._prompts is not None:
+            self._prompts.stop()
+        self._commands.put(("wake",))
+        if self._thread is not None:
+            self._thread.join()
+        with self._lock:
+            sessions = list(self._sessions.values())
+            self._sessions.clear()
+        while True:  # sessions closed while their "close" was still queued
+            try:
+                item = self._commands.get_nowait()
+            except queue.Empty:
+                break
+            if item[0] == "close":
+                sessions.append(item[1])
+        for session in sessions:
+            self._release(session)
+
+    def __enter__(self) -> Engine:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------ EngineAPI (any thread)
+    def create_session(
+        self, prompt: str, seed: int | None = None, fps: int | None = None,
+        history: tuple[np.ndarray, list[frozenset[str]]] | None = None,
+    ) -> SessionInfo:
+        """Admit a session; its backend state is made on the engine thread (a failure there
+        ends the session with an error event). ``history``: recent frames ``(n, H, W, 3)``
+        uint8 and the keys held for each (the backend maps them to its actions), fed to the model
+        as context before the first chunk (a recache: restoring a session that lived elsewhere)
+        when the backend has the optional ``observe(state, frames, actions)`` hook, in whole
+        chunks. Raises CapacityError when ``max_sessions`` or the backend's state budget is reached,
+        ValueError for a bad prompt, seed, fps or history."""
+        check_prompt(prompt)
+        if history is not None:
+            frames, keys = history
+            shape = (self.backend.height, self.backend.width, 3)
+            if (not isinstance(frames, np.ndarray) or frames.dtype != np.uint8
+                    or frames.shape[1:] != shape or len(keys) != len(frames)):
+                raise ValueError(f"history must be (n, {shape}) uint8 frames with one set of "
+                                 "held keys each")
+            history = (frames, [self.backend.key_action(k) for k in keys])  # ValueError
+        if seed is None:
+            seed = random.randrange(2**31)
+        if not _is_int(seed) or seed < 0:
+            raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+        fps = self.default_fps if fps is None else fps
+        if not _is_int(fps) or not self.config.min_fps <= fps <= self.config.max_fps:
+            raise ValueError(f"fps must be an int in [{self.config.min_fps}, "
+                             f"{self.config.max_fps}], got {fps!r}")
+        if self._stop.is_set():
+            raise RuntimeError("engine stopped")
+        if self._prompts is not None:  # encode it here, in the caller's thread, not on ours
+            try:
+                self.backend.prepare_prompt(prompt)
+            except ValueError:
+                pass  # the backend refuses it on the engine thread, with its own message
+        cfg = self.config
+        with self._lock:
+            if len(self._sessions) >= cfg.max_sessions:
+                raise CapacityError(f"all {cfg.max_sessions} sessions are in use",
+                                    cfg.retry_after_s)
+            if self._live_states + 1 > self.backend.max_states:
+                raise CapacityError(f"the model's memory holds {self.backend.max_states} "
+                                    "states and all are in use", cfg.retry_after_s)
+            self._live_states += 1
+            session = Session(
+                uuid.uuid4().hex, prompt, seed, fps=fps,
+                chunk_frames=self.chunk_frames, created_ns=time.perf_counter_ns(),
+                degrade=DegradeController(
+                    self.default_steps, fps, min_steps=cfg.min_steps, min_fps=cfg.min_fps,
+                    factor=cfg.fps_degrade_factor, misses=cfg.degrade_after_misses,
+                    recover=cfg.recover_after_chunks),
+                stats_window_s=cfg.metrics_window_s,
+                idle_action=self.idle_action,
+            )
+            session.mode = cfg.mode
+            session.inputs = InputLog({"kind": "prompt" if history is None else "history"},
+                                      seed=seed, prompt=prompt, chunk_frames=self.chunk_frames,
+                                      steps=session.steps, fps=fps)
+            self._sessions[session.session_id] = session
+        self._commands.put(("create", session, history))
+        return SessionInfo(session.session_id, self.backend.width, self.backend.height, fps)
+
+    def _session(self, session_id: str) -> Session:
+        session = self._sessions.get(session_id)
+        if session is None or session.closed:
+            raise SessionClosedError(session_id)
+        return session
+
+    def submit(self, session_id: str, command: Command) -> None:
+        """Queue ``command``; its receipt time starts the action-to-frame measurement.
+        Raises SessionClosedError for an unknown/closed session, TypeError for a non-command."""
+        if not isinstance(command, _COMMAND_TYPES):
+            raise TypeError(f"not an engine command: {type(command).__name__}")
+        receipt_ns = time.perf_counter_ns()
+        with self._lock:
+            session = self._session(session_id)
+        item = ("command", session, command, receipt_ns)
+        if self._prompts is None:
+            self._commands.put(item)
+        else:
+            self._prompts.submit(session_id, item)
+
+    def subscribe(self, session_id: str, maxlen: int | None = None) -> FrameSlot:
+        """A new frame slot receiving every frame of the session from now on."""
+        slot = FrameSlot(self.config.slot_maxlen if maxlen is None else maxlen)
+        with self._lock:
+            session = self._session(session_id)
+            # also pruned on delivery; a paused session delivers nothing
+            session.subscribers = [s for s in session.subscribers if not s.closed] + [slot]
+        return slot
+
+    def set_paused(self, session_id: str, paused: bool) -> None:
+        """Pause (no chunks generated) or resume a session, e.g. while no viewer is attached.
+        A resumed stream restarts its playout clock: the pause is not a deadline miss. Raises
+        SessionClosedError for an unknown or closed session."""
+        with self._lock:
+            session = self._session(session_id)
+        self._commands.put(("pause", session, bool(paused)))
+
+    def events(self, session_id: str) -> EventQueue:
+        with self._lock:
+            return self._session(session_id).events
+
+    def close_session(self, session_id: str) -> None:
+        """End the session (its slots close, Event "closed"). Raises SessionClosedError when
+        unknown or already closed."""
+        with self._lock:
+            session = self._session(session_id)
+            session.closed = True
+            del self._sessions[session_id]
+            # NOTE: the budget comes back now, not when the engine thread frees the states:
+            # commands run in order, so any later create or fork reaches the backend after
+            # this close has freed them (a client reconnecting at once gets no spurious 503)
+            self._live_states -= session.num_states
+            session.num_states = 0
+        if self._prompts is not None:
+            self._prompts.forget(session_id)
+        self._commands.put(("close", session))
+
+    def num_sessions(self) -> int:
+        with self._lock:
+            return len(self._sessions)
+
+    def metrics(self) -> dict[str, Any]:
+        """Per-session and aggregate figures (JSON-ready).
+
+        Per session: ``fps`` measured over ``metrics_window_s``, ``target_fps``, ``steps``,
+        ``chunk_frames``, ``buffer_frames`` (generated ahead of the playout clock),
+        ``gen_ms_per_chunk`` (mean of recent batches), ``action_to_frame_ms`` (p50/p95/count,
+        command receipt -> frame ready), ``degraded``, ``degrade_level``, ``dropped_frames``
+        (subscriber slots), ``subscribers`` (open slots), ``late_frames`` (frames the playout
+        clock waited for), ``frames``.
+        """
+        now = time.perf_counter_ns()
+        with self._lock:
+            per_session = {}
+            for sid, s in self._sessions.items():
+                gen = list(s.stats.gen_ms)
+                per_session[sid] = {
+                    "fps": s.stats.fps(),
+                    "target_fps": s.degrade.fps,
+                    "steps": s.steps,
+                    "chunk_frames": s.chunk_frames,
+                    "buffer_frames": max(s.clock.buffer_frames(s.frame_index, now), 0.0),
+                    "gen_ms_per_chunk": float(np.mean(gen)) if gen else None,
+                    "action_to_frame_ms": s.stats.latency_percentiles(),
+                    "degraded": s.degrade.degraded,
+                    "degrade_level": s.degrade.level,
+                    "dropped_frames": sum(slot.dropped for slot in s.subscribers),
+                    "subscribers": sum(not slot.closed for slot in s.subscribers),
+                    "late_frames": s.stats.late_frames,
+                    "frames": s.stats.frames,
+                }
+            return {
+                "model": self.model_name,
+                "num_sessions": len(self._sessions),
+                "capacity": self.capacity,
+                "aggregate_fps": sum(m["fps"] for m in per_session.values()),
+                "batches": self._num_batches,
+                "mean_batch_size": self._num_jobs / self._num_batches if self._num_batches else 0.0,
+                "sessions": per_session,
+            }
+
+    def latency_budget(self, session_id: str) -> dict[str, Any]:
+        """The session's designed latency budget (JSON-ready): ``mode`` (None: custom),
+        ``chunk_frames``, ``steps``, ``fps``, ``plan_ms`` (the chunk time it is planned with:
+        p95 of recent chunks + ``jit_margin_ms``), ``wait_ms`` (mean wait of an action for the
+        next chunk to start: half a chunk interval), ``floor_ms`` = wait + plan: the
+        action-to-frame latency of these settings before any transport, and
+        ``after_delivery_ms`` (mean of the backend's work after delivery, e.g. the cache fill:
+        engine time, not on the action's path). Raises SessionClosedError."""
+        with self._lock:
+            s = self._session(session_id)
+            plan = self.plan_ms(s)
+            wait = 500.0 * s.chunk_frames / s.clock.fps
+            after = float(np.mean(s.stats.finish_ms)) if s.stats.finish_ms else 0.0
+            return {"mode": s.mode, "chunk_frames": s.chunk_frames, "steps": s.steps,
+                    "fps": s.degrade.fps, "plan_ms": round(plan, 1), "wait_ms": round(wait, 1),
+                    "floor_ms": round(plan + wait, 1), "after_delivery_ms": round(after, 1)}
+
+    # ------------------------------------------------------------ engine thread
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._drain(self._idle_timeout(time.perf_counter_ns()))
+                if self._stop.is_set():
+                    break
+                plan = plan_batch(self._requests(time.perf_counter_ns()), self.config.max_batch)
+                if plan is not None:
+                    self._run_batch(plan)
+            except Exception:  # a bug must not silently stop every stream
+                log.exception("engine loop error")
+
+    def _live(self) -> list[Session]:
+        with self._lock:
+            return [s for s in self._sessions.values() if s.state is not None and not s.paused]
+
+    def plan_ms(self, s: Session) -> float:
+        """The generation time a chunk of ``s`` is planned with, ms: the p95 of its recent
+        chunks (a whole chunk's duration before 3 are measured) plus ``jit_margin_ms``."""
+        chunk_ms = 1e3 * s.chunk_frames / s.clock.fps
+        return s.stats.gen_estimate_ms(chunk_ms) + self.config.jit_margin_ms
+
+    def _start_at(self, s: Session) -> int:
+        """Just in time: the ``perf_counter_ns`` at which the session's next chunk starts so
+        that it is ready when its first frame is due (deadline minus :meth:`plan_ms`), never
+        earlier than ``buffer_max_frames`` allows. Before the clock starts: at once."""
+        if not s.clock.started:
+            return s.clock.anchor_ns
+        start = s.clock.deadline_ns(s.frame_index) - round(self.plan_ms(s) * 1e6)
+        earliest = s.clock.due_at_ns(s.frame_index, s.chunk_frames, self.config.buffer_max_frames)
+        return max(start, earliest)
+
+    def _requests(self, now_ns: int) -> list[ChunkRequest]:
+        """Every eligible chunk: streams whose chunk starts now (urgent) or within
+        ``batch_join_frames`` frame intervals (may join a batch started for another session),
+        branches awaiting previews (urgent: the user is waiting)."""
+        requests = []
+        live = self._live()
+        starts = {s.session_id: self._start_at(s) for s in live}
+        next_stream_ns = min(starts.values(), default=None)
+        max_wait_ns = round(self.config.preview_max_wait_ms * 1e6)
+        for s in live:
+            start = starts[s.session_id]
+            join_from = start - round(self.config.batch_join_frames * NS / s.clock.fps)
+            if join_from <= now_ns:
+                requests.append(ChunkRequest(s.session_id, None, s.chunk_frames, s.steps,
+                                             s.clock.deadline_ns(s.frame_index), start,
+                                             urgent=start <= now_ns))
+            pending = [(i, b) for i, b in enumerate(s.branches) if b.chunks_left > 0]
+            if not pending:
+                continue
+            # NOTE: previews are one session's extra work: they run in the slack before the
+            # next stream chunk is due, or once they have waited preview_max_wait_ms, so a
+            # client forking at its rate limit cannot starve the other streams (issue 12)
+            chunk_ms = 1e3 * s.chunk_frames / s.clock.fps
+            cost_ns = round(s.stats.gen_estimate_ms(chunk_ms) * len(pending) * 1e6)
+            fits = next_stream_ns is None or now_ns + cost_ns <= next_stream_ns
+            for i, branch in pending:
+                requests.append(ChunkRequest(
+                    s.session_id, i, s.chunk_frames, s.steps, branch.requested_ns,
+                    branch.requested_ns,
+                    urgent=fits or now_ns - branch.requested_ns >= max_wait_ns))
+        return requests
+
+    def _idle_timeout(self, now_ns: int) -> float:
+        """Seconds until the next chunk starts (0 when one starts now); a command wakes the
+        engine earlier, so an action is applied before the next chunk starts."""
+        wake = now_ns + int(_MAX_IDLE_S * NS)
+        for s in self._live():
+            if any(b.chunks_left > 0 for b in s.branches):
+                # previews wait for slack: look again soon rather than spin
+                wake = min(wake, now_ns + _PREVIEW_POLL_NS)
+            wake = min(wake, self._start_at(s))
+        return max(wake - now_ns, 0) / NS
+
+    def _drain(self, timeout: float) -> None:
+        try:
+            item = self._commands.get(timeout=timeout) if timeout > 0 else \
+                self._commands.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            self._handle(item)
+            try:
+                item = self._commands.get_nowait()
+            except queue.Empty:
+                return
+
+    def _handle(self, item: tuple) -> None:
+        kind = item[0]
+        if kind == "wake":
+            return
+        session: Session = item[1]
+        if kind == "close":
+            self._release(session)
+            return
+        if kind == "call":  # work of another module on this thread (engine.studio.worldio)
+            self._call(session, *item[2:])
+            return
+        if session.closed:
+            return
+        if kind == "pause":
+            with self._lock:  # metrics() reads the clock
+                if session.paused and not item[2]:
+                    session.clock.started = False  # the next chunk starts it again
+                    session.clock.anchor_ns = time.perf_counter_ns()
+                session.paused = item[2]
+            return
+        if kind == "create":
+            try:
+                session.state = self.backend.new_state(session.prompt, session.seed)
+                if item[2] is not None:
+                    self._observe(session, *item[2])
+            except Exception as exc:  # CapacityError, ValueError, a backend failure
+                self._fail(session, f"could not create the session: {exc}")
+            return
+        command, receipt_ns = item[2], item[3]
+        try:
+            self._apply(session, command, receipt_ns)
+            self._log_command(session, command)
+        except _InvalidCommand as exc:
+            session.emit("error", seq=command.seq, code=exc.code, field=exc.field,
+                         message=str(exc))
+        except Exception as exc:
+            self._fail(session, f"{type(command).__name__} failed: {exc!r}")
+
+    def _observe(self, s: Session, frames: np.ndarray, actions: list[int]) -> None:
+        """Feed recent frames to a new session's state as context (whole chunks, the newest
+        kept); backends without ``observe`` start from their prompt and seed alone."""
+        observe = getattr(self.backend, "observe", None)
+        n = self.backend.chunk_frames
+        usable = len(frames) - len(frames) % n
+        if observe is None or usable == 0:
+            return
+        frames, actions = frames[-usable:], list(actions)[-usable:]
+        for i in range(0, usable, n):
+            observe(s.state, frames[i:i + n], actions[i:i + n])
+        finish = getattr(self.backend, "finish", None)
+        if finish is not None:
+            finish()
+
+    def call(self, session_id: str, fn: Callable[[Session], Any]) -> Future:
+        """Run ``fn(session)`` on the engine thread between two batches (where no chunk of
+        the session is being generated); its result or exception completes the returned
+        future. Raises SessionClosedError for an unknown or closed session; a session that
+        closes before its turn fails the future with SessionClosedError."""
+        with self._lock:
+            session = self._session(session_id)
+        future: Future = Future()
+        self._commands.put(("call", session, fn, future))
+        return future
+
+    def _call(self, session: Session, fn: Callable[[Session], Any], future: Future) -> None:
+        if not future.set_running_or_notify_cancel():
+            return
+        if session.closed:
+            future.set_exception(SessionClosedError(session.session_id))
+            return
+        try:
+            future.set_result(fn(session))
+        except Exception as exc:  # the caller's to report; the session goes on
+            future.set_exception(exc)
+
+    def _log_command(self, s: Session, c: Command) -> None:
+        """Append an applied command to the session's input log (an action older than the
+        newest one applied was ignored: not logged)."""
+        applied: dict[str, Any] = {}
+        if isinstance(c, ActionCommand) and s.action_seq != c.seq:
+            return
+        if isinstance(c, SettingsCommand):
+            applied = {"chunk_frames": s.chunk_frames, "steps": s.steps,
+                       **{k: getattr(c, k) for k in ("memory_frames", "attention")
+                          if getattr(c, k) is not None}}
+        elif isinstance(c, ForkCommand):
+            applied = {"fork_id": s.fork_id}
+        s.inputs.command(c, s.chunk_index, s.frame_index, applied=applied)
+
+    # ------------------------------------------------------------ commands
+    def _apply(self, s: Session, command: Command, receipt_ns: int) -> None:
+        if isinstance(command, ActionCommand):
+            if command.expression is not None or command.say is not None:
+                self._apply_controls(s, command)
+            try:
+                s.apply_action(command, self.backend.key_action(command.keys), receipt_ns)
+            except ValueError as exc:
+                raise _InvalidCommand("keys", str(exc)) from None
+        elif isinstance(command, PromptCommand):
+            self._apply_prompt(s, command)
+        elif isinstance(command, SettingsCommand):
+            self._apply_settings(s, command, receipt_ns)
+        elif isinstance(command, ForkCommand):
+            self._fork(s, command, receipt_ns)
+        elif isinstance(command, AdoptCommand):
+            self._adopt(s, command)
+        elif isinstance(command, RewindCommand):
+            self._rewind(s, command)
+
+    def _apply_controls(self, s: Session, command: ActionCommand) -> None:
+        """A world's own controls carried by an action (the avatar's expression and speech),
+        through the optional backend hook ``apply_controls(state, expression, say)``, which
+        checks both before applying either."""
+        field = "expression" if command.expression is not None else "say"
+        controls = getattr(self.backend, "apply_controls", None)
+        if controls is None:
+            raise _InvalidCommand(field, f"{field} is not supported by model "
+                                         f"{self.model_name!r}", code="unsupported")
+        try:
+            controls(s.state, expression=command.expression, say=command.say)
+        except ValueError as exc:
+            raise _InvalidCommand(field, str(exc)) from None
+
+    def _apply_prompt(self, s: Session, command: PromptCommand) -> None:
+        try:
+            check_prompt(command.text)
+        except ValueError as exc:
+            raise _InvalidCommand("text", str(exc)) from None
+        if command.blend_text is not None:
+            try:
+                check_prompt(command.blend_text)
+            except ValueError as exc:
+                raise _InvalidCommand("blend", f"blend {exc}") from None
+        weight = command.blend_weight
+        if not isinstance(weight, int | float) or not 0.0 <= weight <= 1.0:
+            raise _InvalidCommand("blend", f"blend weight must be in [0, 1], got {weight!r}")
+        try:
+            self.backend.set_prompt(s.state, command.text, command.blend_text, float(weight))
+        except ValueError as exc:  # e.g. a prompt the model's text encoder refuses
+            raise _InvalidCommand("text", str(exc)) from None
+        s.prompt = command.text
+        s.prompt_version += 1
+
+    def _apply_settings(self, s: Session, c: SettingsCommand, now_ns: int) -> None:
+        cfg = self.config
+        if c.mode is not None:
+            if c.mode not in MODES:
+                raise _InvalidCommand("mode", f"mode must be one of {sorted(MODES)}, "
+                                              f"got {c.mode!r}")
+            chunk, steps = self.mode_settings(c.mode)
+            c = replace(c, chunk_frames=c.chunk_frames or chunk, steps=c.steps or steps)
+        checks = {
+            "steps": (c.steps, 1, MAX_STEPS),
+            "chunk_frames": (c.chunk_frames, 1, MAX_CHUNK_FRAMES),
+            "fps": (c.fps, cfg.min_fps, cfg.max_fps),
+            "memory_frames": (c.memory_frames, MIN_MEMORY_FRAMES, MAX_MEMORY_FRAMES),
+        }
+        for name, (value, low, high) in checks.items():
+            if value is not None and (not _is_int(value) or not low <= value <= high):
+                raise _InvalidCommand(name, f"{name} must be an int in [{low}, {high}], "
+                                            f"got {value!r}")
+        if c.chunk_frames is not None and c.chunk_frames not in self.chunk_sizes:
+            raise _InvalidCommand("chunk_frames", f"model {self.model_name!r} generates chunks "
+                                                  f"of {list(self.chunk_sizes)} frames, "
+                                                  f"got {c.chunk_frames}", code="unsupported")
+        if c.attention is not None and not isinstance(c.attention, str):
+            raise _InvalidCommand("attention", f"attention must be a string, got {c.attention!r}")
+        model_settings = {k: v for k, v in (("memory_frames", c.memory_frames),
+                                            ("attention", c.attention)) if v is not None}
+        if model_settings:
+            # NOTE: these reach the model through an optional backend hook; the WorldBackend
+            # contract has none yet, so a backend without it reports them as unsupported.
+            configure = getattr(self.backend, "configure", None)
+            if configure is None:
+                field = next(iter(model_settings))
+                raise _InvalidCommand(field, f"{field} is not supported by model "
+                                             f"{self.model_name!r}", code="unsupported")
+            try:
+                configure(s.state, **model_settings)
+            except ValueError as exc:
+                raise _InvalidCommand(next(iter(model_settings)), str(exc)) from None
+        with self._lock:  # metrics() and latency_budget() read these
+            if c.chunk_frames is not None or c.steps is not None:
+                s.stats.gen_ms.clear()  # chunk time changes: plan from fresh measurements
+            if c.chunk_frames is not None:
+                s.chunk_frames = c.chunk_frames
+            if c.mode is not None:
+                s.mode = c.mode
+            if c.steps is not None or c.fps is not None:
+                s.degrade.set_requested(steps=c.steps, fps=c.fps)
+                s.clock.set_fps(s.degrade.fps, now_ns)
+        s.emit("info", seq=c.seq, mode=s.mode, chunk_frames=s.chunk_frames, steps=s.steps,
+               fps=s.degrade.fps)
+
+    def _account(self, s: Session, delta: int) -> None:
+        """Count ``delta`` backend states more (or fewer) for ``s`` against the budget."""
+        with self._lock:
+            s.num_states += delta
+            self._live_states += delta
+
+    def _free_branches(self, s: Session, keep: int | None = None) -> None:
+        branches, s.branches = s.branches, []
+        for i, branch in enumerate(branches):
+            if i != keep:
+                self.backend.free(branch.state)
+                self._account(s, -1)
+
+    def _fork(self, s: Session, c: ForkCommand, receipt_ns: int) -> None:
+        cfg = self.config
+        if not _is_int(c.k) or not 1 <= c.k <= cfg.max_fork:
+            raise _InvalidCommand("k", f"k must be an int in [1, {cfg.max_fork}], got {c.k!r}")
+        self._free_branches(s)  # a new fork replaces the previous one
+        no_room = CapacityError(f"the model's memory cannot hold {c.k} more branches now")
+        with self._lock:
+            if self._live_states + c.k > self.backend.max_states:
+                raise _InvalidCommand("k", str(no_room), code="capacity")
+        s.fork_id += 1
+        s.fork_seq = c.seq
+        try:
+            for i in range(c.k):
+                state = self.backend.fork(s.state)
+                self._account(s, 1)
+                s.branches.append(Branch(state=state, seed=derived_seed(s.seed, s.fork_id, i),
+                                         chunks_left=cfg.preview_chunks, requested_ns=receipt_ns))
+        except CapacityError as exc:
+            self._free_branches(s)
+            raise _InvalidCommand("k", str(exc), code="capacity") from None
+        except Exception:
+            self._free_branches(s)
+            raise
+
+    def _adopt(self, s: Session, c: AdoptCommand) -> None:
+        if not s.branches:
+            raise _InvalidCommand("branch", "there is no fork to adopt a branch of")
+        if not _is_int(c.branch) or not 0 <= c.branch < len(s.branches):
+            raise _InvalidCommand("branch", f"branch must be in [0, {len(s.branches)}), "
+                                            f"got {c.branch!r}")
+        adopted = s.branches[c.branch]
+        self._free_branches(s, keep=c.branch)
+        old, s.state = s.state, adopted.state
+        self.backend.free(old)
+        self._account(s, -1)  # the adopted branch's state counts in place of the old one
+        s.emit("info", seq=c.seq, adopted=c.branch, fork_id=s.fork_id)
+
+    def _rewind(self, s: Session, c: RewindCommand) -> None:
+        if not _is_int(c.chunks) or not 1 <= c.chunks <= self.rewind_chunks:
+            raise _InvalidCommand("chunks", f"chunks must be an int in [1, "
+                                            f"{self.rewind_chunks}], got {c.chunks!r}")
+        try:
+            self.backend.rewind(s.state, c.chunks)
+        except ValueError as exc:
+            raise _InvalidCommand("chunks", str(exc)) from None
+        s.emit("info", seq=c.seq, rewound=c.chunks)
+
+    # ------------------------------------------------------------ generation
+    def _run_batch(self, plan: BatchPlan) -> None:
+        jobs, meta = [], []
+        for req in plan.requests:
+            s = self._sessions_get(req.session_id)
+            if s is None:
+                continue
+            if req.branch is None:
+                if s.script is not None:  # a story's events due by this chunk
+                    s.script.play_due(s)
+                state, seed = s.state, None
+                s.inputs.steps_used(plan.steps, s.chunk_index, s.frame_index)
+            else:
+                s.inputs.add("preview", s.chunk_index, s.frame_index, branch=req.branch,
+                             steps=plan.steps)
+                branch = s.branches[req.branch]
+                done = self.config.preview_chunks - branch.chunks_left
+                state, seed = branch.state, derived_seed(branch.seed, done)
+            jobs.append(ChunkJob(state, [s.action] * plan.chunk_frames, plan.steps, seed))
+            meta.append((s, req, s.action_seq, s.action_t_ms, s.prompt_version, s.fork_id))
+        if not jobs:
+            return
+        t_start = time.perf_counter_ns()
+        try:
+            results = self.backend.generate(jobs)
+            if len(results) != len(jobs):
+                raise RuntimeError(f"backend returned {len(results)} results for {len(jobs)} jobs")
+        except Exception as exc:  # the whole batch failed: only its sessions end
+            results = [ChunkResult(None, error=exc)] * len(jobs)
+        t_ready = time.perf_counter_ns()
+        gen_ms = (t_ready - t_start) / 1e6
+        with self._lock:
+            self._num_batches += 1
+            self._num_jobs += len(jobs)
+        shape = (plan.chunk_frames, self.backend.height, self.backend.width, 3)
+        for (s, req, action_seq, action_t_ms, prompt_version, fork_id), res in zip(
+            meta, results, strict=True
+        ):
+            if s.closed or (req.branch is not None and fork_id != s.fork_id):
+                continue  # closed, or a branch dropped by adopt/another fork meanwhile
+            error = res.error
+            if error is None and (res.frames is None or res.frames.shape != shape
+                                  or res.frames.dtype != np.uint8):
+                got = None if res.frames is None else (res.frames.shape, res.frames.dtype)
+                error = ValueError(f"chunk frames {got}, expected {shape} uint8")
+            if error is not None:
+                self._fail(s, f"chunk generation failed: {error!r}")
+                continue
+            # "queue": how much later than planned (just in time) the chunk started
+            stages = {"queue": max(t_start - req.start_ns, 0) / 1e6, **res.stages_ms}
+            if req.branch is None:
+                self._deliver(s, res.frames, stages, t_ready, gen_ms,
+                              action_seq, action_t_ms, prompt_version)
+            else:
+                self._preview_chunk(s, req.branch, res.frames)
+        self._finish_batch([s for s, *_ in meta])
+
+    def _finish_batch(self, sessions: list[Session]) -> None:
+        """The backend's work left for after delivery (optional hook ``finish()``: e.g. the
+        built-in model's cache fill), off the action-to-photon path; a failure ends the
+        batch's sessions."""
+        finish = getattr(self.backend, "finish", None)
+        if finish is None:
+            return
+        try:
+            stages = finish()
+        except Exception as exc:
+            for s in sessions:
+                if not s.closed:
+                    self._fail(s, f"chunk finish failed: {exc!r}")
+            return
+        with self._lock:
+            for s in sessions:
+                s.stats.finish_ms.append(sum(stages.values()))
+
+    def _sessions_get(self, session_id: str) -> Session | None:
+        with self._lock:
+            s = self._sessions.get(session_id)
+        return None if s is None or s.closed else s
+
+    def _deliver(self, s: Session, rgb: np.ndarray, stages: dict[str, float], t_ready: int,
+                 gen_ms: float, action_seq: int, action_t_ms: float | None,
+                 prompt_version: int) -> None:
+        with self._lock:  # metrics() reads the clock, degradation and stats
+            if not s.clock.started:
+                s.clock.anchor(0, t_ready)  # time to first frame is not a deadline miss
+            else:
+                buffer = s.clock.buffer_frames(s.frame_index, t_ready)
+                late = buffer < 0
+                if late:
+                    # the viewer waited: show the new frames from now on instead of catching up
+                    s.stats.late_frames += math.ceil(-buffer)
+                    s.clock.anchor(s.frame_index, t_ready)
+                # NOTE: degradation judges the session's own work: a chunk that was late only
+                # because it started late (another session's previews, a command's work) is
+                # not this session's fault, and lowering its steps or fps would not help it
+                # (issue 12: a neighbour's prompt flood left this session degraded for good)
+                own_miss = late and gen_ms > 1e3 * len(rgb) / s.clock.fps
+                change = s.degrade.record(own_miss)
+                if change:
+                    s.clock.set_fps(s.degrade.fps, t_ready)
+                    s.emit("degraded", degraded=s.degrade.degraded, level=s.degrade.level,
+                           steps=s.degrade.steps, fps=s.degrade.fps,
+                           reason="chunks late" if change > 0 else "kept up again")
+            frames = s.make_frames(rgb, stages, t_ready, action_seq, action_t_ms, prompt_version)
+            s.stats.add_chunk(t_ready, len(frames), gen_ms)
+            # a consumer that went away (connection closed, recording stopped) closed its slot:
+            # stop feeding it instead of counting drops for good
+            s.subscribers = [slot for slot in s.subscribers if not slot.closed]
+            slots = list(s.subscribers)
+        for slot in slots:
+            for frame in frames:
+                slot.put(frame)
+
+    def _preview_chunk(self, s: Session, index: int, rgb: np.ndarray) -> None:
+        branch = s.branches[index]
+        branch.frames.extend(rgb)
+        branch.chunks_left -= 1
+        if all(b.chunks_left == 0 for b in s.branches):
+            for i, b in enumerate(s.branches):
+                s.emit("preview", seq=s.fork_seq, fork_id=s.fork_id, branch=i, frames=b.frames)
+
+    # ------------------------------------------------------------ endings
+    def _fail(self, s: Session, message: str) -> None:
+        """End one session after a failure; the others go on."""
+        log.warning("session %s ended: %s", s.session_id, message)
+        s.emit("error", code="session_failed", message=message)
+        with self._lock:
+            s.closed = True
+            self._sessions.pop(s.session_id, None)
+        self._release(s)
+
+    def _release(self, s: Session) -> None:
+        """Free the session's backend states, return its share of the state budget (including
+        a reservation whose state was never made), close its slots and emit "closed" (engine
+        thread, or after the thread stopped). Idempotent."""
+        if self._prompts is not None:
+            self._prompts.forget(s.session_id)
+        states = [b.state for b in s.branches] + ([s.state] if s.state is not None else [])
+        s.state, s.branches = None, []
+        for state in states:
+            try:
+                self.backend.free(state)
+            except Exception:
+                log.exception("backend.free failed")
+        with self._lock:
+            s.closed = True
+            self._live_states -= s.num_states
+            s.num_states = 0
+            slots, s.subscribers = s.subscribers, []
+            first_release = not s.released
+            s.released = True
+        if first_release:
+            s.emit("closed")
+        for slot in slots:
+            slot.close()

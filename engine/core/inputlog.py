@@ -1,0 +1,223 @@
+"""A session's input log: everything that decided its frames, in the order the engine thread
+applied it, so that :mod:`engine.replay` can reproduce the frames exactly.
+
+Recorded: the start (prompt and seed, a picture, or a save point), every applied action,
+prompt, settings change, fork, adopt and rewind, and what the engine itself decided that
+changes frames: the denoising steps of the stream when degradation changes them, and each
+fork preview chunk (branches are generated in the slack between stream chunks, with the
+actions held at that moment). Each event carries ``chunk`` and ``frame``: how many stream
+chunks and frames the log's session had generated when the event was applied (counted from
+the log's start), so it takes effect from stream chunk ``chunk`` on.
+
+The JSON form (``LOG_FORMAT``) is documented in ``streaming/PROTOCOL_EXTENSIONS.md``; its
+schema for reading is :class:`ReplayLog`. No torch here.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from worldstream.engine.core.api import (
+    ActionCommand,
+    AdoptCommand,
+    ForkCommand,
+    PromptCommand,
+    RewindCommand,
+    SettingsCommand,
+)
+
+LOG_FORMAT = "worldstream-input-log/1"
+#: the largest input log read (a 60 s session with a key change every frame is ~100 KB)
+MAX_LOG_BYTES = 16 * 2**20
+
+Key = Literal["up", "down", "left", "right"]
+
+
+class InputLog:
+    """The live log of one session (engine thread appends, any thread snapshots).
+
+    Args:
+        start: how the world started: ``{"kind": "prompt"}`` (``new_state(prompt, seed)``),
+            ``{"kind": "image", "png": <base64 PNG of the fitted picture>}`` or
+            ``{"kind": "savepoint", "sha256": <hex of the save file>}``, or
+            ``{"kind": "history"}`` (a session restored from another replica's recent frames:
+            not replayable).
+        seed, prompt: the session's seed and prompt at the start.
+        chunk_frames, steps: the stream's chunk size and denoising steps at the start.
+        fps: the session's frame rate (pacing only: frames do not depend on it).
+        chunk0, frame0: the session's stream counters at the start (event indices are
+            relative to them).
+    """
+
+    def __init__(self, start: dict[str, Any], *, seed: int, prompt: str, chunk_frames: int,
+                 steps: int, fps: int, chunk0: int = 0, frame0: int = 0):
+        self.header = {"start": start, "seed": seed, "prompt": prompt,
+                       "chunk_frames": chunk_frames, "steps": steps, "fps": fps}
+        self.chunk0, self.frame0 = chunk0, frame0
+        self._steps = steps
+        self._events: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+
+    def add(self, kind: str, chunk: int, frame: int, **payload: Any) -> None:
+        """Append event ``kind`` applied when the session's stream counters were ``chunk``
+        and ``frame`` (absolute: the log subtracts its start)."""
+        event = {"kind": kind, "chunk": chunk - self.chunk0, "frame": frame - self.frame0,
+                 **payload}
+        with self._lock:
+            self._events.append(event)
+
+    def steps_used(self, steps: int, chunk: int, frame: int) -> None:
+        """The stream's next chunk is generated with ``steps``: logged when it changed without
+        a settings command (degradation)."""
+        if steps != self._steps:
+            self._steps = steps
+            self.add("steps", chunk, frame, steps=steps)
+
+    def command(self, command: Any, chunk: int, frame: int, *, applied: dict[str, Any]) -> None:
+        """Log an engine command the engine applied; ``applied`` holds what it resolved to
+        (the effective steps and chunk size of a settings command, a fork's id)."""
+        if isinstance(command, ActionCommand):
+            self.add("action", chunk, frame, keys=sorted(command.keys))
+        elif isinstance(command, PromptCommand):
+            self.add("prompt", chunk, frame, text=command.text, blend_text=command.blend_text,
+                     blend_weight=float(command.blend_weight))
+        elif isinstance(command, SettingsCommand):
+            self._steps = applied["steps"]
+            self.add("settings", chunk, frame, **applied)
+        elif isinstance(command, ForkCommand):
+            self.add("fork", chunk, frame, k=command.k, **applied)
+        elif isinstance(command, AdoptCommand):
+            self.add("adopt", chunk, frame, branch=command.branch)
+        elif isinstance(command, RewindCommand):
+            self.add("rewind", chunk, frame, chunks=command.chunks)
+
+    def to_dict(self, *, model: str, model_version: str, chunk: int, frame: int
+                ) -> dict[str, Any]:
+        """The log as JSON-ready data, ending at the session's counters ``chunk``/``frame``."""
+        with self._lock:
+            events = [dict(e) for e in self._events]
+        return {"format": LOG_FORMAT, "model": model, "model_version": model_version,
+                **self.header, "chunks": chunk - self.chunk0, "frames": frame - self.frame0,
+                "events": events}
+
+
+# ---------------------------------------------------------------- reading (schema)
+class _Event(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    chunk: int = Field(ge=0)
+    frame: int = Field(ge=0)
+
+
+class ActionEvent(_Event):
+    kind: Literal["action"]
+    keys: list[Key] = Field(max_length=4)
+
+
+class PromptEvent(_Event):
+    kind: Literal["prompt"]
+    text: str = Field(min_length=1, max_length=500)
+    blend_text: str | None = Field(default=None, min_length=1, max_length=500)
+    blend_weight: float = Field(default=0.0, ge=0.0, le=1.0)
+
+
+class SettingsEvent(_Event):
+    kind: Literal["settings"]
+    chunk_frames: int = Field(ge=1, le=8)
+    steps: int = Field(ge=1, le=8)
+    memory_frames: int | None = Field(default=None, ge=1)
+    attention: str | None = Field(default=None, max_length=64)
+
+
+class StepsEvent(_Event):
+    kind: Literal["steps"]
+    steps: int = Field(ge=1, le=8)
+
+
+class ForkEvent(_Event):
+    kind: Literal["fork"]
+    k: int = Field(ge=1, le=8)
+    fork_id: int = Field(ge=0)
+
+
+class PreviewEvent(_Event):
+    kind: Literal["preview"]
+    branch: int = Field(ge=0, le=7)
+    steps: int = Field(ge=1, le=8)
+
+
+class AdoptEvent(_Event):
+    kind: Literal["adopt"]
+    branch: int = Field(ge=0, le=7)
+
+
+class RewindEvent(_Event):
+    kind: Literal["rewind"]
+    chunks: int = Field(ge=1, le=64)
+
+
+class CutEvent(_Event):
+    """A fresh world (``new_state(prompt, seed)``) in place of the current one: a storyboard
+    beat that asks for a cut."""
+
+    kind: Literal["cut"]
+    prompt: str = Field(min_length=1, max_length=500)
+    seed: int = Field(ge=0)
+
+
+LogEvent = Annotated[
+    ActionEvent | PromptEvent | SettingsEvent | StepsEvent | ForkEvent | PreviewEvent
+    | AdoptEvent | RewindEvent | CutEvent,
+    Field(discriminator="kind"),
+]
+
+
+class LogStart(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    kind: Literal["prompt", "image", "savepoint", "history"]
+    png: str | None = Field(default=None, max_length=4 * 2**20)
+    sha256: str | None = Field(default=None, pattern="^[0-9a-f]{64}$")
+
+
+class ReplayLog(BaseModel):
+    """An input log as read back (``LOG_FORMAT``)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    format: Literal["worldstream-input-log/1"]
+    model: str
+    model_version: str
+    start: LogStart
+    seed: int = Field(ge=0)
+    prompt: str = Field(min_length=1, max_length=500)
+    chunk_frames: int = Field(ge=1, le=8)
+    steps: int = Field(ge=1, le=8)
+    fps: int = Field(ge=1, le=240)
+    chunks: int = Field(ge=0, le=1_000_000)
+    frames: int = Field(ge=0)
+    events: list[LogEvent]
+
+
+def parse_log(raw: bytes | str, name: str = "input log") -> ReplayLog:
+    """Validate an input log (JSON text). Raises ValueError with one line naming ``name`` and
+    the first bad field (``events.3.keys.0: ...``)."""
+    if len(raw) > MAX_LOG_BYTES:
+        raise ValueError(f"{name}: {len(raw)} bytes, the limit is {MAX_LOG_BYTES}")
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{name}: not valid JSON ({err})") from None
+    if isinstance(data, dict) and data.get("format") not in (None, LOG_FORMAT):
+        raise ValueError(f"{name}: format {data.get('format')!r} is not {LOG_FORMAT!r}")
+    try:
+        log = ReplayLog.model_validate(data)
+    except ValidationError as err:
+        first = err.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in first["loc"]) or "log"
+        raise ValueError(f"{name}: {where}: {first['msg']}") from None
+    chunks = [e.chunk for e in log.events]
+    if chunks != sorted(chunks):
+        raise ValueError(f"{name}: events: chunk indices must not decrease")
+    return log

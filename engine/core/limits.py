@@ -1,0 +1,55 @@
+"""The contract's vocabulary and limits, defined once: the wire schema
+(``streaming.messages``), the engine core and every backend read them from here.
+
+The wire contract itself (``streaming/PROTOCOL.md``) names the fields; the ranges below are what
+this implementation admits, documented in ``streaming/PROTOCOL_EXTENSIONS.md``.
+"""
+
+from __future__ import annotations
+
+#: the direction keys an ``action`` message may hold; a backend maps held keys to its own
+#: actions (the built-in world: 9 direction ids; Wan: none)
+DIRECTION_KEYS: tuple[str, ...] = ("up", "down", "left", "right")
+
+#: characters of a prompt (each of a blend's two)
+MAX_PROMPT_CHARS = 400
+#: denoising steps per chunk (1-4: the few-step distilled schedules of Self-Forcing/CausVid)
+MAX_STEPS = 4
+#: frames per chunk a client may ask for; a model generates only its own sizes
+MAX_CHUNK_FRAMES = 16
+#: branches of one fork (previews generated side by side)
+MAX_FORK_BRANCHES = 4
+#: chunks one rewind may go back (a model keeps fewer: its ``rewind_chunks``)
+MAX_REWIND_CHUNKS = 64
+#: frames of past context a session may ask its model to attend (``memory_frames``); a model
+#: admits from one chunk up to its window
+MIN_MEMORY_FRAMES = 1
+MAX_MEMORY_FRAMES = 1024
+#: characters of an ``attention`` setting (a kernel backend name)
+MAX_ATTENTION_CHARS = 32
+#: characters of an avatar's ``say`` text (about 15 s of speech)
+MAX_SAY_CHARS = 200
+
+
+def check_prompt(text: object, name: str = "prompt") -> str:
+    """The stripped prompt; ValueError (naming ``name``) when it is not a string, blank, or
+    longer than ``MAX_PROMPT_CHARS``."""
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"{name} must be a non-empty string")
+    if len(text) > MAX_PROMPT_CHARS:
+        raise ValueError(f"{name} is {len(text)} characters; the limit is {MAX_PROMPT_CHARS}")
+    return text.strip()
+
+
+def check_keys(keys: object) -> frozenset[str]:
+    """The held keys as a frozenset; ValueError naming any key outside ``DIRECTION_KEYS``."""
+    if isinstance(keys, str) or not hasattr(keys, "__iter__"):
+        raise ValueError(f"keys must be a list of {list(DIRECTION_KEYS)}, got {keys!r}")
+    held = frozenset(keys)  # type: ignore[arg-type]
+    unknown = held - set(DIRECTION_KEYS)
+    if unknown:
+        raise ValueError(
+            f"unknown key(s) {sorted(map(str, unknown))}; expected a subset of "
+            f"{sorted(DIRECTION_KEYS)}"
+        )
+    return held

@@ -1,0 +1,83 @@
+"""Model backends by name (``--model NAME``), imported lazily so that ``sim`` never loads torch."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+
+from worldstream.engine.core.backend import WorldBackend
+
+#: name -> "module:factory"; the factory takes keyword arguments and returns a WorldBackend
+_BACKENDS: dict[str, str] = {
+    "sim": "worldstream.engine.backends.sim:SimBackend",
+    "builtin": "worldstream.engine.backends.builtin:load_builtin_backend",
+    "wan-causal": "worldstream.engine.backends.wan:load_wan_backend",
+    "avatar-sim": "worldstream.engine.backends.avatar_sim:AvatarSimBackend",
+    "avatar": "worldstream.engine.backends.avatar:load_avatar_backend",
+}
+
+
+#: what to do when a model's files are missing
+_HINTS: dict[str, str] = {
+    "builtin": "train them with `worldstream train-ae` and `worldstream train-world`, or "
+               "restore the shipped assets/builtin from git",
+    "avatar": "train them with `worldstream train-ae --world avatar` and `worldstream "
+              "train-world --world avatar`, or restore the shipped assets/avatar from git",
+    "wan-causal": "pass --model-path DIR holding the diffusers-format Wan2.1-T2V-1.3B base "
+                  "(transformer/, vae/, text_encoder/, tokenizer/) and the causal checkpoint",
+}
+
+
+class BackendUnavailableError(RuntimeError):
+    """A known model cannot be loaded here (its module or weights are missing)."""
+
+
+def _module_exists(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+#: the factory argument a model folder (``--model-path``) goes to; models without one take none
+_PATH_ARGUMENT: dict[str, str] = {"builtin": "path", "avatar": "path",
+                                  "wan-causal": "model_path"}
+#: models whose weights may come from a separate checkpoint file (``--checkpoint``)
+_TAKES_CHECKPOINT = frozenset({"wan-causal"})
+
+
+def load_backend(name: str, model_path: str | None = None, checkpoint: str | None = None,
+                 **kwargs) -> WorldBackend:
+    """The backend ``name`` built with ``kwargs`` (the backend's config fields), its weights
+    from ``model_path`` (a folder) and ``checkpoint`` (a file) where the model takes them.
+
+    Raises ValueError for an unknown name (listing the known ones) or a path the model does
+    not take, BackendUnavailableError naming the missing module or weights file when a known
+    backend cannot be loaded.
+    """
+    target = _BACKENDS.get(name)
+    if target is None:
+        raise ValueError(f"unknown model {name!r}; known models: {sorted(_BACKENDS)}")
+    if model_path is not None:
+        if name not in _PATH_ARGUMENT:
+            raise ValueError(f"model {name!r} takes no --model-path")
+        kwargs[_PATH_ARGUMENT[name]] = model_path
+    if checkpoint is not None:
+        if name not in _TAKES_CHECKPOINT:
+            raise ValueError(f"model {name!r} takes no --checkpoint")
+        kwargs["checkpoint"] = checkpoint
+    module_name, _, factory_name = target.partition(":")
+    if not _module_exists(module_name):
+        raise BackendUnavailableError(
+            f"model {name!r} needs module {module_name}, which is not installed in this build"
+        )
+    module = importlib.import_module(module_name)
+    factory = getattr(module, factory_name, None)
+    if factory is None:
+        raise BackendUnavailableError(f"model {name!r}: {module_name} has no {factory_name}()")
+    try:
+        return factory(**kwargs)
+    except FileNotFoundError as exc:
+        raise BackendUnavailableError(
+            f"model {name!r}: weights not found ({exc.filename or exc}); {_HINTS.get(name, '')}"
+        ) from exc

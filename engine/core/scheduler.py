@@ -1,0 +1,217 @@
+"""Deadline-aware scheduling of chunks: playout clocks, earliest-deadline-first batching and
+deliberate degradation. Torch-free bookkeeping on ints and floats; every time is an explicit
+``now_ns`` argument (``time.perf_counter_ns`` in the engine, a fake clock in tests).
+
+The loop the engine runs: each session (and each branch being previewed) offers at most one
+:class:`ChunkRequest`: *urgent* from the chunk's just-in-time start (its deadline minus the
+planned generation time), *eligible* a few frame intervals before it (``join`` frames).
+:func:`plan_batch` starts a batch only for an urgent request and lets every eligible request
+with the same ``(chunk_frames, steps)`` join it, so sessions whose clocks are offset fall into
+step and share forward passes instead of alternating. After the batch, the engine reports each
+chunk's timeliness to the session's :class:`DegradeController`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+NS = 1_000_000_000
+
+
+class PlayoutClock:
+    """The presentation clock of one stream: frame ``f`` is on screen at
+    ``anchor_ns + (f - anchor_frame) / fps`` seconds.
+
+    The clock starts when the first chunk is ready (time to first frame is not a miss). The
+    *playout buffer* is the number of frames generated ahead of the clock; a negative buffer
+    means the viewer waited for frames (a stall), after which the clock is re-anchored at the
+    stream's end, so late frames are shown late once instead of the delay piling up.
+    """
+
+    def __init__(self, fps: float, created_ns: int):
+        if fps <= 0:
+            raise ValueError(f"fps must be > 0, got {fps}")
+        self.fps = fps
+        self.started = False
+        self.anchor_ns = created_ns
+        self.anchor_frame = 0.0  # frames presented at anchor_ns (fractional)
+
+    def presented(self, now_ns: int) -> float:
+        """Frames presented by ``now_ns`` (fractional; 0 before the start)."""
+        if not self.started:
+            return 0.0
+        return self.anchor_frame + (now_ns - self.anchor_ns) * self.fps / NS
+
+    def buffer_frames(self, generated: int, now_ns: int) -> float:
+        """Frames generated ahead of the clock (negative: the viewer is waiting)."""
+        return generated - self.presented(now_ns)
+
+    def time_of_frame(self, frame: float) -> int:
+        """``perf_counter_ns`` at which ``frame`` is presented (the creation time before the
+        clock starts: the first chunk is wanted at once)."""
+        if not self.started:
+            return self.anchor_ns
+        return self.anchor_ns + round((frame - self.anchor_frame) * NS / self.fps)
+
+    def deadline_ns(self, generated: int) -> int:
+        """When the buffer of a stream with ``generated`` frames runs out."""
+        return self.time_of_frame(generated)
+
+    def due_at_ns(self, generated: int, chunk_frames: int, max_frames: int) -> int:
+        """The earliest time the next chunk keeps the buffer within ``max_frames``."""
+        return self.time_of_frame(generated + chunk_frames - max_frames)
+
+    def anchor(self, frame: int, now_ns: int) -> None:
+        """Present ``frame`` at ``now_ns`` (starts the clock, or re-anchors it)."""
+        self.started = True
+        self.anchor_frame = frame
+        self.anchor_ns = now_ns
+
+    def set_fps(self, fps: float, now_ns: int) -> None:
+        """Change the rate from now on without a jump in the presented position."""
+        if fps <= 0:
+            raise ValueError(f"fps must be > 0, got {fps}")
+        if self.started:
+            self.anchor_frame = self.presented(now_ns)
+            self.anchor_ns = now_ns
+        self.fps = fps
+
+
+class DegradeController:
+    """Degradation levels of one session: level 0 runs the requested steps and fps; each level
+    above drops one denoising step (down to ``min_steps``), then multiplies fps by ``factor``
+    (down to ``min_fps``).
+
+    ``record(late)`` is called once per chunk; ``misses`` consecutive late chunks raise the
+    level by one, ``recover`` consecutive on-time chunks lower it by one.
+    """
+
+    def __init__(
+        self,
+        steps: int,
+        fps: int,
+        *,
+        min_steps: int,
+        min_fps: int,
+        factor: float,
+        misses: int,
+        recover: int,
+    ):
+        self.min_steps, self.min_fps, self.factor = min_steps, min_fps, factor
+        self.misses, self.recover = misses, recover
+        self.level = 0
+        self._late_run = 0
+        self._on_time_run = 0
+        self.set_requested(steps=steps, fps=fps)
+
+    def set_requested(self, steps: int | None = None, fps: int | None = None) -> None:
+        """New requested steps/fps (a client setting); the level is clamped to the new range."""
+        if steps is not None:
+            self.requested_steps = max(steps, self.min_steps)
+        if fps is not None:
+            self.requested_fps = max(fps, self.min_fps)
+        self.level = min(self.level, self.max_level)
+
+    @property
+    def _step_levels(self) -> int:
+        return self.requested_steps - self.min_steps
+
+    @property
+    def max_level(self) -> int:
+        level = self._step_levels
+        while self._fps_at(level) > self.min_fps:
+            level += 1
+        return level
+
+    def _fps_at(self, level: int) -> int:
+        fps_levels = max(level - self._step_levels, 0)
+        return max(self.min_fps, round(self.requested_fps * self.factor**fps_levels))
+
+    @property
+    def steps(self) -> int:
+        return self.requested_steps - min(self.level, self._step_levels)
+
+    @property
+    def fps(self) -> int:
+        return self._fps_at(self.level)
+
+    @property
+    def degraded(self) -> bool:
+        return self.level > 0
+
+    def record(self, late: bool) -> int:
+        """Account one chunk; returns the level change (+1 degraded, -1 recovered, 0)."""
+        if late:
+            self._late_run += 1
+            self._on_time_run = 0
+            if self._late_run >= self.misses and self.level < self.max_level:
+                self.level += 1
+                self._late_run = 0
+                return 1
+        else:
+            self._on_time_run += 1
+            self._late_run = 0
+            if self._on_time_run >= self.recover and self.level > 0:
+                self.level -= 1
+                self._on_time_run = 0
+                return -1
+        return 0
+
+
+@dataclass(frozen=True)
+class ChunkRequest:
+    """One due chunk of a session's stream (``branch`` None) or of a branch being previewed."""
+
+    session_id: str
+    branch: int | None
+    chunk_frames: int
+    steps: int
+    deadline_ns: int
+    start_ns: int  # planned start (just in time); the chunk's "queue" stage is measured from it
+    urgent: bool = True
+
+    @property
+    def batch_key(self) -> tuple[int, int]:
+        return (self.chunk_frames, self.steps)
+
+
+@dataclass
+class BatchPlan:
+    """Requests generated together in one ``backend.generate`` call, most urgent first."""
+
+    chunk_frames: int
+    steps: int
+    requests: list[ChunkRequest] = field(default_factory=list)
+
+
+def _urgency(request: ChunkRequest) -> tuple:
+    # ties go to the stream (branch None) before its previews, then by id for determinism
+    return (request.deadline_ns, request.branch is not None, request.session_id,
+            request.branch or 0)
+
+
+def _may_join(head: ChunkRequest, request: ChunkRequest) -> bool:
+    """Streams join a stream's batch early (batching is cheaper than two calls); a preview
+    joins one only when urgent (one waiting for slack would lengthen the batch). A preview's
+    batch takes only previews: a stream pulled into it would be generated ahead, on older
+    keys, which adds a frame interval to its action-to-photon latency."""
+    if head.branch is not None:
+        return request.branch is not None
+    return request.branch is None or request.urgent
+
+
+def plan_batch(requests: list[ChunkRequest], max_batch: int) -> BatchPlan | None:
+    """Earliest deadline first: the urgent request with the earliest deadline fixes
+    ``(chunk_frames, steps)``; the other eligible requests with that key join in deadline
+    order, up to ``max_batch`` (see :func:`_may_join`). None when no request is urgent.
+    Requests left out stay eligible and are planned next time."""
+    if max_batch < 1:
+        raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+    urgent = [r for r in requests if r.urgent]
+    if not urgent:
+        return None
+    head = min(urgent, key=_urgency)
+    joiners = sorted((r for r in requests if r.batch_key == head.batch_key and r is not head
+                      and _may_join(head, r)), key=_urgency)
+    return BatchPlan(chunk_frames=head.chunk_frames, steps=head.steps,
+                     requests=[head, *joiners[: max_batch - 1]])

@@ -1,0 +1,70 @@
+"""The world model's one attention call site.
+
+``attend(q, k, v, layer, ctx)`` is called by every transformer block. Two contexts:
+
+* :class:`DenseContext` — a whole token sequence at once (training, reference forward): SDPA with a
+  boolean frame-level mask (block-causal by chunk, or any mask the caller builds).
+* a paged context (``engine.backends.builtin.PagedAttentionContext``) — the engine's streaming
+path: it
+  writes the chunk's keys/values into the session's KV-cache pages and attends through
+  ``kernels.paged_attention`` over the CSR page lists (sink + window + selected pages).
+
+Tensors are ``(batch, heads, tokens, head_dim)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+
+
+class AttentionContext(Protocol):
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int
+    ) -> torch.Tensor: ...
+
+
+@dataclass
+class DenseContext:
+    """Dense attention over the full sequence with a token-level boolean mask
+    ``(tokens, tokens)`` (True = may attend), shared by the batch."""
+
+    mask: torch.Tensor
+
+    def attend(self, q, k, v, layer):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask)
+
+
+def block_causal_frame_mask(num_frames: int, chunk_frames: int) -> torch.Tensor:
+    """``(num_frames, num_frames)`` bool: frame i may attend frame j iff chunk(j) <= chunk(i)."""
+    chunk = torch.arange(num_frames) // chunk_frames
+    return chunk[None, :] <= chunk[:, None]
+
+
+def expand_frame_mask(frame_mask: torch.Tensor, tokens_per_frame: int) -> torch.Tensor:
+    """Frame-level mask -> token-level mask (each frame = ``tokens_per_frame`` tokens)."""
+    return frame_mask.repeat_interleave(tokens_per_frame, 0).repeat_interleave(tokens_per_frame, 1)
+
+
+def teacher_forcing_frame_mask(num_frames: int, chunk_frames: int) -> torch.Tensor:
+    """Mask over ``[context frames ; target frames]`` (2·num_frames): context is block-causal;
+    target chunk i attends to context chunks < i and to itself — exactly what it sees at
+    inference (cached clean chunks, then its own noisy tokens). Source: CausVid / Self-Forcing
+    teacher-forcing training."""
+    chunk = torch.arange(num_frames) // chunk_frames
+    ctx_ctx = chunk[None, :] <= chunk[:, None]
+    tgt_ctx = chunk[None, :] < chunk[:, None]
+    tgt_tgt = chunk[None, :] == chunk[:, None]
+    top = torch.cat([ctx_ctx, torch.zeros_like(ctx_ctx)], dim=1)
+    bottom = torch.cat([tgt_ctx, tgt_tgt], dim=1)
+    return torch.cat([top, bottom], dim=0)
+
+
+def attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, ctx: AttentionContext
+) -> torch.Tensor:
+    """The single attention call of the model: ``(B, H, Lq, D)`` -> ``(B, H, Lq, D)``."""
+    return ctx.attend(q, k, v, layer)

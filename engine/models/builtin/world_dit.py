@@ -1,0 +1,306 @@
+"""The built-in world model: a small causal diffusion transformer over autoencoder latents.
+
+Tokens are 4×4 latent patches (a 32×32 latent frame -> 8×8 = 64 tokens). Each frame is
+conditioned (adaLN-Zero, DiT) on its noise level σ, its action and the scene-prompt embedding;
+the action is also added to every token of its frame (a strong per-token signal). Positions:
+learned over the 8×8 grid, rotary (RoPE) over time, so cached keys stay valid as the stream
+moves on. Attention goes through ``engine.models.builtin.attention.attend`` (one call site): dense
+block-causal for training, paged KV cache in the engine. The network predicts the clean latent
+x0 (velocity prediction failed at this width in the first training runs).
+
+Spatial memory (v2). Every frame is fed a *base*: the window of the stream's spatial memory
+(``engine.models.builtin.spatial_memory``) at the frame's camera position, encoded by the
+autoencoder, with two planes saying where memory holds content of the current prompt (*current*)
+and of an earlier one (*stale*, to restyle). The output is residual on that base, so the
+transformer generates only what memory cannot explain: newly revealed ground, animated water,
+clouds and creatures, the player sprite, a new prompt's look. The camera position comes from a
+learned camera dynamics model (:class:`CameraDynamics`, velocity from the previous velocity and the
+action, fitted to the simulator's recorded camera paths): the model decides where the view moves,
+the memory makes sure what was seen stays where it was. Since the base is read from memory once per
+frame at integer pixel offsets, nothing is resampled twice — v1's base was the previous
+*generated* frame shifted by a sub-pixel amount, and its rollouts collapsed into streaks within
+three seconds (issue 11).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from diffusers.configuration_utils import ConfigMixin, register_to_config
+from diffusers.models.modeling_utils import ModelMixin
+from torch import nn
+
+from worldstream.engine.models.builtin.attention import AttentionContext, attend
+
+
+def _timestep_embedding(sigma: torch.Tensor, dim: int) -> torch.Tensor:
+    """Sinusoidal embedding of σ·1000: ``(...)`` -> ``(..., dim)`` float32."""
+    half = dim // 2
+    freqs = torch.exp(-math.log(10000.0) * torch.arange(half, device=sigma.device) / half)
+    args = sigma.float()[..., None] * 1000.0 * freqs
+    return torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
+
+
+def _rope_cos_sin(positions: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables ``(B, 1, L, head_dim)`` for integer positions ``(B, L)``; angles in float64
+    so that large stream positions keep full precision."""
+    half = head_dim // 2
+    inv = 1.0 / (
+        10000.0 ** (torch.arange(half, device=positions.device, dtype=torch.float64) / half)
+    )
+    ang = positions.to(torch.float64)[..., None] * inv
+    ang = torch.cat([ang, ang], dim=-1)[:, None]
+    return ang.cos().float(), ang.sin().float()
+
+
+def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return (x * cos + torch.cat([-x2, x1], dim=-1) * sin).to(x.dtype)
+
+
+class WorldDiTActionEmbedding(nn.Module):
+    """Embedding of a factored action id: ``id = a_0 + f_0 * (a_1 + f_1 * (a_2 + ...))`` with
+    factor sizes ``factors``; the sum of one embedding table per factor. A world whose frame
+    carries several independent controls (the avatar: head direction, expression, viseme)
+    learns each from every frame it occurs in, instead of one row per combination."""
+
+    def __init__(self, factors: tuple[int, ...], dim: int):
+        super().__init__()
+        self.factors = tuple(int(f) for f in factors)
+        self.tables = nn.ModuleList(nn.Embedding(f, dim) for f in self.factors)
+
+    def forward(self, actions: torch.Tensor) -> torch.Tensor:
+        """``(...)`` int64 ids -> ``(..., dim)``."""
+        out, rest = 0, actions
+        for f, table in zip(self.factors, self.tables):
+            out = out + table(rest % f)
+            rest = rest // f
+        return out
+
+
+class WorldDiTBlock(nn.Module):
+    """Pre-norm transformer block with adaLN-Zero modulation and QK-RMSNorm."""
+
+    def __init__(self, dim: int, num_heads: int, mlp_ratio: float):
+        super().__init__()
+        self.num_heads = num_heads
+        self.norm1 = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.q_norm = nn.RMSNorm(dim // num_heads, eps=1e-6)
+        self.k_norm = nn.RMSNorm(dim // num_heads, eps=1e-6)
+        self.proj = nn.Linear(dim, dim)
+        self.norm2 = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
+        hidden = int(dim * mlp_ratio)
+        self.mlp = nn.Sequential(
+            nn.Linear(dim, hidden), nn.GELU(approximate="tanh"), nn.Linear(hidden, dim)
+        )
+        self.ada = nn.Linear(dim, 6 * dim)
+        nn.init.zeros_(self.ada.weight)
+        nn.init.zeros_(self.ada.bias)
+
+    def forward(self, x, cond, rope, layer: int, ctx: AttentionContext):
+        """``x``: ``(B, T, n, d)`` tokens of T frames; ``cond``: ``(B, T, 1, d)`` per frame (the
+        modulation is computed once per frame and broadcast over its n tokens)."""
+        b, t, n, d = x.shape
+        shift1, scale1, gate1, shift2, scale2, gate2 = self.ada(cond).chunk(6, dim=-1)
+        h = self.norm1(x) * (1 + scale1) + shift1
+        qkv = self.qkv(h).view(b, t * n, 3, self.num_heads, d // self.num_heads)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)
+        q, k = self.q_norm(q), self.k_norm(k)
+        q, k = _apply_rope(q, *rope), _apply_rope(k, *rope)
+        a = attend(q, k.to(q.dtype), v.to(q.dtype), layer, ctx)
+        x = x + gate1 * self.proj(a.transpose(1, 2).reshape(b, t, n, d))
+        h = self.norm2(x) * (1 + scale2) + shift2
+        return x + gate2 * self.mlp(h)
+
+
+class CameraDynamics(nn.Module):
+    """Learned camera motion: ``v_t = v_{t-1} + L([v_{t-1}, a_t]) + MLP([v_{t-1}, a_t])`` with
+    the action one-hot, in image pixels per frame; the camera position is the running sum of
+    ``v``. A linear part (momentum and thrust: what a camera with inertia mostly is) plus a
+    small MLP for the rest; fitted to the simulator's recorded camera paths
+    (``engine.training.train_world.fit_camera_dynamics``). Recurrent because a world with
+    inertia needs the velocity as state."""
+
+    def __init__(self, num_actions: int, hidden: int = 64):
+        super().__init__()
+        self.num_actions = num_actions
+        self.linear = nn.Linear(2 + num_actions, 2)
+        self.mlp = nn.Sequential(
+            nn.Linear(2 + num_actions, hidden), nn.SiLU(), nn.Linear(hidden, 2)
+        )
+        for layer in (self.linear, self.mlp[2]):  # zero at init: the camera stays put
+            nn.init.zeros_(layer.weight)
+            nn.init.zeros_(layer.bias)
+
+    def forward(self, vel: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        """``vel (N, 2)`` float32 px/frame, ``actions (N,)`` int64 -> next velocity ``(N, 2)``."""
+        hot = F.one_hot(actions, self.num_actions).to(vel.dtype)
+        x = torch.cat([vel, hot], dim=-1).to(self.linear.weight.dtype)
+        return vel + (self.linear(x) + self.mlp(x)).float()
+
+    @torch.no_grad()
+    def rollout(
+        self, vel: torch.Tensor, actions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Displacements of a sequence: ``vel (2,)`` before it, ``actions (T,)`` ->
+        ``(T, 2)`` float32 per-frame displacement (px) and the final velocity ``(2,)``."""
+        out = []
+        v = vel.float()[None]
+        for a in actions.reshape(-1):
+            v = self(v, a.reshape(1))
+            out.append(v[0])
+        return torch.stack(out), v[0]
+
+
+class WorldDiT(ModelMixin, ConfigMixin):
+    """Causal world transformer with a spatial-memory base and learned camera dynamics.
+
+    Args (config): ``latent_channels`` (4), ``latent_size`` (32), ``patch_size`` (4), ``dim``,
+    ``depth``, ``num_heads``, ``mlp_ratio``, ``num_actions`` (9), ``text_dim`` (384),
+    ``chunk_frames`` (frames per chunk it was trained with), ``latent_mean``/``latent_std``
+    (per-channel autoencoder latent statistics; the model sees normalised latents),
+    ``image_size`` (frame side, px), ``view_box`` (side in px of the view-anchored square at
+    the frame centre that is never written to memory: the player sprite; 0 = none),
+    ``action_factors`` (None: ``num_actions`` independent ids; else the sizes of the factors
+    an action id is made of, product ``num_actions``, each embedded separately: per-frame
+    conditioning such as expression and speech, see :class:`WorldDiTActionEmbedding`).
+    """
+
+    def normalize(self, z: torch.Tensor) -> torch.Tensor:
+        """Autoencoder latents ``(..., C, h, w)`` -> model space (per-channel standardised)."""
+        mean, std = self._stats(z)
+        return (z - mean) / std
+
+    def denormalize(self, z: torch.Tensor) -> torch.Tensor:
+        mean, std = self._stats(z)
+        return z * std + mean
+
+    def _stats(self, z: torch.Tensor):
+        c = self.config.latent_channels
+        mean = torch.tensor(self.config.latent_mean or [0.0] * c, device=z.device)
+        std = torch.tensor(self.config.latent_std or [1.0] * c, device=z.device)
+        return mean[:, None, None], std[:, None, None]
+
+    @register_to_config
+    def __init__(
+        self,
+        latent_channels: int = 4,
+        latent_size: int = 32,
+        patch_size: int = 4,
+        dim: int = 128,
+        depth: int = 6,
+        num_heads: int = 4,
+        mlp_ratio: float = 3.0,
+        num_actions: int = 9,
+        text_dim: int = 384,
+        chunk_frames: int = 1,
+        latent_mean: tuple[float, ...] | None = None,
+        latent_std: tuple[float, ...] | None = None,
+        image_size: int = 128,
+        view_box: int = 13,
+        action_factors: tuple[int, ...] | None = None,
+    ):
+        # chunk_frames, latent_mean/std, image_size, view_box: how the model was trained (the
+        # engine reads them); latents are normalised per channel as (z - mean) / std
+        super().__init__()
+        grid = latent_size // patch_size
+        self.tokens_per_frame = grid * grid
+        # 1. patch stem over [noisy latent ; base ; base σ, current, stale planes]
+        #    (overlapping 2p × 2p patches)
+        self.stem = nn.Conv2d(
+            2 * latent_channels + 3,
+            dim,
+            kernel_size=2 * patch_size,
+            stride=patch_size,
+            padding=patch_size // 2,
+        )
+        self.pos = nn.Parameter(torch.randn(1, self.tokens_per_frame, dim) * 0.02)
+        # 2. per-frame conditioning: noise level + action + scene prompt
+        self.sigma_mlp = nn.Sequential(nn.Linear(dim, dim), nn.SiLU(), nn.Linear(dim, dim))
+        if action_factors is None:
+            self.action_emb = nn.Embedding(num_actions, dim)
+            self.action_tok = nn.Embedding(num_actions, dim)
+        else:
+            if math.prod(action_factors) != num_actions:
+                raise ValueError(f"action_factors {tuple(action_factors)} must multiply to "
+                                 f"num_actions ({num_actions})")
+            self.action_emb = WorldDiTActionEmbedding(action_factors, dim)
+            self.action_tok = WorldDiTActionEmbedding(action_factors, dim)
+        self.text_proj = nn.Sequential(nn.Linear(text_dim, dim), nn.SiLU(), nn.Linear(dim, dim))
+        # 3. transformer blocks
+        self.blocks = nn.ModuleList(WorldDiTBlock(dim, num_heads, mlp_ratio) for _ in range(depth))
+        # 4. output: adaLN + linear back to patches
+        self.norm_out = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
+        self.ada_out = nn.Linear(dim, 2 * dim)
+        self.out = nn.Linear(dim, patch_size * patch_size * latent_channels)
+        nn.init.zeros_(self.ada_out.weight)
+        nn.init.zeros_(self.ada_out.bias)
+        # 5. where the camera goes: velocity from the previous velocity and the action
+        self.camera = CameraDynamics(num_actions)
+
+    def forward(
+        self,
+        latents: torch.Tensor,
+        base: torch.Tensor,
+        base_sigma: torch.Tensor,
+        known: torch.Tensor,
+        sigma: torch.Tensor,
+        actions: torch.Tensor,
+        text: torch.Tensor,
+        positions: torch.Tensor,
+        ctx: AttentionContext,
+    ) -> torch.Tensor:
+        """Predict clean latents.
+
+        Args:
+            latents: ``(B, T, C, h, w)`` noisy latents of T frames (any float dtype).
+            base: ``(B, T, C, h, w)`` each frame's memory window, encoded and normalised
+                (unknown pixels read as mid-grey).
+            base_sigma: ``(B, T)`` noise level the base is tagged with (context noise).
+            known: ``(B, T, 2, h, w)`` fraction of each latent pixel's image pixels that memory
+                holds from the current prompt (channel 0) and from an earlier one (channel 1).
+            sigma: ``(B, T)`` flow-matching noise level in [0, 1] of each frame.
+            actions: ``(B, T)`` int64 action ids (``engine.worlds.actions``).
+            text: ``(B, T, text_dim)`` scene-prompt embedding per frame (zeros = no prompt).
+            positions: ``(B, T)`` int64 absolute frame indices (rotary time positions).
+            ctx: attention context (dense mask or paged KV cache), see
+            ``engine.models.builtin.attention``.
+        Returns:
+            ``(B, T, C, h, w)`` float32 predicted x0: the base (scaled by its clean fraction)
+            plus the network's output.
+        """
+        cfg = self.config
+        b, t, c, hh, ww = latents.shape
+        n = self.tokens_per_frame
+        # 1. patch stem
+        dt = base.dtype
+        plane = base_sigma.to(dt)[..., None, None, None].expand(b, t, 1, hh, ww)
+        x = torch.cat([latents.to(dt), base, plane, known.to(dt)], dim=2)
+        x = x.reshape(b * t, 2 * c + 3, hh, ww)
+        x = self.stem(x.to(self.stem.weight.dtype)).flatten(2).transpose(1, 2)  # (B*T, n, dim)
+        x = x + self.pos + self.action_tok(actions).reshape(b * t, 1, -1)
+        x = x.reshape(b, t, n, -1)
+        # 2. conditioning, one vector per frame, broadcast over its tokens
+        dtype = self.pos.dtype  # fp32 or bf16 weights (autocast or a cast model)
+        cond = (
+            self.sigma_mlp(_timestep_embedding(sigma, cfg.dim).to(dtype))
+            + self.action_emb(actions)
+            + self.text_proj(text.to(dtype))
+        )
+        cond = F.silu(cond)[:, :, None]  # (B, T, 1, dim)
+        rope = _rope_cos_sin(positions.repeat_interleave(n, dim=1), cfg.dim // cfg.num_heads)
+        # 3. blocks
+        for layer, block in enumerate(self.blocks):
+            x = block(x, cond, rope, layer, ctx)
+        # 4. output, residual on the base
+        h = self.norm_out(x)
+        shift, scale = self.ada_out(cond).chunk(2, dim=-1)
+        x = self.out(h * (1 + scale) + shift).float()  # (B, T, n, p*p*C)
+        p = cfg.patch_size
+        g = hh // p
+        x = x.reshape(b, t, g, g, p, p, c).permute(0, 1, 6, 2, 4, 3, 5)
+        x = x.reshape(b, t, c, hh, ww)
+        return x + (1 - base_sigma.float())[..., None, None, None] * base.float()

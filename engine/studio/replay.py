@@ -1,0 +1,162 @@
+"""Exact replay: play an input log (:mod:`engine.inputlog`) against a backend, headless and as
+fast as it goes, reproducing the frames of the session that recorded it.
+
+The replay makes the backend calls the engine made for that session, in the same order: the
+start state, the commands at the chunk where the engine applied them, every stream chunk with
+the actions and steps then in force, and every fork preview chunk with the seed the engine
+derived for it. With the same model version, the same machine and the same number of torch
+threads the frames are bit-identical (see the README for where floating point can differ).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from worldstream.engine.core.backend import ChunkJob
+from worldstream.engine.core.engine import derived_seed
+from worldstream.engine.core.inputlog import ReplayLog
+from worldstream.engine.studio.picture import frame_from_png_base64
+from worldstream.engine.studio.savepoint import (
+    decode,
+    file_sha256,
+    import_state,
+    model_version,
+)
+
+
+class ReplayError(ValueError):
+    """An input log that cannot be replayed here (another model or version, a missing save
+    point, a failed chunk)."""
+
+
+@dataclass
+class _Branch:
+    state: Any
+    seed: int
+    done: int = 0
+
+
+class _Replay:
+    def __init__(self, backend: Any, log: ReplayLog, savepoint: bytes | None):
+        self.backend, self.log = backend, log
+        self.keys: list[str] = []
+        self.steps, self.chunk_frames = log.steps, log.chunk_frames
+        self.branches: list[_Branch] = []
+        self.state = self._start(savepoint)
+
+    def _start(self, savepoint: bytes | None) -> Any:
+        log, backend = self.log, self.backend
+        kind = log.start.kind
+        if kind == "prompt":
+            return backend.new_state(log.prompt, log.seed)
+        if kind == "image":
+            picture = frame_from_png_base64(log.start.png or "", backend.width)
+            frames = np.repeat(picture[None], backend.chunk_frames, axis=0)
+            return backend.new_state(log.prompt, log.seed, start_frames=frames)
+        if kind == "savepoint":
+            if savepoint is None:
+                raise ReplayError("this log starts from a save point: pass its file "
+                                  f"(sha256 {log.start.sha256[:12]}...)")
+            if file_sha256(savepoint) != log.start.sha256:
+                raise ReplayError("the save point given is not the one this log starts from")
+            arrays, meta = decode(savepoint, backend)
+            return import_state(backend, arrays, meta["state"])
+        raise ReplayError("this log starts from another replica's recent frames (a failover): "
+                          "it cannot be replayed")
+
+    def _chunk(self, state: Any, steps: int, seed: int | None) -> np.ndarray:
+        action = self.backend.key_action(frozenset(self.keys))
+        (result,) = self.backend.generate([ChunkJob(state, [action] * self.chunk_frames, steps,
+                                                     seed)])
+        finish = getattr(self.backend, "finish", None)
+        if finish is not None:
+            finish()
+        if result.error is not None:
+            raise ReplayError(f"chunk generation failed: {result.error!r}")
+        return result.frames
+
+    def _free_branches(self, keep: int | None = None) -> None:
+        for i, branch in enumerate(self.branches):
+            if i != keep:
+                self.backend.free(branch.state)
+        self.branches = []
+
+    def apply(self, e: Any) -> None:
+        backend = self.backend
+        match e.kind:
+            case "action":
+                self.keys = list(e.keys)
+            case "prompt":
+                backend.set_prompt(self.state, e.text, e.blend_text, e.blend_weight)
+            case "settings":
+                self.chunk_frames, self.steps = e.chunk_frames, e.steps
+                model = {k: v for k, v in (("memory_frames", e.memory_frames),
+                                           ("attention", e.attention)) if v is not None}
+                if model:
+                    backend.configure(self.state, **model)
+            case "steps":
+                self.steps = e.steps
+            case "fork":
+                self._free_branches()
+                for i in range(e.k):
+                    self.branches.append(_Branch(backend.fork(self.state),
+                                                 derived_seed(self.log.seed, e.fork_id, i)))
+            case "preview":
+                branch = self.branches[e.branch]
+                self._chunk(branch.state, e.steps, derived_seed(branch.seed, branch.done))
+                branch.done += 1
+            case "adopt":
+                adopted = self.branches[e.branch].state
+                self._free_branches(keep=e.branch)
+                backend.free(self.state)
+                self.state = adopted
+            case "rewind":
+                backend.rewind(self.state, e.chunks)
+            case "cut":
+                self._free_branches()
+                backend.free(self.state)
+                self.state = None
+                self.state = backend.new_state(e.prompt, e.seed)
+
+    def close(self) -> None:
+        self._free_branches()
+        if self.state is not None:
+            self.backend.free(self.state)
+            self.state = None
+
+
+def replay(backend: Any, log: ReplayLog, on_frames: Callable[[np.ndarray], None], *,
+           savepoint: bytes | None = None) -> dict[str, int]:
+    """Replay ``log`` on ``backend``, calling ``on_frames(frames)`` with each stream chunk's
+    ``(chunk_frames, H, W, 3)`` uint8 frames in order. ``savepoint``: the save file a log of a
+    loaded session starts from. Returns ``{"chunks", "frames"}`` generated.
+
+    Raises ReplayError for a log of another model or model version, a missing or different
+    save point, or a chunk that fails; ValueError (from the backend) for an event it refuses.
+    Every state made is freed, also on error."""
+    if log.model != backend.name:
+        raise ReplayError(f"the log was recorded with model {log.model!r}; this is "
+                          f"{backend.name!r}")
+    version = model_version(backend)
+    if log.model_version != version:
+        raise ReplayError(f"the log was recorded with another version of model "
+                          f"{backend.name!r} ({log.model_version[:12]}, this one is "
+                          f"{version[:12]})")
+    run = _Replay(backend, log, savepoint)
+    events = deque(log.events)
+    frames = 0
+    try:
+        for chunk in range(log.chunks):
+            while events and events[0].chunk <= chunk:
+                run.apply(events.popleft())
+            rgb = run._chunk(run.state, run.steps, None)
+            frames += len(rgb)
+            on_frames(rgb)
+    finally:
+        run.close()
+    return {"chunks": log.chunks, "frames": frames}

@@ -1,0 +1,353 @@
+"""Save points: a running world written to a file and read back into a new session, exactly.
+
+The file is a safetensors file (a JSON header, then raw arrays; nothing in it is executed when
+loading): its arrays are the backend state's tensors (for the built-in model: the keys and
+values of the state's KV-cache pages in time order, the retained chunks' latents, memory bases
+and camera path, the spatial memory's tiles and their undo records, the text embedding and the
+RNG state), its metadata ``{"worldstream": JSON}`` holds ``format``, ``model``,
+``model_version`` (:func:`model_version`), the engine session's settings (``session``: seed,
+prompt, held action, chunk size, steps, mode, fork counter) and the backend
+state's scalars (``state``). A file made by another model, another version of its weights or
+generator settings is refused with a message naming both versions.
+
+Loading a save point into a state continues the world bit for bit as the saved one would
+have continued (same machine, same threads): nothing is re-encoded or recomputed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import weakref
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+from worldstream.engine.core.api import CapacityError
+
+SAVEPOINT_FORMAT = "worldstream-savepoint/1"
+#: the largest save file read (a built-in model state is ~10 MB: KV pages, latents, tiles)
+MAX_SAVEPOINT_BYTES = 128 * 2**20
+_META_KEY = "worldstream"
+
+_versions: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+class SavepointError(ValueError):
+    """A save file that cannot be loaded here (damaged, not a save file, another model or
+    version); the message is one line for the user."""
+
+
+# ---------------------------------------------------------------- model version
+def _hash_module_files(h, *modules) -> None:
+    for module in modules:
+        with open(inspect.getfile(module), "rb") as f:
+            h.update(f.read())
+
+
+def model_version(backend: Any) -> str:
+    """A hex SHA-256 naming what decides a backend's frames from a state: for the built-in
+    model its weights (transformer and autoencoder tensors), their configs and the generator
+    settings; for the simulator its source. Computed once per backend object (~50 ms)."""
+    cached = _versions.get(backend)
+    if cached is not None:
+        return cached
+    h = hashlib.sha256(backend.name.encode())
+    if backend.name == "builtin":
+        import dataclasses
+
+        for module in (backend.model, backend.ae):
+            h.update(json.dumps(dict(module.config), sort_keys=True, default=str).encode())
+            for name, tensor in sorted(module.state_dict().items()):
+                h.update(name.encode())
+                h.update(tensor.detach().float().cpu().contiguous().numpy().tobytes())
+        settings = dataclasses.asdict(backend.config)
+        settings.pop("cpu_threads")  # frames may differ across thread counts; files do not
+        settings.pop("max_states")
+        h.update(json.dumps(settings, sort_keys=True, default=str).encode())
+        h.update(str(backend.ae_dtype).encode())
+    elif backend.name == "sim":
+        from worldstream.engine.worlds import scenes, simulator
+
+        _hash_module_files(h, simulator, scenes)
+    else:
+        h.update(repr(type(backend)).encode())
+    version = h.hexdigest()
+    _versions[backend] = version
+    return version
+
+
+# ---------------------------------------------------------------- file format
+def encode(arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> bytes:
+    """A save file's bytes from its arrays and its JSON-ready metadata."""
+    from safetensors.numpy import save
+
+    return save({k: np.ascontiguousarray(v) for k, v in arrays.items()},
+                metadata={_META_KEY: json.dumps(meta)})
+
+
+def read_meta(data: bytes) -> dict[str, Any]:
+    """The metadata of a save file (the safetensors header only: cheap). SavepointError for a
+    file that is not a worldstream save point or is cut short."""
+    if not isinstance(data, bytes | bytearray):
+        raise SavepointError("a save point must be bytes")
+    if len(data) > MAX_SAVEPOINT_BYTES:
+        raise SavepointError(f"the save file is {len(data)} bytes; the limit is "
+                             f"{MAX_SAVEPOINT_BYTES}")
+    if len(data) < 8:
+        raise SavepointError("not a worldstream save point (the file is empty or cut short)")
+    size = int.from_bytes(data[:8], "little")
+    if size > len(data) - 8:
+        raise SavepointError("not a worldstream save point, or one cut short (its header "
+                             "is longer than the file)")
+    try:
+        header = json.loads(bytes(data[8:8 + size]))
+        meta = json.loads(header["__metadata__"][_META_KEY])
+    except (ValueError, KeyError, TypeError):
+        raise SavepointError("not a worldstream save point (no worldstream header)") from None
+    if not isinstance(meta, dict) or meta.get("format") != SAVEPOINT_FORMAT:
+        raise SavepointError(f"not a {SAVEPOINT_FORMAT} file (format "
+                             f"{meta.get('format') if isinstance(meta, dict) else None!r})")
+    return meta
+
+
+def decode(data: bytes, backend: Any) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """``(arrays, meta)`` of a save file made with ``backend``'s model and version.
+    SavepointError naming the problem: not a save file, cut short or damaged, another model,
+    another model version."""
+    meta = read_meta(data)
+    if meta.get("model") != backend.name:
+        raise SavepointError(f"this save point is of model {meta.get('model')!r}; this server "
+                             f"runs {backend.name!r}")
+    version = model_version(backend)
+    if meta.get("model_version") != version:
+        raise SavepointError(
+            f"this save point was made with another version of model {backend.name!r} "
+            f"({str(meta.get('model_version'))[:12]}, this one is {version[:12]}): different "
+            "weights or generator settings cannot continue it")
+    from safetensors import SafetensorError
+    from safetensors.numpy import load
+
+    try:
+        arrays = load(bytes(data))
+    except (SafetensorError, ValueError) as err:
+        raise SavepointError(f"the save file is damaged or cut short ({err})") from None
+    return arrays, meta
+
+
+def file_sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+# ---------------------------------------------------------------- backend states
+def export_state(backend: Any, state: Any) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """``(arrays, scalars)`` of a backend state (call where nothing generates it, e.g. the
+    engine thread). SavepointError for a backend that cannot save its state."""
+    if backend.name == "builtin":
+        return _export_builtin(backend, state)
+    if backend.name == "sim":
+        return {}, _export_sim(state)
+    raise SavepointError(f"model {backend.name!r} cannot save its state")
+
+
+def import_state(backend: Any, arrays: dict[str, np.ndarray], scalars: dict[str, Any]) -> Any:
+    """A new backend state from :func:`export_state`'s output; counts against the backend's
+    state budget (free it with ``backend.free``). CapacityError when full, SavepointError for
+    contents that do not fit the backend (nothing is held then)."""
+    try:
+        if backend.name == "builtin":
+            return _import_builtin(backend, arrays, scalars)
+        if backend.name == "sim":
+            return _import_sim(backend, scalars)
+    except (CapacityError, SavepointError):
+        raise
+    except Exception as err:  # a hand-edited or damaged file that passed the header checks
+        raise SavepointError(f"the save point's state does not fit this model ({err!r})") from None
+    raise SavepointError(f"model {backend.name!r} cannot load a saved state")
+
+
+# -- simulator
+_SIM_FIELDS = ("seed", "scene", "_prev_scene", "_transition", "pos", "vel", "facing", "t")
+
+
+def _sim_dict(sim) -> dict[str, Any]:
+    out = {}
+    for name in _SIM_FIELDS:
+        value = getattr(sim, name)
+        out[name] = value.tolist() if isinstance(value, np.ndarray) else value
+    out["_transition_len"] = getattr(sim, "_transition_len", None)
+    return out
+
+
+def _sim_from(d: dict[str, Any]):
+    from worldstream.engine.worlds.simulator import WorldSimulator
+
+    sim = WorldSimulator(seed=int(d["seed"]), scene=str(d["scene"]))
+    sim._prev_scene = str(d["_prev_scene"])
+    sim._transition = int(d["_transition"])
+    if d.get("_transition_len") is not None:
+        sim._transition_len = int(d["_transition_len"])
+    sim.pos = np.array(d["pos"], np.float64).reshape(2)
+    sim.vel = np.array(d["vel"], np.float64).reshape(2)
+    sim.facing = tuple(int(v) for v in d["facing"])
+    sim.t = int(d["t"])
+    return sim
+
+
+def _export_sim(state) -> dict[str, Any]:
+    # NOTE: the simulator's fields are plain numbers; JSON floats round-trip float64 exactly
+    return {"sim": _sim_dict(state.sim), "history": [_sim_dict(s) for s in state.history]}
+
+
+def _import_sim(backend, scalars: dict[str, Any]):
+    from worldstream.engine.backends.sim import SimState
+
+    if len(scalars["history"]) > backend.rewind_chunks:
+        raise SavepointError("the save point keeps more rewind history than this server")
+    sims = [_sim_from(scalars["sim"])] + [_sim_from(d) for d in scalars["history"]]
+    return SimState(sims[0], deque(sims[1:]))
+
+
+# -- built-in model
+def _t2n(x) -> np.ndarray:
+    return x.detach().float().cpu().contiguous().numpy()
+
+
+def _export_builtin(gen, state) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    import torch
+
+    with gen._settled():  # the last chunk's deferred cache fill and memory write first
+        if state.freed:
+            raise SavepointError("the state was freed")
+        pages = state.table.all_pages()
+        idx = torch.tensor(pages, dtype=torch.long, device=gen.k_pool.device)
+        arrays = {"kv.k": _t2n(gen.k_pool[:, idx]), "kv.v": _t2n(gen.v_pool[:, idx]),
+                  "text": _t2n(state.text), "rng": state.rng.get_state().numpy()}
+        history = []
+        for i, rec in enumerate(state.history):
+            for name in ("latents", "base", "known", "context"):
+                value = getattr(rec, name)
+                if value is not None:
+                    arrays[f"h{i}.{name}"] = _t2n(value)
+            arrays[f"h{i}.origins"] = rec.origins
+            arrays[f"h{i}.cam_pos"] = np.asarray(rec.camera[0], np.float64)
+            arrays[f"h{i}.cam_vel"] = _t2n(rec.camera[1])
+            undo = []
+            for j, record in enumerate(rec.undo):
+                parts = []
+                for k, (key, ys, xs, rgb, epoch, view) in enumerate(record.parts):
+                    arrays[f"h{i}.u{j}.{k}.rgb"] = rgb
+                    arrays[f"h{i}.u{j}.{k}.epoch"] = epoch
+                    arrays[f"h{i}.u{j}.{k}.view"] = view
+                    parts.append([list(key), [ys.start, ys.stop], [xs.start, xs.stop]])
+                undo.append(parts)
+            history.append({"actions": list(rec.actions), "position": rec.position,
+                            "has": [n for n in ("latents", "context")
+                                    if getattr(rec, n) is not None], "undo": undo})
+        # NOTE: the spatial memory's tiles are private to it; a save point is the one place
+        # that needs all of them, so they are read here rather than widening its API
+        mem = state.memory
+        keys = list(mem._tiles)
+        for name in ("rgb", "epoch", "view"):
+            arrays[f"mem.{name}"] = (np.stack([getattr(mem._tiles[k], name) for k in keys])
+                                     if keys else np.zeros((0,), np.uint8))
+        if state.start_frames is not None:
+            arrays["start_frames"] = state.start_frames
+        scalars = {
+            "prompt": state.prompt,
+            "attention": state.attention,
+            "window_chunks": state.table.window_chunks,
+            "needs_recache": state.needs_recache,
+            "restyle_left": state.restyle_left,
+            "table": {"num_chunks": state.table.num_chunks,
+                      "sink_pages": len(state.table.sink_pages()), "pages": len(pages)},
+            "history": history,
+            "memory": {"tile": mem.tile, "max_tiles": mem.max_tiles, "settle_px": mem.settle_px,
+                       "epoch": mem.epoch, "tick": mem._tick, "keys": [list(k) for k in keys],
+                       "used": [mem._used.get(k, 0) for k in keys]},
+        }
+    return arrays, scalars
+
+
+def _import_builtin(gen, arrays: dict[str, np.ndarray], scalars: dict[str, Any]):
+    import torch
+
+    from worldstream import kernels
+    from worldstream.engine.backends.builtin import BuiltinState, _ChunkRecord
+    from worldstream.engine.core.kv_cache import PageTable
+    from worldstream.engine.models.builtin.spatial_memory import SpatialMemory, UndoRecord, _Tile
+
+    cfg, f = gen.config, gen.chunk_frames
+    n = int(scalars["table"]["pages"])
+    sink = int(scalars["table"]["sink_pages"])
+    k, v = arrays["kv.k"], arrays["kv.v"]
+    want = (gen.k_pool.shape[0], n, *gen.k_pool.shape[2:])
+    if k.shape != want or v.shape != want or (n - sink) % f or sink not in (0, f):
+        raise SavepointError(f"the save point's KV pages {k.shape} do not fit this model "
+                             f"({want})")
+    with gen._settled():
+        pages = gen.allocator.allocate(n) if n else []
+        if pages is None:
+            raise CapacityError("KV page pool exhausted", 2.0)
+        table = PageTable(gen.allocator, pages_per_chunk=f, window_chunks=cfg.window_chunks,
+                          sink=cfg.sink, max_chunks=cfg.memory_chunks)
+        try:
+            idx = torch.tensor(pages, dtype=torch.long, device=gen.k_pool.device)
+            gen.k_pool[:, idx] = torch.from_numpy(k).to(gen.k_pool.device, gen.k_pool.dtype)
+            gen.v_pool[:, idx] = torch.from_numpy(v).to(gen.v_pool.device, gen.v_pool.dtype)
+            if sink:
+                table.append_chunk(pages[:sink])
+            for start in range(sink, n, f):
+                table.append_chunk(pages[start:start + f])
+            table.num_chunks = int(scalars["table"]["num_chunks"])
+            table.window_chunks = int(scalars["window_chunks"])
+            attention = scalars["attention"]
+            if attention is not None:
+                attention = kernels.resolve_backend(str(attention), gen.device)
+            history = deque()
+            for i, h in enumerate(scalars["history"]):
+                def get(name, i=i):
+                    return torch.from_numpy(arrays[f"h{i}.{name}"].copy())
+
+                undo = [UndoRecord([(tuple(key), slice(*ys), slice(*xs),
+                                     arrays[f"h{i}.u{j}.{p}.rgb"].copy(),
+                                     arrays[f"h{i}.u{j}.{p}.epoch"].copy(),
+                                     arrays[f"h{i}.u{j}.{p}.view"].copy())
+                                    for p, (key, ys, xs) in enumerate(parts)])
+                        for j, parts in enumerate(h["undo"])]
+                history.append(_ChunkRecord(
+                    get("latents") if "latents" in h["has"] else None, get("base"),
+                    get("known"), [int(a) for a in h["actions"]], int(h["position"]),
+                    arrays[f"h{i}.origins"].astype(np.int64),
+                    (arrays[f"h{i}.cam_pos"].astype(np.float64), get("cam_vel")),
+                    get("context") if "context" in h["has"] else None, undo))
+            m = scalars["memory"]
+            memory = SpatialMemory(int(m["tile"]), int(m["max_tiles"]), int(m["settle_px"]))
+            memory.epoch, memory._tick = int(m["epoch"]), int(m["tick"])
+            for t, (key, used) in enumerate(zip(m["keys"], m["used"])):
+                key = tuple(int(c) for c in key)
+                memory._tiles[key] = _Tile(arrays["mem.rgb"][t].copy(),
+                                           arrays["mem.epoch"][t].copy(),
+                                           arrays["mem.view"][t].copy())
+                memory._owned.add(key)
+                memory._used[key] = int(used)
+            rng = torch.Generator()
+            rng.set_state(torch.from_numpy(arrays["rng"].copy()))
+            text = torch.from_numpy(arrays["text"].copy())
+            if text.shape != (gen.model.config.text_dim,):
+                raise SavepointError(f"the saved prompt embedding is {tuple(text.shape)}")
+            start = arrays.get("start_frames")
+            return BuiltinState(table, str(scalars["prompt"]), text, rng, history,
+                                bool(scalars["needs_recache"]), attention=attention,
+                                memory=memory,
+                                start_frames=None if start is None else start.copy(),
+                                restyle_left=int(scalars["restyle_left"]))
+        except BaseException:
+            held = set(table.all_pages())
+            table.free()
+            rest = [p for p in pages if p not in held]  # allocated, not yet in the table
+            if rest:
+                gen.allocator.decref(rest)
+            raise

@@ -1,0 +1,105 @@
+"""Start from a picture: the upload is centre-cropped and resized (checked on a hand-made
+picture), bad uploads get one clear error each and leave the session as it was, and a stream
+started from a simulator frame shows that frame first."""
+
+from __future__ import annotations
+
+import io
+import time
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from worldstream.engine.backends.sim import SimBackend
+from worldstream.engine.core.config import EngineConfig
+from worldstream.engine.core.engine import Engine
+from worldstream.engine.evaluation.metrics import psnr
+from worldstream.engine.studio import worldio
+from worldstream.engine.studio.picture import MAX_PICTURE_BYTES, PictureError, fit_picture
+from worldstream.engine.worlds.simulator import WorldSimulator
+
+
+def encoded(rgb: np.ndarray, fmt: str = "PNG") -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(rgb).save(buf, format=fmt)
+    return buf.getvalue()
+
+
+def test_a_wide_picture_is_centre_cropped_then_resized():
+    # 200 x 100: red | green | blue columns of 50, 100, 50 px: the centre square is all green
+    rgb = np.zeros((100, 200, 3), np.uint8)
+    rgb[:, :50] = (255, 0, 0)
+    rgb[:, 50:150] = (0, 255, 0)
+    rgb[:, 150:] = (0, 0, 255)
+    out = fit_picture(encoded(rgb), 64)
+    assert out.shape == (64, 64, 3) and out.dtype == np.uint8
+    # (Lanczos reads a few source pixels beyond the crop box: the outer columns ring)
+    assert np.array_equal(out[:, 4:-4], np.broadcast_to([0, 255, 0], (64, 56, 3)))
+    assert out[:, :, 1].min() >= 240 and out[:, :, [0, 2]].max() <= 12
+    # a tall one: top and bottom thirds cut; JPEG decodes too
+    tall = np.zeros((300, 100, 3), np.uint8)
+    tall[100:200] = 200
+    out = fit_picture(encoded(tall, "JPEG"), 32)
+    assert np.abs(out[2:-2].astype(int) - 200).max() <= 6
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    (b"GIF89a" + bytes(100), "not a PNG or JPEG"),
+    (b"", "no picture"),
+    (b"\x89PNG\r\n\x1a\n" + bytes(MAX_PICTURE_BYTES), "the limit is"),
+    (encoded(np.full((64, 64, 3), 9, np.uint8))[:60], "damaged or cut short"),
+    (encoded(np.full((64, 64, 3), 9, np.uint8), "JPEG")[:200], "damaged or cut short"),
+])
+def test_bad_pictures_get_one_clear_error(data, message):
+    with pytest.raises(PictureError, match=message) as err:
+        fit_picture(data, 128)
+    assert "\n" not in str(err.value)
+
+
+def test_a_decompression_bomb_is_refused_before_decoding():
+    buf = io.BytesIO()
+    Image.new("1", (8000, 6000)).save(buf, format="PNG")  # 48 M pixels in a few KB
+    assert len(buf.getvalue()) < 100_000
+    with pytest.raises(PictureError, match="8000x6000 pixels"):
+        fit_picture(buf.getvalue(), 128)
+
+
+def test_the_simulator_cannot_start_from_a_picture_and_goes_on():
+    with Engine(SimBackend(), EngineConfig(max_sessions=1, fps=40, chunk_frames=2)) as engine:
+        sid = engine.create_session("a green meadow", seed=0).session_id
+        slot = engine.subscribe(sid, maxlen=1000)
+        assert slot.get(timeout=120) is not None
+        with pytest.raises(PictureError, match="model 'sim' cannot start from a picture"):
+            worldio.start_from_picture(engine, sid, encoded(np.zeros((8, 8, 3), np.uint8)))
+        assert slot.get(timeout=10) is not None
+
+
+def test_builtin_stream_starts_from_the_picture():
+    from worldstream.engine.backends.builtin import load_builtin_backend
+
+    sim = WorldSimulator(seed=987_654, scene="desert")
+    for _ in range(10):
+        picture = sim.step(2)  # moving right
+    config = EngineConfig(max_sessions=2, fps=15, steps=2, min_steps=2)
+    with Engine(load_builtin_backend(), config) as engine:
+        sid = engine.create_session("hot desert dunes", seed=5).session_id
+        slot = engine.subscribe(sid, maxlen=1000)
+        assert slot.get(timeout=120) is not None
+        state = engine._sessions[sid].state
+        with pytest.raises(PictureError, match="damaged or cut short"):
+            worldio.start_from_picture(engine, sid, encoded(picture)[:100])
+        assert engine._sessions[sid].state is state
+        started = worldio.start_from_picture(engine, sid, encoded(picture)).result(timeout=60)
+        frames, deadline = {}, time.monotonic() + 120
+        while started["frame_index"] + 3 not in frames:
+            assert time.monotonic() < deadline
+            frame = slot.get(timeout=1.0)
+            if frame is not None:
+                frames[frame.index] = frame.rgb
+        log = worldio.export_log(engine, sid).result(timeout=60)
+    first = frames[started["frame_index"]]
+    assert psnr(first, picture) > 25.0  # the idle stream shows the picture it started from
+    assert log["start"]["kind"] == "image"
+    assert fit_picture(__import__("base64").b64decode(log["start"]["png"]), 128).tolist() == \
+        picture.tolist()

@@ -1,0 +1,146 @@
+"""Save points: save a running world, load it into a new session, continue: the frames are those
+the original session showed from the save on (built-in model and simulator). Bad files get one
+clear error each and leave the session as it was."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+
+from worldstream.engine.backends.sim import SimBackend
+from worldstream.engine.core.api import ActionCommand, ForkCommand, PromptCommand, RewindCommand
+from worldstream.engine.core.config import EngineConfig
+from worldstream.engine.core.engine import Engine
+from worldstream.engine.studio import worldio
+from worldstream.engine.studio.savepoint import (
+    SavepointError,
+    decode,
+    encode,
+    model_version,
+    read_meta,
+)
+
+
+class Stream:
+    """Every frame of a session, by stream index."""
+
+    def __init__(self, engine, sid):
+        self.slot = engine.subscribe(sid, maxlen=100_000)
+        self.frames: dict[int, np.ndarray] = {}
+
+    def until(self, index, timeout_s=600):
+        deadline = time.monotonic() + timeout_s
+        while index not in self.frames:
+            assert time.monotonic() < deadline, f"no frame {index} (have {len(self.frames)})"
+            frame = self.slot.get(timeout=1.0)
+            if frame is not None:
+                self.frames[frame.index] = frame.rgb
+
+    def run(self, start, n):
+        self.until(start + n - 1)
+        return np.stack([self.frames[i] for i in range(start, start + n)])
+
+
+def save_load_continue(engine, seconds, fps, prompt):
+    """Steer session A, save it, load the file into a new session B; returns A's frames from
+    the save on and B's from the load on, ``seconds`` of each."""
+    a = engine.create_session(prompt, seed=3).session_id
+    sa = Stream(engine, a)
+    for at, command in [
+            (2, ActionCommand(1, 0.0, frozenset({"right"}))),
+            (8, PromptCommand(2, 0.0, "a snowy forest")),
+            (12, ForkCommand(3, 2)), (20, RewindCommand(4, 1)),
+            (24, ActionCommand(5, 0.0, frozenset({"down", "left"})))]:
+        sa.until(at)
+        engine.submit(a, command)
+    sa.until(30)
+    data = worldio.save(engine, a).result(timeout=120)
+    saved_at = read_meta(data)["session"]["frame_index"]
+    b = engine.create_session("a dark landscape at night", seed=99).session_id
+    sb = Stream(engine, b)
+    sb.until(3)
+    loaded = worldio.load(engine, b, data).result(timeout=120)
+    n = seconds * fps
+    original, restored = sa.run(saved_at, n), sb.run(loaded["frame_index"], n)
+    return data, original, restored, loaded
+
+
+def test_sim_save_load_continue_is_identical():
+    config = EngineConfig(max_sessions=4, fps=40, chunk_frames=2)
+    with Engine(SimBackend(), config) as engine:
+        data, original, restored, loaded = save_load_continue(engine, 5, 40, "a green meadow")
+    assert loaded["prompt"] == "a snowy forest" and loaded["seed"] == 3
+    assert original.shape == (200, 128, 128, 3)
+    assert np.array_equal(original, restored)
+
+
+@pytest.fixture(scope="module")
+def builtin():
+    from worldstream.engine.backends.builtin import load_builtin_backend
+
+    return load_builtin_backend()
+
+
+def test_builtin_save_load_continue_5s_is_identical(builtin):
+    # steps fixed (no degradation): the two sessions share the engine and its timing
+    config = EngineConfig(max_sessions=4, fps=15, steps=2, min_steps=2)
+    with Engine(builtin, config) as engine:
+        data, original, restored, _ = save_load_continue(engine, 5, 15, "a green meadow")
+    assert original.shape == (75, 128, 128, 3)
+    assert np.array_equal(original, restored)
+    # the file holds the world, not a recipe: KV pages, latents, memory tiles, RNG
+    arrays, meta = decode(data, builtin)
+    assert arrays["kv.k"].shape[1] == meta["state"]["table"]["pages"] > 0
+    assert arrays["rng"].dtype == np.uint8 and arrays["mem.rgb"].shape[0] > 0
+
+
+def _session_goes_on(engine, sid, stream):
+    state = engine._sessions[sid].state
+    start = max(stream.frames, default=0) + 1
+    stream.until(start + 4)
+    assert engine._sessions[sid].state is state
+
+
+def test_bad_save_files_get_one_clear_error_and_change_nothing(builtin):
+    sim = SimBackend()
+    with Engine(sim, EngineConfig(max_sessions=2, fps=40, chunk_frames=2)) as engine:
+        sid = engine.create_session("a green meadow", seed=1).session_id
+        stream = Stream(engine, sid)
+        stream.until(4)
+        good = worldio.save(engine, sid).result(timeout=60)
+        arrays, meta = decode(good, sim)
+        other_version = encode(arrays, dict(meta, model_version="f" * 64))
+        other_model = encode(arrays, dict(meta, model="builtin"))
+        cases = {
+            "another version of model 'sim'": other_version,
+            "of model 'builtin'; this server runs 'sim'": other_model,
+            "cut short": good[:20],
+            "not a worldstream save point": b"\x89PNG\r\n\x1a\n" + bytes(200),
+            "the file is empty": b"",
+            "the limit is": b"\0" * (128 * 2**20 + 1),
+        }
+        for message, data in cases.items():
+            with pytest.raises(SavepointError, match=message) as err:
+                worldio.load(engine, sid, data)
+            assert "\n" not in str(err.value)
+            _session_goes_on(engine, sid, stream)
+    # a sim save point into the built-in model: refused by model name, before any work
+    with pytest.raises(SavepointError, match="of model 'sim'"):
+        decode(good, builtin)
+    with pytest.raises(SavepointError, match="damaged or cut short"):
+        cut = bytearray(good)
+        header = 8 + int.from_bytes(good[:8], "little")
+        decode(bytes(cut[:header]) + b"\0", sim)
+
+
+def test_model_version_names_weights_and_settings(builtin):
+    from worldstream.engine.backends.builtin import load_builtin_backend
+
+    assert model_version(builtin) == model_version(load_builtin_backend())
+    assert model_version(builtin) != model_version(load_builtin_backend(window_chunks=3))
+    assert model_version(SimBackend()) == model_version(SimBackend())
+    meta = json.loads(json.dumps({"v": model_version(builtin)}))
+    assert len(meta["v"]) == 64
