@@ -14,9 +14,9 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 import gradio as gr  # noqa: E402
 from fastapi import FastAPI  # noqa: E402
 
+from worldstream.engine.core.limits import MAX_SAY_CHARS  # noqa: E402
 from worldstream.engine.worlds.avatar.actions import EXPRESSIONS  # noqa: E402
 from worldstream.engine.worlds.avatar.looks import LOOKS  # noqa: E402
-from worldstream.engine.worlds.avatar.visemes import MAX_SAY_CHARS  # noqa: E402
 from worldstream.engine.worlds.scenes import SCENES  # noqa: E402
 
 DEFAULT_PROMPT = SCENES["meadow"]["prompts"][0]

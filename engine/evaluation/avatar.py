@@ -2,8 +2,9 @@
 frames and actions, on held-out appearance seeds (training seeds stay below ``HELDOUT_SEED0``).
 
 Every metric reads the frames through :class:`AvatarProbe`, a small CNN fitted on simulator
-frames of training seeds (half of them blurred, as an autoencoder blurs) to predict the face's
-expression, the head's turn class (left/centre/right, up/centre/down) and the mouth's openness;
+frames of training seeds (half of them blurred, as an autoencoder blurs) to regress the pose:
+head yaw and pitch (read as left/centre/right, up/centre/down), mouth openness and the face's
+parameters (read as the expression whose face is nearest);
 every metric is also computed on the simulator's own frames (``*_ground_truth``), which shows
 what the probe can read.
 
@@ -53,7 +54,12 @@ from worldstream.engine.worlds.avatar.actions import (
 )
 from worldstream.engine.worlds.avatar.looks import LOOK_NAMES, LOOKS
 from worldstream.engine.worlds.avatar.recorder import WORDS, PuppeteerPolicy
-from worldstream.engine.worlds.avatar.simulator import SIZE, AvatarSimulator
+from worldstream.engine.worlds.avatar.simulator import (
+    FACE_PARAMS,
+    FACE_TABLE,
+    SIZE,
+    AvatarSimulator,
+)
 from worldstream.engine.worlds.avatar.visemes import VISEME_OPEN
 
 EXPRESSION_HOLD, TURN_HOLD = 32, 16
@@ -73,16 +79,16 @@ def turn_class(value: float) -> int:
 # ------------------------------------------------------------------ probe
 class AvatarProbe(nn.Module):
     """CNN on the 96×96 centre crop of a frame (head and neck at full resolution: brows and
-    eyelids move by 1-3 px) -> expression logits ``(N, 5)``, yaw and pitch class logits
-    ``(N, 3)`` each, mouth openness ``(N,)``."""
+    eyelids move by 1-3 px) regressing the simulator's pose: ``(N, 10)`` = yaw, pitch, mouth
+    openness (viseme plus the expression's jaw), the six ``FACE_PARAMS`` and the eyelid
+    closure. :meth:`read` turns them into the metrics' classes."""
 
     def __init__(self):
         super().__init__()
         self.body = nn.Sequential(
             nn.Conv2d(3, 32, 5, 2, 2), nn.ReLU(), nn.Conv2d(32, 64, 3, 2, 1), nn.ReLU(),
             nn.Conv2d(64, 64, 3, 2, 1), nn.ReLU(), nn.Flatten(), nn.Linear(64 * 12 * 12, 128),
-            nn.ReLU())
-        self.head = nn.Linear(128, len(EXPRESSIONS) + 3 + 3 + 1)
+            nn.ReLU(), nn.Linear(128, 3 + len(FACE_PARAMS) + 1))
 
     @staticmethod
     def prepare(frames: np.ndarray) -> torch.Tensor:
@@ -90,19 +96,26 @@ class AvatarProbe(nn.Module):
         crop = np.asarray(frames)[:, 8:104, 16:112]
         return torch.as_tensor(crop).permute(0, 3, 1, 2).float() / 127.5 - 1
 
-    def forward(self, x: torch.Tensor):
-        out = self.head(self.body(x))
-        e = len(EXPRESSIONS)
-        return out[:, :e], out[:, e : e + 3], out[:, e + 3 : e + 6], out[:, -1]
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
 
     @torch.no_grad()
     def read(self, frames: np.ndarray) -> dict[str, np.ndarray]:
-        """Per frame: ``expression``, ``yaw``, ``pitch`` (classes, int) and ``mouth``
-        (openness, float)."""
-        outs = [self(self.prepare(frames[i : i + 256])) for i in range(0, len(frames), 256)]
-        expr, yaw, pitch, mouth = (torch.cat(o) for o in zip(*outs))
-        return {"expression": expr.argmax(1).numpy(), "yaw": yaw.argmax(1).numpy(),
-                "pitch": pitch.argmax(1).numpy(), "mouth": mouth.numpy()}
+        """Per frame: ``expression`` (the expression whose face is nearest, L1, to the probed
+        face parameters), ``yaw``/``pitch`` (:func:`turn_class` of the probed angles), all
+        int, and ``mouth`` (probed openness, float)."""
+        out = torch.cat([self(self.prepare(frames[i : i + 256]))
+                         for i in range(0, len(frames), 256)]).numpy()
+        face = out[:, 3 : 3 + len(FACE_PARAMS)]
+        expression = np.abs(face[:, None] - FACE_TABLE[None]).sum(-1).argmin(1)
+        return {"expression": expression, "yaw": np.vectorize(turn_class)(out[:, 0]),
+                "pitch": np.vectorize(turn_class)(out[:, 1]), "mouth": out[:, 2]}
+
+
+def probe_target(sim: AvatarSimulator) -> np.ndarray:
+    """``(10,)`` float32: what :class:`AvatarProbe` regresses, from the simulator's pose."""
+    p = sim.pose
+    return np.array([p.yaw, p.pitch, p.face[4] + p.mouth_open, *p.face, p.blink], np.float32)
 
 
 def _blur(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
@@ -117,29 +130,27 @@ def _blur(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
 
 def fit_probe(episodes: int = 96, length: int = 64, steps: int = 3000,
               seed: int = 0) -> AvatarProbe:
-    """Fit :class:`AvatarProbe` on recorded puppeteering of training seeds (labels: the
-    simulator's pose: nearest expression face, yaw/pitch classes, mouth openness)."""
+    """Fit :class:`AvatarProbe` on random puppeteering (``recorder.PuppeteerPolicy``) of
+    training seeds, every look, half the frames blurred; targets :func:`probe_target`."""
     from worldstream.engine.training.avatar_data import TRAIN_SEED0
-    from worldstream.engine.worlds.avatar.recorder import record_episode
 
-    eps = [record_episode(TRAIN_SEED0 + s, length)
-           for s in tqdm(range(episodes), desc="probe data", unit="episode", leave=False)]
-    frames = np.concatenate([e["frames"] for e in eps])
-    pose = np.concatenate([e["pose"] for e in eps])
-    x = AvatarProbe.prepare(frames)
-    expr = torch.as_tensor(pose[:, 3]).long()
-    yaw = torch.as_tensor([turn_class(v) for v in pose[:, 0]])
-    pitch = torch.as_tensor([turn_class(v) for v in pose[:, 1]])
-    mouth = torch.as_tensor(pose[:, 2])
+    frames, targets = [], []
+    for k in tqdm(range(episodes), desc="probe data", unit="episode", leave=False):
+        rng = np.random.default_rng([TRAIN_SEED0 + k, 3])
+        sim = AvatarSimulator(TRAIN_SEED0 + k, LOOK_NAMES[k % len(LOOK_NAMES)])
+        policy = PuppeteerPolicy(rng)
+        for _ in range(length):
+            frames.append(sim.step(policy()))
+            targets.append(probe_target(sim))
+    x = AvatarProbe.prepare(np.stack(frames))
+    y = torch.as_tensor(np.stack(targets))
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
     probe = AvatarProbe()
     opt = torch.optim.AdamW(probe.parameters(), lr=1e-3)
     for _ in tqdm(range(steps), desc="fitting the probe", unit="step", leave=False):
         i = torch.randint(0, len(x), (64,), generator=gen)
-        e, y, p, m = probe(_blur(x[i], gen))
-        loss = (F.cross_entropy(e, expr[i]) + F.cross_entropy(y, yaw[i])
-                + F.cross_entropy(p, pitch[i]) + 4 * F.mse_loss(m, mouth[i]))
+        loss = F.mse_loss(probe(_blur(x[i], gen)), y[i])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
