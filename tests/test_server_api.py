@@ -34,7 +34,8 @@ def auth(session):
 
 
 def test_health(client):
-    assert client.get("/api/health").json() == {"status": "ok", "model": "fake", "sessions": 0,
+    assert client.get("/api/health").json() == {"status": "ok", "model": "fake",
+                                                "world": "landscape", "sessions": 0,
                                                 "capacity": 2}
 
 
