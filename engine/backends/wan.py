@@ -59,6 +59,8 @@ class WanConfig(StreamConfig):
     frames per chunk (3 in the whole family). ``max_batch``: rows per forward the working-set
     estimate assumes. ``text_cache``: projected prompts kept (LRU). ``dtype``/``device``: None
     picks bf16 on CUDA, fp32 on CPU. ``fps``: default playback rate (Wan generates 16 fps).
+    ``batch_invariant`` off: on a GPU batching sessions is where the throughput comes from; a
+    replay (issue 15) is then exact only for chunks that were not batched with another's.
     """
 
     window_chunks: int = 6
@@ -74,6 +76,7 @@ class WanConfig(StreamConfig):
     dtype: torch.dtype | None = None
     device: str | None = None
     fps: int = 16
+    batch_invariant: bool = False
 
     def __post_init__(self):
         super().__post_init__()
