@@ -14,7 +14,9 @@ from worldstream.engine.backends.sim import SimBackend
 from worldstream.engine.core.api import ActionCommand, ForkCommand, PromptCommand, RewindCommand
 from worldstream.engine.core.config import EngineConfig
 from worldstream.engine.core.engine import Engine
+from worldstream.engine.core.inputlog import parse_log
 from worldstream.engine.studio import worldio
+from worldstream.engine.studio.replay import ReplayError, replay
 from worldstream.engine.studio.savepoint import (
     SavepointError,
     decode,
@@ -65,6 +67,8 @@ def save_load_continue(engine, seconds, fps, prompt):
     loaded = worldio.load(engine, b, data).result(timeout=120)
     n = seconds * fps
     original, restored = sa.run(saved_at, n), sb.run(loaded["frame_index"], n)
+    loaded["log"] = worldio.export_log(engine, b).result(timeout=60)
+    loaded["frames_b"] = sb.run(loaded["frame_index"], loaded["log"]["frames"])
     return data, original, restored, loaded
 
 
@@ -75,6 +79,15 @@ def test_sim_save_load_continue_is_identical():
     assert loaded["prompt"] == "a snowy forest" and loaded["seed"] == 3
     assert original.shape == (200, 128, 128, 3)
     assert np.array_equal(original, restored)
+    # the loaded session's input log starts from the save point: replayed with its file, it
+    # makes the session's frames since the load; without the file it is refused
+    log = parse_log(json.dumps(loaded["log"]))
+    assert log.start.kind == "savepoint" and log.frames >= 200
+    got = []
+    replay(SimBackend(), log, got.append, savepoint=data)
+    assert np.array_equal(np.concatenate(got), loaded["frames_b"])
+    with pytest.raises(ReplayError, match="starts from a save point"):
+        replay(SimBackend(), log, got.append)
 
 
 @pytest.fixture(scope="module")
