@@ -33,6 +33,9 @@ from worldstream.engine.core.api import (
 LOG_FORMAT = "worldstream-input-log/1"
 #: the largest input log read (a 60 s session with a key change every frame is ~100 KB)
 MAX_LOG_BYTES = 16 * 2**20
+#: events a live log keeps: ~1 hour at the protocol's 30 messages/s (~8 MB); past it the log
+#: stops and cannot be exported (a replay needs every event)
+MAX_LOG_EVENTS = 100_000
 
 Key = Literal["up", "down", "left", "right"]
 
@@ -60,6 +63,7 @@ class InputLog:
         self.chunk0, self.frame0 = chunk0, frame0
         self._steps = steps
         self._events: list[dict[str, Any]] = []
+        self.overflowed = False  # more than MAX_LOG_EVENTS events: the log stopped
         self._lock = threading.Lock()
 
     def add(self, kind: str, chunk: int, frame: int, **payload: Any) -> None:
@@ -68,6 +72,9 @@ class InputLog:
         event = {"kind": kind, "chunk": chunk - self.chunk0, "frame": frame - self.frame0,
                  **payload}
         with self._lock:
+            if len(self._events) >= MAX_LOG_EVENTS:
+                self.overflowed = True
+                return
             self._events.append(event)
 
     def steps_used(self, steps: int, chunk: int, frame: int) -> None:
@@ -97,7 +104,11 @@ class InputLog:
 
     def to_dict(self, *, model: str, model_version: str, chunk: int, frame: int
                 ) -> dict[str, Any]:
-        """The log as JSON-ready data, ending at the session's counters ``chunk``/``frame``."""
+        """The log as JSON-ready data, ending at the session's counters ``chunk``/``frame``.
+        ValueError when the log overflowed (it no longer holds every event)."""
+        if self.overflowed:
+            raise ValueError(f"this session's input log passed {MAX_LOG_EVENTS:,} events and "
+                             "stopped; save a point and start a new log from it")
         with self._lock:
             events = [dict(e) for e in self._events]
         return {"format": LOG_FORMAT, "model": model, "model_version": model_version,
