@@ -124,9 +124,11 @@ def test_bad_save_files_get_one_clear_error_and_change_nothing(builtin):
         stream = Stream(engine, sid)
         stream.until(4)
         good = worldio.save(engine, sid).result(timeout=60)
-        arrays, meta = decode(good, sim)
+        arrays, _ = decode(good, sim)
+        meta = read_meta(good)
         other_version = encode(arrays, dict(meta, model_version="f" * 64))
         other_model = encode(arrays, dict(meta, model="builtin"))
+        bad_steps = encode(arrays, dict(meta, session={**meta["session"], "steps": 99}))
         cases = {
             "another version of model 'sim'": other_version,
             "of model 'builtin'; this server runs 'sim'": other_model,
@@ -134,6 +136,7 @@ def test_bad_save_files_get_one_clear_error_and_change_nothing(builtin):
             "not a worldstream save point": b"\x89PNG\r\n\x1a\n" + bytes(200),
             "the file is empty": b"",
             "the limit is": b"\0" * (128 * 2**20 + 1),
+            "session is malformed: steps: Input should be less than or equal to 4": bad_steps,
         }
         for message, data in cases.items():
             with pytest.raises(SavepointError, match=message) as err:

@@ -65,7 +65,7 @@ class _Replay:
             if file_sha256(savepoint) != log.start.sha256:
                 raise ReplayError("the save point given is not the one this log starts from")
             arrays, meta = decode(savepoint, backend)
-            self.action = int(meta["session"]["action"])  # the keys held when it was saved
+            self.action = meta["session"].action  # the keys held when it was saved
             return import_state(backend, arrays, meta["state"])
         raise ReplayError("this log starts from another replica's recent frames (a failover): "
                           "it cannot be replayed")

@@ -75,18 +75,17 @@ def load(engine: Any, session_id: str, data: bytes) -> Future:
     result: ``{"prompt", "seed", "world_frames", "frame_index"}`` (the saved world's age in
     frames, and the stream's frame index from which the loaded world shows)."""
     arrays, meta = decode(data, engine.backend)
-    session = meta.get("session")
-    if not isinstance(session, dict) or session.get("chunk_frames") not in engine.chunk_sizes:
-        raise SavepointError("the save point's session settings do not fit this server")
+    saved = meta["session"]
+    if saved.chunk_frames not in engine.chunk_sizes:
+        raise SavepointError(f"the save point streams chunks of {saved.chunk_frames} frames; "
+                             f"this server {list(engine.chunk_sizes)}")
     sha = file_sha256(bytes(data))
 
     def run(s: Session) -> dict[str, Any]:
         _replace_world(engine, s, lambda: import_state(engine.backend, arrays, meta["state"]))
-        s.seed, s.prompt = int(session["seed"]), str(session["prompt"])
-        s.action = int(session["action"])
-        s.chunk_frames, s.mode = int(session["chunk_frames"]), session["mode"]
-        s.fork_id = int(session["fork_id"])
-        s.degrade.set_requested(steps=int(session["steps"]))
+        s.seed, s.prompt, s.action = saved.seed, saved.prompt, saved.action
+        s.chunk_frames, s.mode, s.fork_id = saved.chunk_frames, saved.mode, saved.fork_id
+        s.degrade.set_requested(steps=saved.steps)
         s.script = None
         s.inputs = _new_log(s, {"kind": "savepoint", "sha256": sha})
         frames = _world_frames(s.state)
