@@ -27,7 +27,6 @@ def tiny_generator(chunk_frames: int) -> BuiltinBackend:
     with torch.no_grad():  # adaLN-Zero starts as the identity; randomise so every path matters
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05)
-    # the rollouts of a batch in one forward, as the training collects them
     cfg = BuiltinConfig(attention_backend="reference", max_states=4, batch_invariant=False)
     return BuiltinBackend(model, build_autoencoder(width=8), cfg)
 

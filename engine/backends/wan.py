@@ -68,6 +68,10 @@ class WanConfig(StreamConfig):
     shift: float = 5.0
     ctx_sigma: float = 0.0
     max_states: int = 2
+    # NOTE: on a GPU, batching the sessions' forwards is where the throughput comes from
+    # (TurboServe, StreamDiffusionV2); a Wan stream's replay is bit-exact only while it shares
+    # no batch, so this family batches by default (the built-in model does not)
+    batch_invariant: bool = False
     height: int = 480
     width: int = 832
     latent_frames: int = 3

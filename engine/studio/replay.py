@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from worldstream.engine.core.backend import ChunkJob
-from worldstream.engine.core.engine import derived_seed
+from worldstream.engine.core.commands import derived_seed
 from worldstream.engine.core.inputlog import ReplayLog
 from worldstream.engine.studio.picture import frame_from_png_base64
 from worldstream.engine.studio.savepoint import (

@@ -191,7 +191,7 @@ class StoryPlayer:
             s.inputs.add("action", s.chunk_index, s.frame_index, keys=sorted(e["keys"]))
         elif e["kind"] == "prompt":
             command = PromptCommand(-1, 0.0, e["text"], e["blend_text"], e["blend_weight"])
-            self.engine._apply_prompt(s, command)
+            self.engine.commands.apply_prompt(s, command)
             s.inputs.command(command, s.chunk_index, s.frame_index, applied={})
         elif e["kind"] == "cut":
             _replace_world(self.engine, s,
@@ -211,17 +211,16 @@ def _replace_world(engine: Any, s: Session, make_state) -> None:
     branches (freed), within the engine's state budget. CapacityError (nothing changed) when
     the budget has no room for one more state; ``make_state``'s exception likewise."""
     with engine._lock:
-        if engine._live_states + 1 > engine.backend.max_states:
+        if not engine.scheduler.budget.can_reserve(1):
             raise CapacityError("the model's memory has no room for another world now")
-        engine._live_states += 1
-        s.num_states += 1
+        engine.scheduler.budget.account(s, 1)
     try:
         state = make_state()
     except BaseException:
-        engine._account(s, -1)
+        engine.commands.account(s, -1)
         raise
-    engine._free_branches(s)
+    engine.commands.free_branches(s)
     old, s.state = s.state, state
     if old is not None:
         engine.backend.free(old)
-        engine._account(s, -1)
+        engine.commands.account(s, -1)

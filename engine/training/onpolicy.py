@@ -351,8 +351,8 @@ def build_pool(
     device: torch.device | None = None,
 ) -> OnPolicyPool:
     """Roll a copy of ``model`` (eval mode, fp32) out on episodes ``index`` with the streaming
-    defaults (:class:`BuiltinConfig`), ``batch`` episodes at a time (one batched forward:
-    training data needs throughput, not replay-exact streams), and replay their bases."""
+    defaults (:class:`BuiltinConfig`), ``batch`` episodes at a time (batched forwards: the
+    rollouts need no bit-exact replay), and replay their bases."""
     device = device or pick_device()
     gen = BuiltinBackend(
         copy.deepcopy(model).float(),
