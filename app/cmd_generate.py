@@ -38,7 +38,9 @@ def register(sub) -> None:
         "--sessions", type=int, default=1, help="sessions generated side by side (one MP4 each)"
     )
     p.add_argument("--fps", type=int, default=15, help="playback rate of the script and the MP4")
-    p.add_argument("--steps", type=int, default=4, help="denoising steps per chunk (1-4)")
+    p.add_argument("--steps", type=int, default=4,
+                   help="denoising steps per chunk (1-4; default 4: the quality of an offline "
+                        "job, where `play` picks 2 in its responsive mode)")
     p.add_argument("--seed", type=int, default=0, help="world seed of session 0 (+i for session i)")
     p.add_argument("--model", default=None,
                    help="builtin | sim | wan-causal (default builtin; a replay uses its log's)")
@@ -67,6 +69,8 @@ def run(args) -> int:
     from worldstream.engine.core.registry import load_backend
     from worldstream.streaming.recording import Recorder
 
+    if not Path(args.out).parent.is_dir():  # the recorder would write nothing, silently
+        raise ValueError(f"--out: the folder {Path(args.out).parent} does not exist")
     if args.replay is not None or args.story is not None:
         from worldstream.app.headless import run_replay, run_story
 

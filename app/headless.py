@@ -85,7 +85,8 @@ def run_replay(args) -> int:
         if not Path(args.state).is_file():
             raise FileNotFoundError(f"save point not found: {args.state}")
         savepoint = Path(args.state).read_bytes()
-    result = _play(load_backend(log.model), log, args.out, savepoint)
+    backend = load_backend(log.model, model_path=args.model_path, checkpoint=args.checkpoint)
+    result = _play(backend, log, args.out, savepoint)
     print(json.dumps(result))
     return 0
 
@@ -101,7 +102,8 @@ def run_story(args) -> int:
     if not path.is_file():
         raise FileNotFoundError(f"storyboard not found: {path}")
     story = parse_story(path.read_bytes(), str(path))
-    backend = load_backend(args.model or "builtin")
+    backend = load_backend(args.model or "builtin", model_path=args.model_path,
+                           checkpoint=args.checkpoint)
     log = story_log(story, model=backend.name, model_version=model_version(backend),
                     fps=args.fps, chunk_frames=backend.chunk_frames, steps=args.steps)
     out = Path(args.out)

@@ -58,10 +58,11 @@ def register(app: FastAPI, engine: Any, authorized: Callable, client_of: Callabl
                                 "(scale-out replicas)", "session_id")
 
     async def wait(start: Callable[[], Any], field: str) -> Any:
-        """Run ``start()`` (validates, returns the engine's future) and await its result,
-        mapping failures to ApiError."""
+        """Run ``start()`` (validates, returns the engine's future) off the event loop (it may
+        decode a large picture or hash the model once) and await its result, mapping failures
+        to ApiError."""
         try:
-            future = start()
+            future = await asyncio.to_thread(start)
             return await asyncio.wait_for(asyncio.wrap_future(future), _ENGINE_WAIT_S)
         except (SavepointError, PictureError) as err:
             raise ApiError(400, str(err), field) from None
@@ -124,7 +125,7 @@ def register(app: FastAPI, engine: Any, authorized: Callable, client_of: Callabl
                            "content-type")
         raw = await _read_capped(request, MAX_STORY_BYTES, ApiError)
         try:
-            board = parse_story(raw)
+            board = await asyncio.to_thread(parse_story, raw)
         except ValueError as err:
             raise ApiError(400, str(err), "story") from None
         result = await wait(lambda: worldio.play_story(engine, session_id, board), "story")

@@ -85,7 +85,10 @@ def render(latest: dict[str, dict]) -> str:
         out += ["### Latency-throughput trade-off (engine)", "",
                 f"`{r['command']}` — {r['date']}", "",
                 table(["chunk frames", "steps", "fps", "TTFF ms", "a2f p50 ms", "a2f p95 ms"],
-                      rows), "![trade-off](results/engine/tradeoff.png)", ""]
+                      rows),
+                # NOTE: results/ is not in the repository: name the plot, do not embed a
+                # picture a clone does not have
+                "The plot: `results/engine/tradeoff.png` (written by the run above).", ""]
     if "baselines" in latest:
         r = latest["baselines"]
         rows = [[k, v] for k, v in r["baselines"]["ratios"].items()]

@@ -501,23 +501,24 @@ def test_chunk_starts_at_deadline_minus_planned_generation_time():
     s.clock.anchor(0, 1000 * ms)  # frame 0 at 1.0 s
     s.frame_index = 10            # frame 10 is due at 1.5 s
     # no history: planned as a whole chunk (100 ms) + 5 ms, clamped by the 4-frame bound
-    assert engine.plan_ms(s) == pytest.approx(105.0)
-    assert engine._start_at(s) == 1400 * ms
+    assert engine.scheduler.plan_ms(s) == pytest.approx(105.0)
+    assert engine.scheduler.start_at(s) == 1400 * ms
     for gen in (30.0, 31.0, 32.0, 33.0, 34.0, 35.0, 36.0, 37.0, 38.0, 40.0):
         s.stats.gen_ms.append(gen)
     p95 = float(np.percentile([30, 31, 32, 33, 34, 35, 36, 37, 38, 40], 95))
-    assert engine.plan_ms(s) == pytest.approx(p95 + 5.0)
-    assert engine._start_at(s) == 1500 * ms - round((p95 + 5.0) * ms)
+    assert engine.scheduler.plan_ms(s) == pytest.approx(p95 + 5.0)
+    assert engine.scheduler.start_at(s) == 1500 * ms - round((p95 + 5.0) * ms)
     s.stats.gen_ms.extend([900.0] * 10)  # slower than the buffer allows to plan for
-    assert engine._start_at(s) == 1400 * ms  # frame 8's time: 4 frames ahead at most
+    assert engine.scheduler.start_at(s) == 1400 * ms  # frame 8's time: 4 frames ahead at most
     s.stats.gen_ms.clear()
     s.stats.gen_ms.extend([30.0] * 5)  # start at 1.5 s - 35 ms
     s.state = object()  # as if the engine thread had made the backend state
-    (request,) = engine._requests(1500 * ms - 35 * ms)
+    (request,) = engine.scheduler.requests([s], 1500 * ms - 35 * ms)
     assert request.urgent and request.start_ns == 1500 * ms - 35 * ms
-    (request,) = engine._requests(1500 * ms - 35 * ms - 40 * ms)  # within 1 frame: may join
+    # within 1 frame: may join
+    (request,) = engine.scheduler.requests([s], 1500 * ms - 35 * ms - 40 * ms)
     assert not request.urgent
-    assert engine._requests(1500 * ms - 35 * ms - 60 * ms) == []  # before that: nothing
+    assert engine.scheduler.requests([s], 1500 * ms - 35 * ms - 60 * ms) == []  # before: none
     s.state = None
 
 

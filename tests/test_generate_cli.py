@@ -38,3 +38,9 @@ def test_every_option_of_every_command_has_help_text():
                for a in command._actions if not a.help]
     assert missing == []
     assert "wan-causal" in sub.choices["play"].format_help()
+
+
+def test_an_output_folder_that_does_not_exist_is_an_error(tmp_path, capsys):
+    out = tmp_path / "missing" / "out.mp4"
+    assert cli.main(["generate", "--model", "sim", "--frames", "2", "--out", str(out)]) == 2
+    assert "does not exist" in capsys.readouterr().err and not out.exists()

@@ -27,7 +27,7 @@ def tiny_generator(chunk_frames: int) -> BuiltinBackend:
     with torch.no_grad():  # adaLN-Zero starts as the identity; randomise so every path matters
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05)
-    cfg = BuiltinConfig(attention_backend="reference", max_states=4)
+    cfg = BuiltinConfig(attention_backend="reference", max_states=4, batch_invariant=False)
     return BuiltinBackend(model, build_autoencoder(width=8), cfg)
 
 

@@ -103,3 +103,45 @@ def test_builtin_stream_starts_from_the_picture():
     assert log["start"]["kind"] == "image"
     assert fit_picture(__import__("base64").b64decode(log["start"]["png"]), 128).tolist() == \
         picture.tolist()
+
+
+class _PictureOracle:
+    """Starts "from the picture" by stepping the episode's world to it (the simulator
+    continuing from that frame); ``frozen``: holds the picture instead."""
+
+    chunk_frames, width = 1, 128
+
+    def __init__(self, ep, seed, frozen=False):
+        self.ep, self.seed, self.frozen = ep, seed, frozen
+
+    def new_state(self, prompt, seed, start_frames):
+        from worldstream.engine.evaluation.picture_start import PICTURE_AT
+
+        # the upload path (PNG, fit to 128 px) hands the model the frame itself
+        assert np.array_equal(start_frames[0], self.ep.frames[PICTURE_AT])
+        sim = WorldSimulator(self.seed, self.ep.scene)
+        for action in self.ep.actions[:PICTURE_AT + 1]:
+            sim.step(action)
+        return {"sim": sim, "picture": start_frames[0]}
+
+    def generate(self, jobs):
+        from worldstream.engine.core.backend import ChunkResult
+
+        (job,) = jobs
+        if self.frozen:
+            return [ChunkResult(np.stack([job.state["picture"]] * len(job.actions)))]
+        return [ChunkResult(np.stack([job.state["sim"].step(a) for a in job.actions]))]
+
+    def free(self, state):
+        pass
+
+
+def test_picture_start_metric_scores_the_simulator_perfectly_and_a_still_as_the_baseline():
+    from worldstream.engine.evaluation.picture_start import PICTURE_AT, picture_start_metrics
+    from worldstream.engine.evaluation.run import record
+
+    ep = record(900_777, PICTURE_AT + 17)
+    oracle = picture_start_metrics(_PictureOracle(ep, 900_777), [ep], [900_777], steps=1)
+    assert oracle["picture_start_psnr_1_16"] == float("inf")
+    still = picture_start_metrics(_PictureOracle(ep, 900_777, frozen=True), [ep], [900_777], 1)
+    assert still["picture_start_psnr_1_16"] == still["picture_start_copy_psnr_1_16"] < 40

@@ -153,3 +153,16 @@ def test_builtin_session_replays_bit_identically(builtin):
     assert len(replayed) == len(original) == log["frames"] >= 66
     equal = [np.array_equal(a, b) for a, b in zip(replayed, original)]
     assert all(equal), f"first differing frame: {equal.index(False)}"
+
+
+def test_a_log_past_its_bound_stops_and_refuses_export(monkeypatch):
+    from worldstream.engine.core import inputlog
+
+    monkeypatch.setattr(inputlog, "MAX_LOG_EVENTS", 3)
+    log = inputlog.InputLog({"kind": "prompt"}, seed=0, prompt="a", chunk_frames=1, steps=1,
+                            fps=10, chunk0=5, frame0=5)
+    for i in range(4):
+        log.add("rewind", 5 + i, 5 + i, chunks=1)
+    assert log.overflowed
+    with pytest.raises(ValueError, match="passed 3 events"):
+        log.to_dict(model="sim", model_version="v", chunk=9, frame=9)

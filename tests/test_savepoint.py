@@ -14,7 +14,9 @@ from worldstream.engine.backends.sim import SimBackend
 from worldstream.engine.core.api import ActionCommand, ForkCommand, PromptCommand, RewindCommand
 from worldstream.engine.core.config import EngineConfig
 from worldstream.engine.core.engine import Engine
+from worldstream.engine.core.inputlog import parse_log
 from worldstream.engine.studio import worldio
+from worldstream.engine.studio.replay import ReplayError, replay
 from worldstream.engine.studio.savepoint import (
     SavepointError,
     decode,
@@ -65,6 +67,8 @@ def save_load_continue(engine, seconds, fps, prompt):
     loaded = worldio.load(engine, b, data).result(timeout=120)
     n = seconds * fps
     original, restored = sa.run(saved_at, n), sb.run(loaded["frame_index"], n)
+    loaded["log"] = worldio.export_log(engine, b).result(timeout=60)
+    loaded["frames_b"] = sb.run(loaded["frame_index"], loaded["log"]["frames"])
     return data, original, restored, loaded
 
 
@@ -75,6 +79,15 @@ def test_sim_save_load_continue_is_identical():
     assert loaded["prompt"] == "a snowy forest" and loaded["seed"] == 3
     assert original.shape == (200, 128, 128, 3)
     assert np.array_equal(original, restored)
+    # the loaded session's input log starts from the save point: replayed with its file, it
+    # makes the session's frames since the load; without the file it is refused
+    log = parse_log(json.dumps(loaded["log"]))
+    assert log.start.kind == "savepoint" and log.frames >= 200
+    got = []
+    replay(SimBackend(), log, got.append, savepoint=data)
+    assert np.array_equal(np.concatenate(got), loaded["frames_b"])
+    with pytest.raises(ReplayError, match="starts from a save point"):
+        replay(SimBackend(), log, got.append)
 
 
 @pytest.fixture(scope="module")
@@ -111,9 +124,11 @@ def test_bad_save_files_get_one_clear_error_and_change_nothing(builtin):
         stream = Stream(engine, sid)
         stream.until(4)
         good = worldio.save(engine, sid).result(timeout=60)
-        arrays, meta = decode(good, sim)
+        arrays, _ = decode(good, sim)
+        meta = read_meta(good)
         other_version = encode(arrays, dict(meta, model_version="f" * 64))
         other_model = encode(arrays, dict(meta, model="builtin"))
+        bad_steps = encode(arrays, dict(meta, session={**meta["session"], "steps": 99}))
         cases = {
             "another version of model 'sim'": other_version,
             "of model 'builtin'; this server runs 'sim'": other_model,
@@ -121,6 +136,7 @@ def test_bad_save_files_get_one_clear_error_and_change_nothing(builtin):
             "not a worldstream save point": b"\x89PNG\r\n\x1a\n" + bytes(200),
             "the file is empty": b"",
             "the limit is": b"\0" * (128 * 2**20 + 1),
+            "session is malformed: steps: Input should be less than or equal to 4": bad_steps,
         }
         for message, data in cases.items():
             with pytest.raises(SavepointError, match=message) as err:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from worldstream.engine.core.config import EngineConfig
@@ -16,8 +18,13 @@ from worldstream.engine.core.scheduler import (
 MS = 1_000_000
 
 
+def _s(sid):
+    """A stand-in session: planning reads only its id (ties broken by it)."""
+    return SimpleNamespace(session_id=sid)
+
+
 def _req(sid, deadline_ms, cf=2, steps=4, branch=None):
-    return ChunkRequest(sid, branch, cf, steps, deadline_ms * MS, deadline_ms * MS)
+    return ChunkRequest(_s(sid), branch, cf, steps, deadline_ms * MS, deadline_ms * MS)
 
 
 def test_plan_batch_is_earliest_deadline_first_and_groups_by_shape():
@@ -31,24 +38,25 @@ def test_plan_batch_is_earliest_deadline_first_and_groups_by_shape():
     ]
     plan = plan_batch(requests, max_batch=8)
     assert (plan.chunk_frames, plan.steps) == (2, 2)
-    order = [(r.session_id, r.branch) for r in plan.requests]
+    order = [(r.session.session_id, r.branch) for r in plan.requests]
     # the stream before its own branch at equal deadline, then by deadline
     assert order == [("urgent", None), ("urgent", 0), ("soon", None), ("later", None)]
     plan = plan_batch(requests, max_batch=2)
-    assert [(r.session_id, r.branch) for r in plan.requests] == [("urgent", None), ("urgent", 0)]
+    order = [(r.session.session_id, r.branch) for r in plan.requests]
+    assert order == [("urgent", None), ("urgent", 0)]
     assert plan_batch([], 4) is None
     with pytest.raises(ValueError):
         plan_batch(requests, 0)
 
 
 def test_eligible_requests_only_join_an_urgent_one():
-    waiting = ChunkRequest("b", None, 2, 4, 90 * MS, 10 * MS, urgent=False)
+    waiting = ChunkRequest(_s("b"), None, 2, 4, 90 * MS, 10 * MS, urgent=False)
     assert plan_batch([waiting], 4) is None  # eligible, not urgent: wait for company
     head = _req("a", 100)
-    other = ChunkRequest("c", None, 2, 1, 50 * MS, 10 * MS, urgent=False)
+    other = ChunkRequest(_s("c"), None, 2, 1, 50 * MS, 10 * MS, urgent=False)
     plan = plan_batch([other, waiting, head], 4)
     # the urgent head leads though "waiting" has the earlier deadline; "other" differs in steps
-    assert [r.session_id for r in plan.requests] == ["a", "b"]
+    assert [r.session.session_id for r in plan.requests] == ["a", "b"]
 
 
 def test_playout_clock_hand_worked():
@@ -116,14 +124,15 @@ def test_engine_refuses_a_buffer_smaller_than_the_models_chunk():
 def test_a_preview_batch_does_not_pull_streams_ahead():
     """Issue 12: a neighbour forking every 40 ms made previews the urgent head, streams joined
     their batches early (on older keys) and lost a frame interval of latency."""
-    preview = ChunkRequest("flooder", 0, 1, 2, 10 * MS, 10 * MS, urgent=True)
-    other_preview = ChunkRequest("flooder", 1, 1, 2, 10 * MS, 10 * MS, urgent=True)
-    stream = ChunkRequest("victim", None, 1, 2, 90 * MS, 40 * MS, urgent=False)
+    preview = ChunkRequest(_s("flooder"), 0, 1, 2, 10 * MS, 10 * MS, urgent=True)
+    other_preview = ChunkRequest(_s("flooder"), 1, 1, 2, 10 * MS, 10 * MS, urgent=True)
+    stream = ChunkRequest(_s("victim"), None, 1, 2, 90 * MS, 40 * MS, urgent=False)
     plan = plan_batch([preview, other_preview, stream], max_batch=8)
-    assert [(r.session_id, r.branch) for r in plan.requests] == [("flooder", 0), ("flooder", 1)]
+    order = [(r.session.session_id, r.branch) for r in plan.requests]
+    assert order == [("flooder", 0), ("flooder", 1)]
     # a stream's own batch still takes streams joining early and urgent previews only
-    head = ChunkRequest("other", None, 1, 2, 5 * MS, 5 * MS, urgent=True)
-    waiting = ChunkRequest("flooder", 2, 1, 2, 30 * MS, 30 * MS, urgent=False)
+    head = ChunkRequest(_s("other"), None, 1, 2, 5 * MS, 5 * MS, urgent=True)
+    waiting = ChunkRequest(_s("flooder"), 2, 1, 2, 30 * MS, 30 * MS, urgent=False)
     plan = plan_batch([head, stream, preview, waiting], max_batch=8)
-    assert [(r.session_id, r.branch) for r in plan.requests] == [
+    assert [(r.session.session_id, r.branch) for r in plan.requests] == [
         ("other", None), ("flooder", 0), ("victim", None)]

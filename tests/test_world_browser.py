@@ -123,6 +123,9 @@ def test_builtin_model_starts_from_an_uploaded_picture():
                 page.wait_for_timeout(1500)
                 # idle: the stream shows the picture it started from (through VP8)
                 assert psnr(grab(page), picture) > 20.0
+                # or start again from the frame on screen
+                page.click("#ws-picture-frame")
+                wait_log(page, "started from the current frame")
             finally:
                 browser.close()
     finally:

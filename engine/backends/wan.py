@@ -59,6 +59,8 @@ class WanConfig(StreamConfig):
     frames per chunk (3 in the whole family). ``max_batch``: rows per forward the working-set
     estimate assumes. ``text_cache``: projected prompts kept (LRU). ``dtype``/``device``: None
     picks bf16 on CUDA, fp32 on CPU. ``fps``: default playback rate (Wan generates 16 fps).
+    ``batch_invariant`` off: on a GPU batching sessions is where the throughput comes from; a
+    replay (issue 15) is then exact only for chunks that were not batched with another's.
     """
 
     window_chunks: int = 6
@@ -66,6 +68,10 @@ class WanConfig(StreamConfig):
     shift: float = 5.0
     ctx_sigma: float = 0.0
     max_states: int = 2
+    # NOTE: on a GPU, batching the sessions' forwards is where the throughput comes from
+    # (TurboServe, StreamDiffusionV2); a Wan stream's replay is bit-exact only while it shares
+    # no batch, so this family batches by default (the built-in model does not)
+    batch_invariant: bool = False
     height: int = 480
     width: int = 832
     latent_frames: int = 3
@@ -74,6 +80,7 @@ class WanConfig(StreamConfig):
     dtype: torch.dtype | None = None
     device: str | None = None
     fps: int = 16
+    batch_invariant: bool = False
 
     def __post_init__(self):
         super().__post_init__()

@@ -18,7 +18,6 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -26,7 +25,6 @@ import numpy as np
 from worldstream.engine.core.api import (
     ActionCommand,
     AdoptCommand,
-    CapacityError,
     Command,
     EventQueue,
     ForkCommand,
@@ -38,24 +36,19 @@ from worldstream.engine.core.api import (
     SettingsCommand,
 )
 from worldstream.engine.core.backend import ChunkJob, ChunkResult, WorldBackend
-from worldstream.engine.core.config import MODES, EngineConfig
+from worldstream.engine.core.commands import (
+    CommandHandler,
+    InvalidCommand,
+    derived_seed,
+    is_int,
+    mode_settings,
+)
+from worldstream.engine.core.config import EngineConfig
 from worldstream.engine.core.inputlog import InputLog
-from worldstream.engine.core.limits import (
-    MAX_CHUNK_FRAMES,
-    MAX_MEMORY_FRAMES,
-    MAX_STEPS,
-    MIN_MEMORY_FRAMES,
-    check_prompt,
-)
+from worldstream.engine.core.limits import check_prompt
 from worldstream.engine.core.prompts import PromptPrefetcher
-from worldstream.engine.core.scheduler import (
-    NS,
-    BatchPlan,
-    ChunkRequest,
-    DegradeController,
-    plan_batch,
-)
-from worldstream.engine.core.session import Branch, Session
+from worldstream.engine.core.scheduler import BatchPlan, DegradeController, Scheduler
+from worldstream.engine.core.session import Session
 
 log = logging.getLogger(__name__)
 
@@ -65,25 +58,6 @@ _COMMAND_TYPES = (ActionCommand, PromptCommand, SettingsCommand, ForkCommand, Ad
 _MAX_IDLE_S = 0.05
 #: how often the engine looks for slack while fork previews wait for it
 _PREVIEW_POLL_NS = 2_000_000
-
-
-class _InvalidCommand(ValueError):
-    """A rejected command: reported to the client as an error event naming ``field``."""
-
-    def __init__(self, field: str, message: str, code: str = "invalid"):
-        super().__init__(message)
-        self.field = field
-        self.code = code
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def derived_seed(*parts: int) -> int:
-    """A well-mixed 31-bit seed from integers (branch previews get distinct noise)."""
-    return int(np.random.SeedSequence([p & 0xFFFFFFFF for p in parts]).generate_state(1)[0]
-               >> 1)
 
 
 class Engine:
@@ -102,6 +76,8 @@ class Engine:
         self.model_name = backend.name
         #: the world the backend streams (optional backend attribute; the page adapts to it)
         self.world = getattr(backend, "world", "landscape")
+        #: the world the backend streams (optional backend attribute; the page adapts to it)
+        self.world = getattr(backend, "world", "landscape")
         self.capacity = min(config.max_sessions, backend.max_states)
         # the core knows keys, not actions: the backend names its own action for them
         self.idle_action = backend.key_action(frozenset())
@@ -115,7 +91,8 @@ class Engine:
         self.chunk_frames = config.chunk_frames or backend.chunk_frames
         self.default_steps = config.steps
         if config.mode is not None:
-            self.chunk_frames, self.default_steps = self.mode_settings(config.mode)
+            self.chunk_frames, self.default_steps = mode_settings(
+                config.mode, self.chunk_sizes, config.min_steps)
         if self.chunk_frames not in self.chunk_sizes:
             raise ValueError(f"chunk_frames {self.chunk_frames} not supported by model "
                              f"{backend.name!r} (supported: {list(self.chunk_sizes)})")
@@ -127,7 +104,10 @@ class Engine:
         self.rewind_chunks = min(config.rewind_chunks, backend.rewind_chunks)
         self._lock = threading.Lock()  # sessions dict, subscribers, stats, live-state count
         self._sessions: dict[str, Session] = {}
-        self._live_states = 0  # backend states of sessions and branches, incl. reservations
+        # admission, the state budget and the plan of each batch; the commands
+        self.scheduler = Scheduler(config, backend.max_states)
+        self.commands = CommandHandler(backend, config, self.scheduler.budget, self._lock,
+                                       self.chunk_sizes, self.rewind_chunks)
         self._commands: queue.Queue[tuple] = queue.Queue()
         # NOTE: optional backend hook (thread-safe): encode a prompt ahead, off this thread
         prepare = getattr(backend, "prepare_prompt", None)
@@ -138,14 +118,6 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._num_batches = 0
         self._num_jobs = 0
-
-    def mode_settings(self, name: str) -> tuple[int, int]:
-        """``(chunk_frames, steps)`` of mode ``name`` on this backend: the supported chunk
-        size nearest to the mode's (the smaller on a tie), its steps within the config's
-        bounds. Raises KeyError for an unknown mode."""
-        mode = MODES[name]
-        chunk = min(self.chunk_sizes, key=lambda c: (abs(c - mode.chunk_frames), c))
-        return chunk, min(max(mode.steps, self.config.min_steps), MAX_STEPS)
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> Engine:
@@ -207,10 +179,10 @@ class Engine:
             history = (frames, [self.backend.key_action(k) for k in keys])  # ValueError
         if seed is None:
             seed = random.randrange(2**31)
-        if not _is_int(seed) or seed < 0:
+        if not is_int(seed) or seed < 0:
             raise ValueError(f"seed must be a non-negative int, got {seed!r}")
         fps = self.default_fps if fps is None else fps
-        if not _is_int(fps) or not self.config.min_fps <= fps <= self.config.max_fps:
+        if not is_int(fps) or not self.config.min_fps <= fps <= self.config.max_fps:
             raise ValueError(f"fps must be an int in [{self.config.min_fps}, "
                              f"{self.config.max_fps}], got {fps!r}")
         if self._stop.is_set():
@@ -222,13 +194,7 @@ class Engine:
                 pass  # the backend refuses it on the engine thread, with its own message
         cfg = self.config
         with self._lock:
-            if len(self._sessions) >= cfg.max_sessions:
-                raise CapacityError(f"all {cfg.max_sessions} sessions are in use",
-                                    cfg.retry_after_s)
-            if self._live_states + 1 > self.backend.max_states:
-                raise CapacityError(f"the model's memory holds {self.backend.max_states} "
-                                    "states and all are in use", cfg.retry_after_s)
-            self._live_states += 1
+            self.scheduler.admit(len(self._sessions))  # CapacityError
             session = Session(
                 uuid.uuid4().hex, prompt, seed, fps=fps,
                 chunk_frames=self.chunk_frames, created_ns=time.perf_counter_ns(),
@@ -298,8 +264,7 @@ class Engine:
             # NOTE: the budget comes back now, not when the engine thread frees the states:
             # commands run in order, so any later create or fork reaches the backend after
             # this close has freed them (a client reconnecting at once gets no spurious 503)
-            self._live_states -= session.num_states
-            session.num_states = 0
+            self.scheduler.budget.release_all(session)
         if self._prompts is not None:
             self._prompts.forget(session_id)
         self._commands.put(("close", session))
@@ -358,7 +323,7 @@ class Engine:
         engine time, not on the action's path). Raises SessionClosedError."""
         with self._lock:
             s = self._session(session_id)
-            plan = self.plan_ms(s)
+            plan = self.scheduler.plan_ms(s)
             wait = 500.0 * s.chunk_frames / s.clock.fps
             after = float(np.mean(s.stats.finish_ms)) if s.stats.finish_ms else 0.0
             return {"mode": s.mode, "chunk_frames": s.chunk_frames, "steps": s.steps,
@@ -369,10 +334,11 @@ class Engine:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                self._drain(self._idle_timeout(time.perf_counter_ns()))
+                self._drain(self.scheduler.idle_timeout(
+                    self._live(), time.perf_counter_ns(), _MAX_IDLE_S, _PREVIEW_POLL_NS))
                 if self._stop.is_set():
                     break
-                plan = plan_batch(self._requests(time.perf_counter_ns()), self.config.max_batch)
+                plan = self.scheduler.next_batch(self._live(), time.perf_counter_ns())
                 if plan is not None:
                     self._run_batch(plan)
             except Exception:  # a bug must not silently stop every stream
@@ -381,65 +347,6 @@ class Engine:
     def _live(self) -> list[Session]:
         with self._lock:
             return [s for s in self._sessions.values() if s.state is not None and not s.paused]
-
-    def plan_ms(self, s: Session) -> float:
-        """The generation time a chunk of ``s`` is planned with, ms: the p95 of its recent
-        chunks (a whole chunk's duration before 3 are measured) plus ``jit_margin_ms``."""
-        chunk_ms = 1e3 * s.chunk_frames / s.clock.fps
-        return s.stats.gen_estimate_ms(chunk_ms) + self.config.jit_margin_ms
-
-    def _start_at(self, s: Session) -> int:
-        """Just in time: the ``perf_counter_ns`` at which the session's next chunk starts so
-        that it is ready when its first frame is due (deadline minus :meth:`plan_ms`), never
-        earlier than ``buffer_max_frames`` allows. Before the clock starts: at once."""
-        if not s.clock.started:
-            return s.clock.anchor_ns
-        start = s.clock.deadline_ns(s.frame_index) - round(self.plan_ms(s) * 1e6)
-        earliest = s.clock.due_at_ns(s.frame_index, s.chunk_frames, self.config.buffer_max_frames)
-        return max(start, earliest)
-
-    def _requests(self, now_ns: int) -> list[ChunkRequest]:
-        """Every eligible chunk: streams whose chunk starts now (urgent) or within
-        ``batch_join_frames`` frame intervals (may join a batch started for another session),
-        branches awaiting previews (urgent: the user is waiting)."""
-        requests = []
-        live = self._live()
-        starts = {s.session_id: self._start_at(s) for s in live}
-        next_stream_ns = min(starts.values(), default=None)
-        max_wait_ns = round(self.config.preview_max_wait_ms * 1e6)
-        for s in live:
-            start = starts[s.session_id]
-            join_from = start - round(self.config.batch_join_frames * NS / s.clock.fps)
-            if join_from <= now_ns:
-                requests.append(ChunkRequest(s.session_id, None, s.chunk_frames, s.steps,
-                                             s.clock.deadline_ns(s.frame_index), start,
-                                             urgent=start <= now_ns))
-            pending = [(i, b) for i, b in enumerate(s.branches) if b.chunks_left > 0]
-            if not pending:
-                continue
-            # NOTE: previews are one session's extra work: they run in the slack before the
-            # next stream chunk is due, or once they have waited preview_max_wait_ms, so a
-            # client forking at its rate limit cannot starve the other streams (issue 12)
-            chunk_ms = 1e3 * s.chunk_frames / s.clock.fps
-            cost_ns = round(s.stats.gen_estimate_ms(chunk_ms) * len(pending) * 1e6)
-            fits = next_stream_ns is None or now_ns + cost_ns <= next_stream_ns
-            for i, branch in pending:
-                requests.append(ChunkRequest(
-                    s.session_id, i, s.chunk_frames, s.steps, branch.requested_ns,
-                    branch.requested_ns,
-                    urgent=fits or now_ns - branch.requested_ns >= max_wait_ns))
-        return requests
-
-    def _idle_timeout(self, now_ns: int) -> float:
-        """Seconds until the next chunk starts (0 when one starts now); a command wakes the
-        engine earlier, so an action is applied before the next chunk starts."""
-        wake = now_ns + int(_MAX_IDLE_S * NS)
-        for s in self._live():
-            if any(b.chunks_left > 0 for b in s.branches):
-                # previews wait for slack: look again soon rather than spin
-                wake = min(wake, now_ns + _PREVIEW_POLL_NS)
-            wake = min(wake, self._start_at(s))
-        return max(wake - now_ns, 0) / NS
 
     def _drain(self, timeout: float) -> None:
         try:
@@ -484,9 +391,8 @@ class Engine:
             return
         command, receipt_ns = item[2], item[3]
         try:
-            self._apply(session, command, receipt_ns)
-            self._log_command(session, command)
-        except _InvalidCommand as exc:
+            self.commands.apply(session, command, receipt_ns)
+        except InvalidCommand as exc:
             session.emit("error", seq=command.seq, code=exc.code, field=exc.field,
                          message=str(exc))
         except Exception as exc:
@@ -529,191 +435,12 @@ class Engine:
         except Exception as exc:  # the caller's to report; the session goes on
             future.set_exception(exc)
 
-    def _log_command(self, s: Session, c: Command) -> None:
-        """Append an applied command to the session's input log (an action older than the
-        newest one applied was ignored: not logged)."""
-        applied: dict[str, Any] = {}
-        if isinstance(c, ActionCommand) and s.action_seq != c.seq:
-            return
-        if isinstance(c, SettingsCommand):
-            applied = {"chunk_frames": s.chunk_frames, "steps": s.steps,
-                       **{k: getattr(c, k) for k in ("memory_frames", "attention")
-                          if getattr(c, k) is not None}}
-        elif isinstance(c, ForkCommand):
-            applied = {"fork_id": s.fork_id}
-        s.inputs.command(c, s.chunk_index, s.frame_index, applied=applied)
-
-    # ------------------------------------------------------------ commands
-    def _apply(self, s: Session, command: Command, receipt_ns: int) -> None:
-        if isinstance(command, ActionCommand):
-            if command.expression is not None or command.say is not None:
-                self._apply_controls(s, command)
-            try:
-                s.apply_action(command, self.backend.key_action(command.keys), receipt_ns)
-            except ValueError as exc:
-                raise _InvalidCommand("keys", str(exc)) from None
-        elif isinstance(command, PromptCommand):
-            self._apply_prompt(s, command)
-        elif isinstance(command, SettingsCommand):
-            self._apply_settings(s, command, receipt_ns)
-        elif isinstance(command, ForkCommand):
-            self._fork(s, command, receipt_ns)
-        elif isinstance(command, AdoptCommand):
-            self._adopt(s, command)
-        elif isinstance(command, RewindCommand):
-            self._rewind(s, command)
-
-    def _apply_controls(self, s: Session, command: ActionCommand) -> None:
-        """A world's own controls carried by an action (the avatar's expression and speech),
-        through the optional backend hook ``apply_controls(state, expression, say)``, which
-        checks both before applying either."""
-        field = "expression" if command.expression is not None else "say"
-        controls = getattr(self.backend, "apply_controls", None)
-        if controls is None:
-            raise _InvalidCommand(field, f"{field} is not supported by model "
-                                         f"{self.model_name!r}", code="unsupported")
-        try:
-            controls(s.state, expression=command.expression, say=command.say)
-        except ValueError as exc:
-            raise _InvalidCommand(field, str(exc)) from None
-
-    def _apply_prompt(self, s: Session, command: PromptCommand) -> None:
-        try:
-            check_prompt(command.text)
-        except ValueError as exc:
-            raise _InvalidCommand("text", str(exc)) from None
-        if command.blend_text is not None:
-            try:
-                check_prompt(command.blend_text)
-            except ValueError as exc:
-                raise _InvalidCommand("blend", f"blend {exc}") from None
-        weight = command.blend_weight
-        if not isinstance(weight, int | float) or not 0.0 <= weight <= 1.0:
-            raise _InvalidCommand("blend", f"blend weight must be in [0, 1], got {weight!r}")
-        try:
-            self.backend.set_prompt(s.state, command.text, command.blend_text, float(weight))
-        except ValueError as exc:  # e.g. a prompt the model's text encoder refuses
-            raise _InvalidCommand("text", str(exc)) from None
-        s.prompt = command.text
-        s.prompt_version += 1
-
-    def _apply_settings(self, s: Session, c: SettingsCommand, now_ns: int) -> None:
-        cfg = self.config
-        if c.mode is not None:
-            if c.mode not in MODES:
-                raise _InvalidCommand("mode", f"mode must be one of {sorted(MODES)}, "
-                                              f"got {c.mode!r}")
-            chunk, steps = self.mode_settings(c.mode)
-            c = replace(c, chunk_frames=c.chunk_frames or chunk, steps=c.steps or steps)
-        checks = {
-            "steps": (c.steps, 1, MAX_STEPS),
-            "chunk_frames": (c.chunk_frames, 1, MAX_CHUNK_FRAMES),
-            "fps": (c.fps, cfg.min_fps, cfg.max_fps),
-            "memory_frames": (c.memory_frames, MIN_MEMORY_FRAMES, MAX_MEMORY_FRAMES),
-        }
-        for name, (value, low, high) in checks.items():
-            if value is not None and (not _is_int(value) or not low <= value <= high):
-                raise _InvalidCommand(name, f"{name} must be an int in [{low}, {high}], "
-                                            f"got {value!r}")
-        if c.chunk_frames is not None and c.chunk_frames not in self.chunk_sizes:
-            raise _InvalidCommand("chunk_frames", f"model {self.model_name!r} generates chunks "
-                                                  f"of {list(self.chunk_sizes)} frames, "
-                                                  f"got {c.chunk_frames}", code="unsupported")
-        if c.attention is not None and not isinstance(c.attention, str):
-            raise _InvalidCommand("attention", f"attention must be a string, got {c.attention!r}")
-        model_settings = {k: v for k, v in (("memory_frames", c.memory_frames),
-                                            ("attention", c.attention)) if v is not None}
-        if model_settings:
-            # NOTE: these reach the model through an optional backend hook; the WorldBackend
-            # contract has none yet, so a backend without it reports them as unsupported.
-            configure = getattr(self.backend, "configure", None)
-            if configure is None:
-                field = next(iter(model_settings))
-                raise _InvalidCommand(field, f"{field} is not supported by model "
-                                             f"{self.model_name!r}", code="unsupported")
-            try:
-                configure(s.state, **model_settings)
-            except ValueError as exc:
-                raise _InvalidCommand(next(iter(model_settings)), str(exc)) from None
-        with self._lock:  # metrics() and latency_budget() read these
-            if c.chunk_frames is not None or c.steps is not None:
-                s.stats.gen_ms.clear()  # chunk time changes: plan from fresh measurements
-            if c.chunk_frames is not None:
-                s.chunk_frames = c.chunk_frames
-            if c.mode is not None:
-                s.mode = c.mode
-            if c.steps is not None or c.fps is not None:
-                s.degrade.set_requested(steps=c.steps, fps=c.fps)
-                s.clock.set_fps(s.degrade.fps, now_ns)
-        s.emit("info", seq=c.seq, mode=s.mode, chunk_frames=s.chunk_frames, steps=s.steps,
-               fps=s.degrade.fps)
-
-    def _account(self, s: Session, delta: int) -> None:
-        """Count ``delta`` backend states more (or fewer) for ``s`` against the budget."""
-        with self._lock:
-            s.num_states += delta
-            self._live_states += delta
-
-    def _free_branches(self, s: Session, keep: int | None = None) -> None:
-        branches, s.branches = s.branches, []
-        for i, branch in enumerate(branches):
-            if i != keep:
-                self.backend.free(branch.state)
-                self._account(s, -1)
-
-    def _fork(self, s: Session, c: ForkCommand, receipt_ns: int) -> None:
-        cfg = self.config
-        if not _is_int(c.k) or not 1 <= c.k <= cfg.max_fork:
-            raise _InvalidCommand("k", f"k must be an int in [1, {cfg.max_fork}], got {c.k!r}")
-        self._free_branches(s)  # a new fork replaces the previous one
-        no_room = CapacityError(f"the model's memory cannot hold {c.k} more branches now")
-        with self._lock:
-            if self._live_states + c.k > self.backend.max_states:
-                raise _InvalidCommand("k", str(no_room), code="capacity")
-        s.fork_id += 1
-        s.fork_seq = c.seq
-        try:
-            for i in range(c.k):
-                state = self.backend.fork(s.state)
-                self._account(s, 1)
-                s.branches.append(Branch(state=state, seed=derived_seed(s.seed, s.fork_id, i),
-                                         chunks_left=cfg.preview_chunks, requested_ns=receipt_ns))
-        except CapacityError as exc:
-            self._free_branches(s)
-            raise _InvalidCommand("k", str(exc), code="capacity") from None
-        except Exception:
-            self._free_branches(s)
-            raise
-
-    def _adopt(self, s: Session, c: AdoptCommand) -> None:
-        if not s.branches:
-            raise _InvalidCommand("branch", "there is no fork to adopt a branch of")
-        if not _is_int(c.branch) or not 0 <= c.branch < len(s.branches):
-            raise _InvalidCommand("branch", f"branch must be in [0, {len(s.branches)}), "
-                                            f"got {c.branch!r}")
-        adopted = s.branches[c.branch]
-        self._free_branches(s, keep=c.branch)
-        old, s.state = s.state, adopted.state
-        self.backend.free(old)
-        self._account(s, -1)  # the adopted branch's state counts in place of the old one
-        s.emit("info", seq=c.seq, adopted=c.branch, fork_id=s.fork_id)
-
-    def _rewind(self, s: Session, c: RewindCommand) -> None:
-        if not _is_int(c.chunks) or not 1 <= c.chunks <= self.rewind_chunks:
-            raise _InvalidCommand("chunks", f"chunks must be an int in [1, "
-                                            f"{self.rewind_chunks}], got {c.chunks!r}")
-        try:
-            self.backend.rewind(s.state, c.chunks)
-        except ValueError as exc:
-            raise _InvalidCommand("chunks", str(exc)) from None
-        s.emit("info", seq=c.seq, rewound=c.chunks)
-
     # ------------------------------------------------------------ generation
     def _run_batch(self, plan: BatchPlan) -> None:
         jobs, meta = [], []
         for req in plan.requests:
-            s = self._sessions_get(req.session_id)
-            if s is None:
+            s = req.session
+            if s.closed:
                 continue
             if req.branch is None:
                 if s.script is not None:  # a story's events due by this chunk
@@ -783,11 +510,6 @@ class Engine:
             for s in sessions:
                 s.stats.finish_ms.append(sum(stages.values()))
 
-    def _sessions_get(self, session_id: str) -> Session | None:
-        with self._lock:
-            s = self._sessions.get(session_id)
-        return None if s is None or s.closed else s
-
     def _deliver(self, s: Session, rgb: np.ndarray, stages: dict[str, float], t_ready: int,
                  gen_ms: float, action_seq: int, action_t_ms: float | None,
                  prompt_version: int) -> None:
@@ -855,8 +577,7 @@ class Engine:
                 log.exception("backend.free failed")
         with self._lock:
             s.closed = True
-            self._live_states -= s.num_states
-            s.num_states = 0
+            self.scheduler.budget.release_all(s)
             slots, s.subscribers = s.subscribers, []
             first_release = not s.released
             s.released = True

@@ -29,10 +29,23 @@ from worldstream.engine.core.api import (
     RewindCommand,
     SettingsCommand,
 )
+from worldstream.engine.core.limits import (
+    MAX_ATTENTION_CHARS,
+    MAX_CHUNK_FRAMES,
+    MAX_FORK_BRANCHES,
+    MAX_MEMORY_FRAMES,
+    MAX_PROMPT_CHARS,
+    MAX_REWIND_CHUNKS,
+    MAX_STEPS,
+    MIN_MEMORY_FRAMES,
+)
 
 LOG_FORMAT = "worldstream-input-log/1"
 #: the largest input log read (a 60 s session with a key change every frame is ~100 KB)
 MAX_LOG_BYTES = 16 * 2**20
+#: events a live log keeps: ~1 hour at the protocol's 30 messages/s (~8 MB); past it the log
+#: stops and cannot be exported (a replay needs every event)
+MAX_LOG_EVENTS = 100_000
 
 Key = Literal["up", "down", "left", "right"]
 
@@ -60,6 +73,7 @@ class InputLog:
         self.chunk0, self.frame0 = chunk0, frame0
         self._steps = steps
         self._events: list[dict[str, Any]] = []
+        self.overflowed = False  # more than MAX_LOG_EVENTS events: the log stopped
         self._lock = threading.Lock()
 
     def add(self, kind: str, chunk: int, frame: int, **payload: Any) -> None:
@@ -68,6 +82,9 @@ class InputLog:
         event = {"kind": kind, "chunk": chunk - self.chunk0, "frame": frame - self.frame0,
                  **payload}
         with self._lock:
+            if len(self._events) >= MAX_LOG_EVENTS:
+                self.overflowed = True
+                return
             self._events.append(event)
 
     def steps_used(self, steps: int, chunk: int, frame: int) -> None:
@@ -97,7 +114,11 @@ class InputLog:
 
     def to_dict(self, *, model: str, model_version: str, chunk: int, frame: int
                 ) -> dict[str, Any]:
-        """The log as JSON-ready data, ending at the session's counters ``chunk``/``frame``."""
+        """The log as JSON-ready data, ending at the session's counters ``chunk``/``frame``.
+        ValueError when the log overflowed (it no longer holds every event)."""
+        if self.overflowed:
+            raise ValueError(f"this session's input log passed {MAX_LOG_EVENTS:,} events and "
+                             "stopped; save a point and start a new log from it")
         with self._lock:
             events = [dict(e) for e in self._events]
         return {"format": LOG_FORMAT, "model": model, "model_version": model_version,
@@ -119,44 +140,44 @@ class ActionEvent(_Event):
 
 class PromptEvent(_Event):
     kind: Literal["prompt"]
-    text: str = Field(min_length=1, max_length=500)
-    blend_text: str | None = Field(default=None, min_length=1, max_length=500)
+    text: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
+    blend_text: str | None = Field(default=None, min_length=1, max_length=MAX_PROMPT_CHARS)
     blend_weight: float = Field(default=0.0, ge=0.0, le=1.0)
 
 
 class SettingsEvent(_Event):
     kind: Literal["settings"]
-    chunk_frames: int = Field(ge=1, le=8)
-    steps: int = Field(ge=1, le=8)
-    memory_frames: int | None = Field(default=None, ge=1)
-    attention: str | None = Field(default=None, max_length=64)
+    chunk_frames: int = Field(ge=1, le=MAX_CHUNK_FRAMES)
+    steps: int = Field(ge=1, le=MAX_STEPS)
+    memory_frames: int | None = Field(default=None, ge=MIN_MEMORY_FRAMES, le=MAX_MEMORY_FRAMES)
+    attention: str | None = Field(default=None, max_length=MAX_ATTENTION_CHARS)
 
 
 class StepsEvent(_Event):
     kind: Literal["steps"]
-    steps: int = Field(ge=1, le=8)
+    steps: int = Field(ge=1, le=MAX_STEPS)
 
 
 class ForkEvent(_Event):
     kind: Literal["fork"]
-    k: int = Field(ge=1, le=8)
+    k: int = Field(ge=1, le=MAX_FORK_BRANCHES)
     fork_id: int = Field(ge=0)
 
 
 class PreviewEvent(_Event):
     kind: Literal["preview"]
-    branch: int = Field(ge=0, le=7)
-    steps: int = Field(ge=1, le=8)
+    branch: int = Field(ge=0, lt=MAX_FORK_BRANCHES)
+    steps: int = Field(ge=1, le=MAX_STEPS)
 
 
 class AdoptEvent(_Event):
     kind: Literal["adopt"]
-    branch: int = Field(ge=0, le=7)
+    branch: int = Field(ge=0, lt=MAX_FORK_BRANCHES)
 
 
 class RewindEvent(_Event):
     kind: Literal["rewind"]
-    chunks: int = Field(ge=1, le=64)
+    chunks: int = Field(ge=1, le=MAX_REWIND_CHUNKS)
 
 
 class CutEvent(_Event):
@@ -164,7 +185,7 @@ class CutEvent(_Event):
     beat that asks for a cut."""
 
     kind: Literal["cut"]
-    prompt: str = Field(min_length=1, max_length=500)
+    prompt: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
     seed: int = Field(ge=0)
 
 
@@ -191,9 +212,9 @@ class ReplayLog(BaseModel):
     model_version: str
     start: LogStart
     seed: int = Field(ge=0)
-    prompt: str = Field(min_length=1, max_length=500)
-    chunk_frames: int = Field(ge=1, le=8)
-    steps: int = Field(ge=1, le=8)
+    prompt: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
+    chunk_frames: int = Field(ge=1, le=MAX_CHUNK_FRAMES)
+    steps: int = Field(ge=1, le=MAX_STEPS)
     fps: int = Field(ge=1, le=240)
     chunks: int = Field(ge=0, le=1_000_000)
     frames: int = Field(ge=0)

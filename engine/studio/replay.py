@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from worldstream.engine.core.backend import ChunkJob
-from worldstream.engine.core.engine import derived_seed
+from worldstream.engine.core.commands import derived_seed
 from worldstream.engine.core.inputlog import ReplayLog
 from worldstream.engine.studio.picture import frame_from_png_base64
 from worldstream.engine.studio.savepoint import (
@@ -44,7 +44,7 @@ class _Branch:
 class _Replay:
     def __init__(self, backend: Any, log: ReplayLog, savepoint: bytes | None):
         self.backend, self.log = backend, log
-        self.keys: list[str] = []
+        self.action = backend.key_action(frozenset())  # the held keys' action id
         self.steps, self.chunk_frames = log.steps, log.chunk_frames
         self.branches: list[_Branch] = []
         self.state = self._start(savepoint)
@@ -65,14 +65,14 @@ class _Replay:
             if file_sha256(savepoint) != log.start.sha256:
                 raise ReplayError("the save point given is not the one this log starts from")
             arrays, meta = decode(savepoint, backend)
+            self.action = meta["session"].action  # the keys held when it was saved
             return import_state(backend, arrays, meta["state"])
         raise ReplayError("this log starts from another replica's recent frames (a failover): "
                           "it cannot be replayed")
 
     def _chunk(self, state: Any, steps: int, seed: int | None) -> np.ndarray:
-        action = self.backend.key_action(frozenset(self.keys))
-        (result,) = self.backend.generate([ChunkJob(state, [action] * self.chunk_frames, steps,
-                                                     seed)])
+        (result,) = self.backend.generate([ChunkJob(state, [self.action] * self.chunk_frames,
+                                                     steps, seed)])
         finish = getattr(self.backend, "finish", None)
         if finish is not None:
             finish()
@@ -90,7 +90,7 @@ class _Replay:
         backend = self.backend
         match e.kind:
             case "action":
-                self.keys = list(e.keys)
+                self.action = backend.key_action(frozenset(e.keys))
             case "prompt":
                 backend.set_prompt(self.state, e.text, e.blend_text, e.blend_weight)
             case "settings":

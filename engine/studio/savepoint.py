@@ -21,11 +21,13 @@ import inspect
 import json
 import weakref
 from collections import deque
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from worldstream.engine.core.api import CapacityError
+from worldstream.engine.core.limits import MAX_CHUNK_FRAMES, MAX_PROMPT_CHARS, MAX_STEPS
 
 SAVEPOINT_FORMAT = "worldstream-savepoint/1"
 #: the largest save file read (a built-in model state is ~10 MB: KV pages, latents, tiles)
@@ -33,6 +35,20 @@ MAX_SAVEPOINT_BYTES = 128 * 2**20
 _META_KEY = "worldstream"
 
 _versions: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+class SavedSession(BaseModel):
+    """The engine session's part of a save file (``meta["session"]``)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    seed: int = Field(ge=0)
+    prompt: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
+    action: int = Field(ge=0, lt=2**16)
+    frame_index: int = Field(ge=0)
+    chunk_frames: int = Field(ge=1, le=MAX_CHUNK_FRAMES)
+    steps: int = Field(ge=1, le=MAX_STEPS)
+    mode: Literal["responsive", "quality"] | None
+    fork_id: int = Field(ge=-1)
 
 
 class SavepointError(ValueError):
@@ -114,7 +130,8 @@ def read_meta(data: bytes) -> dict[str, Any]:
 
 
 def decode(data: bytes, backend: Any) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """``(arrays, meta)`` of a save file made with ``backend``'s model and version.
+    """``(arrays, meta)`` of a save file made with ``backend``'s model and version;
+    ``meta["session"]`` is a :class:`SavedSession`.
     SavepointError naming the problem: not a save file, cut short or damaged, another model,
     another model version."""
     meta = read_meta(data)
@@ -134,6 +151,13 @@ def decode(data: bytes, backend: Any) -> tuple[dict[str, np.ndarray], dict[str, 
         arrays = load(bytes(data))
     except (SafetensorError, ValueError) as err:
         raise SavepointError(f"the save file is damaged or cut short ({err})") from None
+    try:
+        meta["session"] = SavedSession.model_validate(meta.get("session"))
+    except ValidationError as err:
+        first = err.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in first["loc"]) or "session"
+        raise SavepointError(f"the save point's session is malformed: {where}: "
+                             f"{first['msg']}") from None
     return arrays, meta
 
 

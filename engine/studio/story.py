@@ -28,6 +28,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from worldstream.engine.core.inputlog import LOG_FORMAT
+from worldstream.engine.core.limits import MAX_PROMPT_CHARS
 
 STORY_FORMAT = "worldstream-story/1"
 MAX_STORY_BYTES = 64 * 1024
@@ -45,7 +46,7 @@ class _Strict(BaseModel):
 
 
 class Blend(_Strict):
-    text: str = Field(min_length=1, max_length=400)
+    text: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
     weight: float = Field(ge=0.0, le=1.0)
 
 
@@ -60,7 +61,7 @@ class Beat(_Strict):
     (0: switch at once); ``cut``: a fresh world instead of a transition; ``actions``: keys
     held from ``at_s`` seconds into the beat."""
 
-    prompt: str = Field(min_length=1, max_length=400)
+    prompt: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
     blend: Blend | None = None
     duration_s: float = Field(gt=0.0, le=MAX_STORY_S)
     transition_s: float = Field(default=0.0, ge=0.0, le=30.0)

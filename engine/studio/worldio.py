@@ -75,18 +75,17 @@ def load(engine: Any, session_id: str, data: bytes) -> Future:
     result: ``{"prompt", "seed", "world_frames", "frame_index"}`` (the saved world's age in
     frames, and the stream's frame index from which the loaded world shows)."""
     arrays, meta = decode(data, engine.backend)
-    session = meta.get("session")
-    if not isinstance(session, dict) or session.get("chunk_frames") not in engine.chunk_sizes:
-        raise SavepointError("the save point's session settings do not fit this server")
+    saved = meta["session"]
+    if saved.chunk_frames not in engine.chunk_sizes:
+        raise SavepointError(f"the save point streams chunks of {saved.chunk_frames} frames; "
+                             f"this server {list(engine.chunk_sizes)}")
     sha = file_sha256(bytes(data))
 
     def run(s: Session) -> dict[str, Any]:
         _replace_world(engine, s, lambda: import_state(engine.backend, arrays, meta["state"]))
-        s.seed, s.prompt = int(session["seed"]), str(session["prompt"])
-        s.action = int(session["action"])
-        s.chunk_frames, s.mode = int(session["chunk_frames"]), session["mode"]
-        s.fork_id = int(session["fork_id"])
-        s.degrade.set_requested(steps=int(session["steps"]))
+        s.seed, s.prompt, s.action = saved.seed, saved.prompt, saved.action
+        s.chunk_frames, s.mode, s.fork_id = saved.chunk_frames, saved.mode, saved.fork_id
+        s.degrade.set_requested(steps=saved.steps)
         s.script = None
         s.inputs = _new_log(s, {"kind": "savepoint", "sha256": sha})
         frames = _world_frames(s.state)
@@ -192,7 +191,7 @@ class StoryPlayer:
             s.inputs.add("action", s.chunk_index, s.frame_index, keys=sorted(e["keys"]))
         elif e["kind"] == "prompt":
             command = PromptCommand(-1, 0.0, e["text"], e["blend_text"], e["blend_weight"])
-            self.engine._apply_prompt(s, command)
+            self.engine.commands.apply_prompt(s, command)
             s.inputs.command(command, s.chunk_index, s.frame_index, applied={})
         elif e["kind"] == "cut":
             _replace_world(self.engine, s,
@@ -212,17 +211,16 @@ def _replace_world(engine: Any, s: Session, make_state) -> None:
     branches (freed), within the engine's state budget. CapacityError (nothing changed) when
     the budget has no room for one more state; ``make_state``'s exception likewise."""
     with engine._lock:
-        if engine._live_states + 1 > engine.backend.max_states:
+        if not engine.scheduler.budget.can_reserve(1):
             raise CapacityError("the model's memory has no room for another world now")
-        engine._live_states += 1
-        s.num_states += 1
+        engine.scheduler.budget.account(s, 1)
     try:
         state = make_state()
     except BaseException:
-        engine._account(s, -1)
+        engine.commands.account(s, -1)
         raise
-    engine._free_branches(s)
+    engine.commands.free_branches(s)
     old, s.state = s.state, state
     if old is not None:
         engine.backend.free(old)
-        engine._account(s, -1)
+        engine.commands.account(s, -1)

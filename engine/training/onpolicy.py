@@ -351,12 +351,14 @@ def build_pool(
     device: torch.device | None = None,
 ) -> OnPolicyPool:
     """Roll a copy of ``model`` (eval mode, fp32) out on episodes ``index`` with the streaming
-    defaults (:class:`BuiltinConfig`), ``batch`` episodes at a time, and replay their bases."""
+    defaults (:class:`BuiltinConfig`), ``batch`` episodes at a time (batched forwards: the
+    rollouts need no bit-exact replay), and replay their bases."""
     device = device or pick_device()
     gen = BuiltinBackend(
         copy.deepcopy(model).float(),
         copy.deepcopy(ae),
-        BuiltinConfig(max_states=batch, device=device.type, cpu_threads=None),
+        BuiltinConfig(max_states=batch, device=device.type, cpu_threads=None,
+                      batch_invariant=False),
     )
     ae_enc = ae.to(device).eval()
     chunk = model.config.chunk_frames
