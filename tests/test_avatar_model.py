@@ -116,3 +116,20 @@ def test_engine_routes_expression_and_say_to_the_avatar_only():
         while error.kind != "error":
             error = events.get(timeout=10)
     assert (error.payload["code"], error.payload["field"]) == ("unsupported", "expression")
+
+
+def test_still_camera_encodes_its_memory_picture_once(monkeypatch):
+    monkeypatch.setattr("worldstream.engine.backends.avatar.look_for_prompt", lambda p: "city")
+    cached, fresh = tiny_avatar_backend(), tiny_avatar_backend()
+    states = [b.new_state("city", 5) for b in (cached, fresh)]
+    calls = []
+    encode = cached.gen.encode_frames
+    monkeypatch.setattr(cached.gen, "encode_frames", lambda x: calls.append(len(x)) or encode(x))
+    for _ in range(4):
+        fresh.gen._base_cache.clear()  # the reference encodes and decodes every base anew
+        got = [b.generate([ChunkJob(s, [RIGHT], 2, seed=7)])[0].frames
+               for b, s in zip((cached, fresh), states)]
+        np.testing.assert_array_equal(got[0], got[1])
+    # the prefill encodes its (empty, grey) memory base and the start frame; then the memory
+    # holds the start frame and the 4 generated frames read it: encoded once (uncached: 4)
+    assert calls == [1, 1, 1]
