@@ -5,9 +5,8 @@ A shard folder holds ``frames (E, L, 128, 128, 3) uint8``, ``actions (E, L) int1
 action ids, ``avatar.actions``), ``scene (E, L) int8`` (look index into ``LOOK_NAMES``),
 ``prompt (E, L) int16`` (index into ``looks.PROMPTS``), ``switch (E, L) bool`` (a look switch
 at that frame) and ``camera (E, L, 2) int64`` (all zero: the avatar's camera never moves; the
-world model's camera dynamics learn to stand still). Extra, for evaluation and tests:
-``pose (E, L, 4) float32`` (yaw, pitch, mouth openness incl. the jaw, expression index of the
-face shown: the nearest expression face).
+world model's camera dynamics learn to stand still). The shipped model's shards also held a
+``pose`` array, which nothing reads (the recorder no longer writes it).
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from tqdm import tqdm
 from worldstream.engine.worlds.actions import IDLE, direction_to_action
 from worldstream.engine.worlds.avatar.actions import NUM_EXPRESSIONS, AvatarControls
 from worldstream.engine.worlds.avatar.looks import LOOK_NAMES, PROMPT_LOOK
-from worldstream.engine.worlds.avatar.simulator import FACE_TABLE, SIZE, AvatarSimulator
+from worldstream.engine.worlds.avatar.simulator import SIZE, AvatarSimulator
 
 WORDS = (
     "hello there how are you today I am fine thank you the weather is lovely let us talk about "
@@ -78,7 +77,6 @@ def record_episode(seed: int, length: int, switch_prob: float = 1 / 200,
         "prompt": np.empty(length, np.int16),
         "switch": np.zeros(length, bool),
         "camera": np.zeros((length, 2), np.int64),
-        "pose": np.empty((length, 4), np.float32),
     }
     for i in range(length):
         if i > 0 and rng.random() < switch_prob:
@@ -89,17 +87,7 @@ def record_episode(seed: int, length: int, switch_prob: float = 1 / 200,
         action = policy()
         out["frames"][i] = sim.step(action)
         out["actions"][i], out["scene"][i], out["prompt"][i] = action, look_idx, prompt_idx
-        out["pose"][i] = pose_row(sim)
     return out
-
-
-def pose_row(sim: AvatarSimulator) -> np.ndarray:
-    """``(4,)`` float32: yaw, pitch, mouth openness shown (viseme + the expression's jaw),
-    index of the expression whose face is nearest to the face shown."""
-    p = sim.pose
-    face = np.asarray(p.face, np.float32)
-    nearest = int(np.argmin(np.abs(FACE_TABLE - face).sum(1)))
-    return np.array([p.yaw, p.pitch, p.face[4] + p.mouth_open, nearest], np.float32)
 
 
 def _draw_prompt(rng: np.random.Generator, look_idx: int) -> int:
