@@ -5,8 +5,7 @@ A shard folder holds ``frames (E, L, 128, 128, 3) uint8``, ``actions (E, L) int1
 action ids, ``avatar.actions``), ``scene (E, L) int8`` (look index into ``LOOK_NAMES``),
 ``prompt (E, L) int16`` (index into ``looks.PROMPTS``), ``switch (E, L) bool`` (a look switch
 at that frame) and ``camera (E, L, 2) int64`` (all zero: the avatar's camera never moves; the
-world model's camera dynamics learn to stand still). The shipped model's shards also held a
-``pose`` array, which nothing reads (the recorder no longer writes it).
+world model's camera dynamics learn to stand still).
 """
 
 from __future__ import annotations
