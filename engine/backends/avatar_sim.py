@@ -11,7 +11,6 @@ carries ``expression`` or ``say``. No torch here: the simulator streams without 
 from __future__ import annotations
 
 import copy
-import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from worldstream.engine.backends.sim import simulate_each
 from worldstream.engine.core.backend import ChunkJob, ChunkResult
 from worldstream.engine.core.limits import MAX_STEPS, check_prompt
 from worldstream.engine.worlds.actions import IDLE, keys_to_action
@@ -187,13 +187,4 @@ class AvatarSimBackend(AvatarControlsMixin):
     def generate(self, jobs: list[ChunkJob]) -> list[ChunkResult]:
         """Step each job's avatar once per frame; a bad job gets a result with ``error``;
         ``stages_ms`` holds the batch's ``simulate`` wall time."""
-        t0 = time.perf_counter()
-        outputs: list[np.ndarray | Exception] = []
-        for job in jobs:
-            try:
-                outputs.append(self._generate_one(job))
-            except Exception as exc:
-                outputs.append(exc)
-        stages = {"simulate": (time.perf_counter() - t0) * 1e3}
-        return [ChunkResult(None, dict(stages), out) if isinstance(out, Exception)
-                else ChunkResult(out, dict(stages)) for out in outputs]
+        return simulate_each(jobs, self._generate_one)

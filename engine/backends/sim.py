@@ -160,13 +160,21 @@ class SimBackend:
     def generate(self, jobs: list[ChunkJob]) -> list[ChunkResult]:
         """Step each job's world once per action. A bad job gets a result with ``error``;
         ``stages_ms`` holds the batch's ``simulate`` wall time."""
-        t0 = time.perf_counter()
-        outputs: list[np.ndarray | Exception] = []
-        for job in jobs:
-            try:
-                outputs.append(self._generate_one(job))
-            except Exception as exc:
-                outputs.append(exc)
-        stages = {"simulate": (time.perf_counter() - t0) * 1e3}
-        return [ChunkResult(None, dict(stages), out) if isinstance(out, Exception)
-                else ChunkResult(out, dict(stages)) for out in outputs]
+        return simulate_each(jobs, self._generate_one)
+
+
+def simulate_each(jobs: list[ChunkJob],
+                  step: Callable[[ChunkJob], np.ndarray]) -> list[ChunkResult]:
+    """Results of ``step(job)`` (frames ``(F, H, W, 3)`` uint8) for each job of a simulator
+    backend; a job whose step raises gets a result with ``error``, the others are unaffected.
+    ``stages_ms``: the batch's ``simulate`` wall time."""
+    t0 = time.perf_counter()
+    outputs: list[np.ndarray | Exception] = []
+    for job in jobs:
+        try:
+            outputs.append(step(job))
+        except Exception as exc:  # isolate this job's failure
+            outputs.append(exc)
+    stages = {"simulate": (time.perf_counter() - t0) * 1e3}
+    return [ChunkResult(None, dict(stages), out) if isinstance(out, Exception)
+            else ChunkResult(out, dict(stages)) for out in outputs]
