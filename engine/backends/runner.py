@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -178,7 +179,7 @@ class PagedAttentionContext:
         )
 
 
-class PagedRunner:
+class PagedRunner(ABC):
     """Base of the neural backends (``engine.core.backend.WorldBackend``); see the module
     docstring for what a family supplies.
 
@@ -223,55 +224,71 @@ class PagedRunner:
         self._deferred: list[Callable[[], None]] = []
 
     # -- what a family supplies ---------------------------------------------------------
+    @abstractmethod
     def _embed(self, text: str, blend_text: str | None, weight: float) -> torch.Tensor:
-        raise NotImplementedError
+        """The prompt's (optionally blended) conditioning tensor; ValueError for a bad prompt."""
 
+    @abstractmethod
     def _make_state(self, table: PageTable, prompt: str, text: torch.Tensor,
                     rng: torch.Generator, **kwargs: Any) -> RunnerState:
-        raise NotImplementedError
+        """A fresh family state over ``table`` (``kwargs``: e.g. start frames)."""
 
+    @abstractmethod
     def _fork_state(self, state: RunnerState, table: PageTable,
                     rng: torch.Generator) -> RunnerState:
-        raise NotImplementedError
+        """A copy of ``state`` over the forked ``table`` with its own ``rng``."""
 
     def _validate_job(self, job: ChunkJob) -> None:
         """Family checks of one job (action ids, ...); ValueError."""
+        return None  # optional hook: nothing by default
 
     def _prefill(self, state: RunnerState) -> None:
         """Cache-fill the state's start frames, if it has any pending."""
+        return None  # optional hook: nothing by default
 
     def _on_prompt(self, state: RunnerState) -> None:
         """Family bookkeeping of a prompt switch (called under the lock)."""
+        return None  # optional hook: nothing by default
 
+    @abstractmethod
     def _plan(self, states: list[RunnerState], actions: list[list[int]]) -> tuple[list, Any]:
-        raise NotImplementedError
+        """Each state's next chunk record from its per-frame action ids, plus what the
+        family's forward and ``_show`` need."""
 
+    @abstractmethod
     def _conditioning(self, states: list[RunnerState], records: list) -> Any:
-        raise NotImplementedError
+        """The conditioning of one forward of ``records`` (computed once per batch)."""
 
+    @abstractmethod
     def _forward(self, x: torch.Tensor, sigma: float, cond: Any,
                  ctx: PagedAttentionContext) -> torch.Tensor:
-        raise NotImplementedError
+        """One forward of chunks ``x`` at noise ``sigma``; writes their keys/values through
+        ``ctx``."""
 
     def _to_x0(self, x: torch.Tensor, sigma: float, out: torch.Tensor) -> torch.Tensor:
         """The clean-latent prediction from the model output (x0-parameterised by default)."""
         return out
 
+    @abstractmethod
     def _noise(self, generator: torch.Generator) -> torch.Tensor:
-        raise NotImplementedError
+        """Standard normal noise of one chunk drawn from ``generator``."""
 
+    @abstractmethod
     def _show(self, states: list[RunnerState], records: list, x0: torch.Tensor,
               plan: Any) -> list[np.ndarray]:
-        raise NotImplementedError
+        """Each state's frames ``(F, H, W, 3)`` uint8 for its generated latents ``x0``."""
 
     def _commit_extra(self, state: RunnerState, record: Any, frames: np.ndarray) -> None:
         """What the family keeps beside the KV cache, updated with a committed chunk."""
+        return None  # optional hook: nothing by default
 
     def _undo_extra(self, state: RunnerState, record: Any) -> None:
         """Undo ``_commit_extra`` for a rewound chunk (newest first)."""
+        return None  # optional hook: nothing by default
 
     def _after_rewind(self, state: RunnerState) -> None:
         """Rebuild what cannot be undone chunk by chunk, after a rewind."""
+        return None  # optional hook: nothing by default
 
     # -- locking and deferred work ------------------------------------------------------
     @contextlib.contextmanager
