@@ -166,3 +166,45 @@ def test_a_log_past_its_bound_stops_and_refuses_export(monkeypatch):
     assert log.overflowed
     with pytest.raises(ValueError, match="passed 3 events"):
         log.to_dict(model="sim", model_version="v", chunk=9, frame=9)
+
+
+def test_avatar_session_replays_its_expressions_and_speech_bit_identically():
+    # the avatar's own controls travel in "controls" events; a stale action's keys are
+    # ignored but the expression it carried was applied live, so it is logged and replayed
+    from worldstream.engine.backends.avatar_sim import AvatarSimBackend
+
+    config = EngineConfig(max_sessions=2, fps=60, chunk_frames=2)
+    plan = [
+        (4, ActionCommand(1, 0.0, frozenset({"left"}), expression="smile")),
+        (10, ActionCommand(2, 0.0, frozenset(), say="hello there how are you")),
+        (20, ActionCommand(4, 0.0, frozenset({"up"}))),
+        (24, ActionCommand(3, 0.0, frozenset({"down"}), expression="surprise")),  # stale keys
+        (30, RewindCommand(5, 2)),
+    ]
+    with Engine(AvatarSimBackend(), config) as engine:
+        original, log = record_session(engine, "a video call from the office", 5, plan, 60)
+    controls = [e for e in log["events"] if e["kind"] == "controls"]
+    assert [(e.get("expression"), e.get("say")) for e in controls] == [
+        ("smile", None), (None, "hello there how are you"), ("surprise", None)]
+    assert [e["keys"] for e in log["events"] if e["kind"] == "action"] == [
+        ["left"], [], ["up"]]
+    got = []
+    replay(AvatarSimBackend(), parse_log(json.dumps(log)), got.append)
+    assert np.array_equal(np.concatenate(got), original)
+    # the controls mattered: a log without them makes other frames
+    cut = dict(log, events=[e for e in log["events"] if e["kind"] != "controls"])
+    got.clear()
+    replay(AvatarSimBackend(), parse_log(json.dumps(cut)), got.append)
+    assert not np.array_equal(np.concatenate(got), original)
+
+
+def test_a_controls_event_needs_one_control():
+    log = {"format": "worldstream-input-log/1", "model": "avatar-sim", "model_version": "x",
+           "start": {"kind": "prompt"}, "seed": 0, "prompt": "an office", "chunk_frames": 1,
+           "steps": 1, "fps": 20, "chunks": 1, "frames": 1,
+           "events": [{"kind": "controls", "chunk": 0, "frame": 0}]}
+    with pytest.raises(ValueError, match="events.0.controls"):
+        parse_log(json.dumps(log))
+    log["events"][0]["say"] = "x" * 201
+    with pytest.raises(ValueError, match="events.0.controls.say"):
+        parse_log(json.dumps(log))

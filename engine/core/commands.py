@@ -137,6 +137,8 @@ class CommandHandler:
             controls(s.state, expression=command.expression, say=command.say)
         except ValueError as exc:
             raise InvalidCommand(field, str(exc)) from None
+        s.inputs.controls(s.chunk_index, s.frame_index, expression=command.expression,
+                          say=command.say)
 
     def apply_prompt(self, s: Session, command: PromptCommand) -> None:
         """Switch the prompt of ``s`` (a story beat uses it too); InvalidCommand for a bad one."""

@@ -2,7 +2,8 @@
 applied it, so that :mod:`engine.replay` can reproduce the frames exactly.
 
 Recorded: the start (prompt and seed, a picture, or a save point), every applied action,
-prompt, settings change, fork, adopt and rewind, and what the engine itself decided that
+world control (the avatar's expression and speech), prompt, settings change, fork, adopt and
+rewind, and what the engine itself decided that
 changes frames: the denoising steps of the stream when degradation changes them, and each
 fork preview chunk (branches are generated in the slack between stream chunks, with the
 actions held at that moment). Each event carries ``chunk`` and ``frame``: how many stream
@@ -19,7 +20,7 @@ import json
 import threading
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from worldstream.engine.core.api import (
     ActionCommand,
@@ -36,6 +37,7 @@ from worldstream.engine.core.limits import (
     MAX_MEMORY_FRAMES,
     MAX_PROMPT_CHARS,
     MAX_REWIND_CHUNKS,
+    MAX_SAY_CHARS,
     MAX_STEPS,
     MIN_MEMORY_FRAMES,
 )
@@ -94,6 +96,14 @@ class InputLog:
             self._steps = steps
             self.add("steps", chunk, frame, steps=steps)
 
+    def controls(self, chunk: int, frame: int, *, expression: str | None,
+                 say: str | None) -> None:
+        """A world's own controls the engine applied (the avatar's expression and/or speech
+        text; the backend's ``apply_controls``), logged whether or not the keys of the action
+        that carried them were stale."""
+        payload = {k: v for k, v in (("expression", expression), ("say", say)) if v is not None}
+        self.add("controls", chunk, frame, **payload)
+
     def command(self, command: Any, chunk: int, frame: int, *, applied: dict[str, Any]) -> None:
         """Log an engine command the engine applied; ``applied`` holds what it resolved to
         (the effective steps and chunk size of a settings command, a fork's id)."""
@@ -136,6 +146,20 @@ class _Event(BaseModel):
 class ActionEvent(_Event):
     kind: Literal["action"]
     keys: list[Key] = Field(max_length=4)
+
+
+class ControlsEvent(_Event):
+    """The avatar's controls (``WorldBackend.apply_controls``): at least one of the two."""
+
+    kind: Literal["controls"]
+    expression: str | None = Field(default=None, min_length=1, max_length=32)
+    say: str | None = Field(default=None, min_length=1, max_length=MAX_SAY_CHARS)
+
+    @model_validator(mode="after")
+    def _one_control(self) -> ControlsEvent:
+        if self.expression is None and self.say is None:
+            raise ValueError("a controls event needs expression or say")
+        return self
 
 
 class PromptEvent(_Event):
@@ -190,8 +214,8 @@ class CutEvent(_Event):
 
 
 LogEvent = Annotated[
-    ActionEvent | PromptEvent | SettingsEvent | StepsEvent | ForkEvent | PreviewEvent
-    | AdoptEvent | RewindEvent | CutEvent,
+    ActionEvent | ControlsEvent | PromptEvent | SettingsEvent | StepsEvent | ForkEvent
+    | PreviewEvent | AdoptEvent | RewindEvent | CutEvent,
     Field(discriminator="kind"),
 ]
 

@@ -91,6 +91,8 @@ class _Replay:
         match e.kind:
             case "action":
                 self.action = backend.key_action(frozenset(e.keys))
+            case "controls":
+                backend.apply_controls(self.state, expression=e.expression, say=e.say)
             case "prompt":
                 backend.set_prompt(self.state, e.text, e.blend_text, e.blend_weight)
             case "settings":
