@@ -46,22 +46,31 @@ class Stream:
         return np.stack([self.frames[i] for i in range(start, start + n)])
 
 
-def save_load_continue(engine, seconds, fps, prompt):
-    """Steer session A, save it, load the file into a new session B; returns A's frames from
-    the save on and B's from the load on, ``seconds`` of each."""
+PLAN = [(2, ActionCommand(1, 0.0, frozenset({"right"}))),
+        (8, PromptCommand(2, 0.0, "a snowy forest")),
+        (12, ForkCommand(3, 2)), (20, RewindCommand(4, 1)),
+        (24, ActionCommand(5, 0.0, frozenset({"down", "left"})))]
+# the avatar's controls: an expression held and a sentence still being said at the save
+AVATAR_PLAN = [(2, ActionCommand(1, 0.0, frozenset({"right"}), expression="smile")),
+               (8, PromptCommand(2, 0.0, "a video call from the beach")),
+               (12, ForkCommand(3, 2)), (20, RewindCommand(4, 1)),
+               (24, ActionCommand(5, 0.0, frozenset({"left"}),
+                                  say="hello there how are you today my friend"))]
+
+
+def save_load_continue(engine, seconds, fps, prompt, plan=PLAN, other="a dark landscape"):
+    """Steer session A with ``plan``, save it, load the file into a new session B (started
+    with prompt ``other``); returns A's frames from the save on and B's from the load on,
+    ``seconds`` of each."""
     a = engine.create_session(prompt, seed=3).session_id
     sa = Stream(engine, a)
-    for at, command in [
-            (2, ActionCommand(1, 0.0, frozenset({"right"}))),
-            (8, PromptCommand(2, 0.0, "a snowy forest")),
-            (12, ForkCommand(3, 2)), (20, RewindCommand(4, 1)),
-            (24, ActionCommand(5, 0.0, frozenset({"down", "left"})))]:
+    for at, command in plan:
         sa.until(at)
         engine.submit(a, command)
     sa.until(30)
     data = worldio.save(engine, a).result(timeout=120)
     saved_at = read_meta(data)["session"]["frame_index"]
-    b = engine.create_session("a dark landscape at night", seed=99).session_id
+    b = engine.create_session(other, seed=99).session_id
     sb = Stream(engine, b)
     sb.until(3)
     loaded = worldio.load(engine, b, data).result(timeout=120)
@@ -88,6 +97,37 @@ def test_sim_save_load_continue_is_identical():
     assert np.array_equal(np.concatenate(got), loaded["frames_b"])
     with pytest.raises(ReplayError, match="starts from a save point"):
         replay(SimBackend(), log, got.append)
+
+
+def test_avatar_sim_save_load_continue_keeps_expression_and_speech():
+    from worldstream.engine.backends.avatar_sim import AvatarSimBackend
+
+    config = EngineConfig(max_sessions=4, fps=20, chunk_frames=2)
+    with Engine(AvatarSimBackend(), config) as engine:
+        data, original, restored, loaded = save_load_continue(
+            engine, 3, 20, "a video call from the office", AVATAR_PLAN, "a news studio")
+    assert np.array_equal(original, restored)
+    # the file carries the controls: the smile held and the rest of the sentence queued
+    state = read_meta(data)["state"]
+    assert state["controls"]["expression"] == 1 and len(state["controls"]["speech"]) > 0
+    # the simulator's blink/saccade RNG too: a damaged RNG state makes the file refused
+    state["sim"]["rng"] = {"bit_generator": "PCG64", "state": "x"}
+    with pytest.raises(SavepointError, match="does not fit"):
+        from worldstream.engine.studio.savepoint import import_state
+
+        import_state(AvatarSimBackend(), {}, state)
+
+
+def test_avatar_model_save_load_continue_is_identical():
+    from worldstream.engine.backends.avatar import load_avatar_backend
+
+    config = EngineConfig(max_sessions=4, fps=20, steps=2, min_steps=2)
+    with Engine(load_avatar_backend(), config) as engine:
+        data, original, restored, _ = save_load_continue(
+            engine, 2, 20, "a video call from the office", AVATAR_PLAN, "a news studio")
+    assert original.shape == (40, 128, 128, 3)
+    assert np.array_equal(original, restored)
+    assert read_meta(data)["state"]["controls"]["expression"] == 1
 
 
 @pytest.fixture(scope="module")

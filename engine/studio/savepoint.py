@@ -4,7 +4,8 @@ The file is a safetensors file (a JSON header, then raw arrays; nothing in it is
 loading): its arrays are the backend state's tensors (for the built-in model: the keys and
 values of the state's KV-cache pages in time order, the retained chunks' latents, memory bases
 and camera path, the spatial memory's tiles and their undo records, the text embedding and the
-RNG state), its metadata ``{"worldstream": JSON}`` holds ``format``, ``model``,
+RNG state; the avatar world adds its controls: the expression in force and the speech queued),
+its metadata ``{"worldstream": JSON}`` holds ``format``, ``model``,
 ``model_version`` (:func:`model_version`), the engine session's settings (``session``: seed,
 prompt, held action, chunk size, steps, mode, fork counter) and the backend
 state's scalars (``state``). A file made by another model, another version of its weights or
@@ -88,6 +89,16 @@ def model_version(backend: Any) -> str:
         from worldstream.engine.worlds import scenes, simulator
 
         _hash_module_files(h, simulator, scenes)
+    elif backend.name in ("avatar", "avatar-sim"):
+        from worldstream.engine.worlds.avatar import actions, looks, simulator, visemes
+
+        # the controls turn keys, expressions and speech into action ids: their source decides
+        # frames as much as the model or the simulator does
+        _hash_module_files(h, actions, visemes)
+        if backend.name == "avatar":
+            h.update(model_version(backend.gen).encode())
+        else:
+            _hash_module_files(h, simulator, looks)
     else:
         h.update(repr(type(backend)).encode())
     version = h.hexdigest()
@@ -173,6 +184,8 @@ def export_state(backend: Any, state: Any) -> tuple[dict[str, np.ndarray], dict[
         return _export_builtin(backend, state)
     if backend.name == "sim":
         return {}, _export_sim(state)
+    if backend.name in ("avatar", "avatar-sim"):
+        return _export_avatar(backend, state)
     raise SavepointError(f"model {backend.name!r} cannot save its state")
 
 
@@ -185,6 +198,8 @@ def import_state(backend: Any, arrays: dict[str, np.ndarray], scalars: dict[str,
             return _import_builtin(backend, arrays, scalars)
         if backend.name == "sim":
             return _import_sim(backend, scalars)
+        if backend.name in ("avatar", "avatar-sim"):
+            return _import_avatar(backend, arrays, scalars)
     except (CapacityError, SavepointError):
         raise
     except Exception as err:  # a hand-edited or damaged file that passed the header checks
@@ -232,6 +247,82 @@ def _import_sim(backend, scalars: dict[str, Any]):
         raise SavepointError("the save point keeps more rewind history than this server")
     sims = [_sim_from(scalars["sim"])] + [_sim_from(d) for d in scalars["history"]]
     return SimState(sims[0], deque(sims[1:]))
+
+
+# -- avatar (the model or the simulator, and the session's controls)
+_AVATAR_SIM_FIELDS = ("seed", "look", "t", "yaw", "pitch", "gaze", "_gaze_target",
+                      "_next_saccade", "_next_blink", "_blink_frame", "face", "mouth_open",
+                      "mouth_width", "_phase")
+
+
+def _avatar_sim_dict(sim) -> dict[str, Any]:
+    out = {}
+    for name in _AVATAR_SIM_FIELDS:
+        value = getattr(sim, name)
+        out[name] = value.tolist() if isinstance(value, np.ndarray) else value
+    # NOTE: PCG64's state is two 128-bit ints; Python's json writes and reads them exactly
+    out["rng"] = sim._rng.bit_generator.state
+    return out
+
+
+def _avatar_sim_from(d: dict[str, Any]):
+    from worldstream.engine.worlds.avatar.simulator import AvatarSimulator
+
+    sim = AvatarSimulator(int(d["seed"]), str(d["look"]))
+    for name in ("t", "_next_saccade", "_next_blink", "_blink_frame"):
+        setattr(sim, name, int(d[name]))
+    for name in ("yaw", "pitch", "mouth_open", "mouth_width"):
+        setattr(sim, name, float(d[name]))
+    for name, size in (("gaze", 2), ("_gaze_target", 2), ("_phase", 3),
+                       ("face", sim.face.size)):
+        setattr(sim, name, np.array(d[name], np.float64).reshape(size))
+    sim._rng.bit_generator.state = d["rng"]
+    return sim
+
+
+def _controls_dict(controls) -> dict[str, Any]:
+    return {"expression": controls.expression, "speech": list(controls.speech)}
+
+
+def _controls_from(d: dict[str, Any]):
+    from worldstream.engine.worlds.avatar.actions import NUM_EXPRESSIONS, AvatarControls
+    from worldstream.engine.worlds.avatar.visemes import NUM_VISEMES
+
+    expression, speech = d["expression"], d["speech"]
+    if not (isinstance(expression, int) and 0 <= expression < NUM_EXPRESSIONS
+            and all(isinstance(v, int) and 0 <= v < NUM_VISEMES for v in speech)):
+        raise SavepointError("the save point's avatar controls are out of range")
+    return AvatarControls(expression, deque(speech))
+
+
+def _export_avatar(backend, state) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    backend._live(state)
+    controls = {"controls": _controls_dict(state.controls),
+                "controls_history": [_controls_dict(c) for c in state.history]}
+    if backend.name == "avatar":
+        arrays, inner = _export_builtin(backend.gen, state.inner)
+        return arrays, {"inner": inner, **controls}
+    sim, sims = state.inner
+    return {}, {"sim": _avatar_sim_dict(sim), "sims": [_avatar_sim_dict(x) for x in sims],
+                **controls}
+
+
+def _import_avatar(backend, arrays: dict[str, np.ndarray], scalars: dict[str, Any]):
+    from worldstream.engine.backends.avatar_sim import AvatarState
+
+    controls = _controls_from(scalars["controls"])
+    history = deque(_controls_from(c) for c in scalars["controls_history"])
+    # NOTE: the model's controls keep one record more than its chunks (avatar.generate)
+    if len(history) > backend.rewind_chunks + 1:
+        raise SavepointError("the save point keeps more rewind history than this server")
+    if backend.name == "avatar":
+        inner = _import_builtin(backend.gen, arrays, scalars["inner"])
+    else:
+        if len(scalars["sims"]) > backend.rewind_chunks:
+            raise SavepointError("the save point keeps more rewind history than this server")
+        inner = (_avatar_sim_from(scalars["sim"]),
+                 deque(_avatar_sim_from(d) for d in scalars["sims"]))
+    return AvatarState(inner, controls, history)
 
 
 # -- built-in model
