@@ -52,10 +52,12 @@ def register(app: FastAPI, engine: Any, authorized: Callable, client_of: Callabl
     from worldstream.app.server import ApiError
     from worldstream.engine.studio import worldio
 
-    def supported() -> None:
-        if not hasattr(engine, "call"):  # e.g. the scale-out router: replicas hold the worlds
-            raise ApiError(501, "this server's engine cannot save, load or script a world "
-                                "(scale-out replicas)", "session_id")
+    def studio(op: str, session_id: str, *args: Any) -> Any:
+        """The engine's future of studio operation ``op`` (``engine.studio.worldio``); the
+        scale-out router runs it on the session's replica (``RayEngine.studio``)."""
+        if hasattr(engine, "studio"):
+            return engine.studio(op, session_id, *args)
+        return getattr(worldio, op)(engine, session_id, *args)
 
     async def wait(start: Callable[[], Any], field: str) -> Any:
         """Run ``start()`` (validates, returns the engine's future) off the event loop (it may
@@ -79,14 +81,13 @@ def register(app: FastAPI, engine: Any, authorized: Callable, client_of: Callabl
             raise ApiError(400, str(err), field) from None
 
     def session_of(session_id: str, request: Request, token: str | None = None):
-        supported()
         return authorized(session_id, bearer(request) or token, client_of(request))
 
     @app.get("/api/sessions/{session_id}/log")
     async def input_log(session_id: str, request: Request, token: str | None = None
                         ) -> Response:
         session_of(session_id, request, token)
-        log = await wait(lambda: worldio.export_log(engine, session_id), "session_id")
+        log = await wait(lambda: studio("export_log", session_id), "session_id")
         return JSONResponse(log, headers={
             "Content-Disposition": f'attachment; filename="worldstream-{session_id}.log.json"'})
 
@@ -94,7 +95,7 @@ def register(app: FastAPI, engine: Any, authorized: Callable, client_of: Callabl
     async def save_state(session_id: str, request: Request, token: str | None = None
                          ) -> Response:
         session_of(session_id, request, token)
-        data = await wait(lambda: worldio.save(engine, session_id), "session_id")
+        data = await wait(lambda: studio("save", session_id), "session_id")
         return Response(data, media_type="application/octet-stream", headers={
             "Content-Disposition": f'attachment; filename="worldstream-{session_id}.wsstate"'})
 
@@ -105,7 +106,7 @@ def register(app: FastAPI, engine: Any, authorized: Callable, client_of: Callabl
             raise ApiError(415, "send the save file as Content-Type: application/octet-stream",
                            "content-type")
         data = await _read_capped(request, MAX_SAVEPOINT_BYTES, ApiError)
-        return await wait(lambda: worldio.load(engine, session_id, data), "state")
+        return await wait(lambda: studio("load", session_id, data), "state")
 
     @app.post("/api/sessions/{session_id}/picture")
     async def picture(session_id: str, request: Request) -> dict[str, Any]:
@@ -114,7 +115,7 @@ def register(app: FastAPI, engine: Any, authorized: Callable, client_of: Callabl
             raise ApiError(415, "send the picture as Content-Type: image/png or image/jpeg",
                            "content-type")
         data = await _read_capped(request, MAX_PICTURE_BYTES, ApiError)
-        return await wait(lambda: worldio.start_from_picture(engine, session_id, data),
+        return await wait(lambda: studio("start_from_picture", session_id, data),
                           "picture")
 
     @app.post("/api/sessions/{session_id}/story")
@@ -128,5 +129,5 @@ def register(app: FastAPI, engine: Any, authorized: Callable, client_of: Callabl
             board = await asyncio.to_thread(parse_story, raw)
         except ValueError as err:
             raise ApiError(400, str(err), "story") from None
-        result = await wait(lambda: worldio.play_story(engine, session_id, board), "story")
+        result = await wait(lambda: studio("play_story", session_id, board), "story")
         return {**result, "story": json.loads(board.model_dump_json())}

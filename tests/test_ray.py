@@ -118,6 +118,42 @@ def test_front_end_streams_and_refuses_when_every_replica_is_full(cluster, tmp_p
                           headers={"Authorization": f"Bearer {r.json()['token']}"})
 
 
+def test_save_points_logs_and_stories_work_across_replicas(cluster, tmp_path):
+    # the studio routes run on the session's replica: a world saved on one replica loads into
+    # a session on the other, and a bad file is one 400 there as on a single engine
+    from worldstream.engine.studio.savepoint import read_meta
+
+    app = create_app(cluster, Limits(max_sessions=cluster.capacity), ui=False,
+                     recording_dir=tmp_path)
+    with TestClient(app) as client:
+        made = [client.post("/api/sessions", json={"prompt": p, "seed": k}).json()
+                for k, p in ((4, "a green meadow with ponds"), (9, "a dark landscape"))]
+        (a, b), auth = [m["session_id"] for m in made], [
+            {"Authorization": f"Bearer {m['token']}"} for m in made]
+        placed = {s: r["id"] for r in client.get("/api/metrics").json()["replicas"]
+                  for s in r["sessions"]}
+        assert placed[a] != placed[b]
+        saved = client.get(f"/api/sessions/{a}/state", headers=auth[0])
+        assert saved.status_code == 200, saved.text
+        r = client.post(f"/api/sessions/{b}/state", content=saved.content,
+                        headers={**auth[1], "Content-Type": "application/octet-stream"})
+        assert r.status_code == 200, r.text
+        assert r.json()["prompt"] == "a green meadow with ponds" and r.json()["seed"] == 4
+        again = client.get(f"/api/sessions/{b}/state", headers=auth[1])
+        assert read_meta(again.content)["state"] == read_meta(saved.content)["state"]
+        log = client.get(f"/api/sessions/{b}/log", headers=auth[1]).json()
+        assert log["start"]["kind"] == "savepoint"
+        story = {"seed": 2, "beats": [{"prompt": "a snowy forest", "duration_s": 1}]}
+        r = client.post(f"/api/sessions/{a}/story", json=story, headers=auth[0])
+        assert r.status_code == 200 and r.json()["beats"] == 1, r.text
+        bad = client.post(f"/api/sessions/{b}/state", content=b"not a save file",
+                          headers={**auth[1], "Content-Type": "application/octet-stream"})
+        assert bad.status_code == 400 and "\n" not in bad.json()["error"], bad.text
+        assert "Traceback" not in bad.json()["error"]
+        for sid, h in zip((a, b), auth):
+            client.delete(f"/api/sessions/{sid}", headers=h)
+
+
 def test_a_killed_replicas_sessions_continue_on_the_other(cluster):
     a = cluster.create_session("a green meadow", seed=1)
     b = cluster.create_session("a snowy forest", seed=2)

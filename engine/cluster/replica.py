@@ -25,9 +25,14 @@ from worldstream.engine.core.api import Command, SessionClosedError, SessionInfo
 from worldstream.engine.core.config import EngineConfig
 from worldstream.engine.core.engine import Engine
 from worldstream.engine.core.registry import load_backend
+from worldstream.engine.studio import worldio
 
 #: frames a session may pile up in its replica between two pulls (a stalled front end)
 PULL_SLOT_FRAMES = 64
+#: the studio operations a front end may run on a replica's session (``engine.studio.worldio``)
+STUDIO_OPS = ("export_log", "save", "load", "start_from_picture", "play_story")
+#: how long a studio operation may wait for the engine thread, s (it runs between two chunks)
+STUDIO_WAIT_S = 60.0
 
 
 class EngineReplica:
@@ -84,6 +89,22 @@ class EngineReplica:
 
     def set_paused(self, session_id: str, paused: bool) -> None:
         self.engine.set_paused(session_id, paused)
+
+    def studio(self, op: str, session_id: str, *args: Any) -> dict:
+        """Run studio operation ``op`` (one of ``STUDIO_OPS``: the input log, a save point's
+        bytes, a load, a start from a picture, a storyboard) on one of this replica's sessions
+        and wait for the engine thread. Returns ``{"value": result}``, or ``{"error": class
+        name, "message": one line, "retry_after_s": float | None}``: failures travel as data,
+        since Ray would wrap the exception in its own traceback."""
+        try:
+            if op not in STUDIO_OPS:
+                raise ValueError(f"unknown studio operation {op!r}; expected one of "
+                                 f"{STUDIO_OPS}")
+            return {"value": getattr(worldio, op)(self.engine, session_id, *args).result(
+                timeout=STUDIO_WAIT_S)}
+        except Exception as err:  # every failure is the caller's answer, not the actor's death
+            return {"error": type(err).__name__, "message": str(err),
+                    "retry_after_s": getattr(err, "retry_after_s", None)}
 
     def close_session(self, session_id: str) -> None:
         with self._lock:

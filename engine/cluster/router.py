@@ -28,6 +28,7 @@ import math
 import random
 import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -43,6 +44,8 @@ from worldstream.engine.core.api import (
     SessionInfo,
 )
 from worldstream.engine.core.config import EngineConfig
+from worldstream.engine.studio.picture import PictureError
+from worldstream.engine.studio.savepoint import SavepointError
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +53,20 @@ log = logging.getLogger(__name__)
 CREATE_TIMEOUT_S = 30.0
 #: a replica idle this long may be stopped when there are more than wanted (no flapping), s
 IDLE_BEFORE_STOP_S = 30.0
+
+
+def _studio_error(reply: dict) -> Exception:
+    """The local exception of a studio failure a replica sent back as data
+    (``EngineReplica.studio``): the same class where the front end has it, its message."""
+    name, message = reply["error"], reply["message"]
+    if name == "CapacityError":
+        return CapacityError(message, reply.get("retry_after_s") or 5.0)
+    if name == "SessionClosedError":
+        return SessionClosedError(message)
+    known: dict[str, type[Exception]] = {"SavepointError": SavepointError,
+                                         "PictureError": PictureError,
+                                         "TimeoutError": TimeoutError}
+    return known.get(name, ValueError)(message)
 
 
 @dataclass
@@ -149,7 +166,8 @@ class RayEngine:
         # caller's calls in submission order only there (in a threaded group a pause and the
         # resume right after it could swap). The long poll and the metrics get a group of
         # their own, so they never wait behind a command nor block one.
-        self._actor_cls = ray.remote(concurrency_groups={"poll": 2})(EngineReplica).options(
+        self._actor_cls = ray.remote(concurrency_groups={"poll": 2, "studio": 1})(
+            EngineReplica).options(
             max_restarts=0, **self._resources)
         started = [self._launch() for _ in range(self._start_count)]
         for rep in started:
@@ -291,6 +309,32 @@ class RayEngine:
 
     def events(self, session_id: str) -> EventQueue:
         return self._routed(session_id).events
+
+    def studio(self, op: str, session_id: str, *args: Any) -> Future:
+        """Studio operation ``op`` (``EngineReplica.STUDIO_OPS``: ``export_log``, ``save``,
+        ``load``, ``start_from_picture``, ``play_story``) on the session's replica, as the
+        ``engine.studio.worldio`` function of that name does on a local engine: a future of
+        its result, failing with the same error class (SavepointError, PictureError,
+        CapacityError, SessionClosedError, ValueError, TimeoutError) and message.
+        SessionClosedError at once for an unknown session."""
+        routed = self._routed(session_id)
+        ref = self._handle_of(routed).studio.options(concurrency_group="studio").remote(
+            op, routed.remote_id, *args)
+        out: Future = Future()
+
+        def done(f: Future) -> None:
+            try:
+                reply = f.result()
+            except Exception as err:  # the replica died during the call
+                out.set_exception(TimeoutError(f"the session's replica failed ({err!r})"))
+                return
+            if "error" in reply:
+                out.set_exception(_studio_error(reply))
+            else:
+                out.set_result(reply["value"])
+
+        ref.future().add_done_callback(done)
+        return out
 
     def set_paused(self, session_id: str, paused: bool) -> None:
         routed = self._routed(session_id)
