@@ -23,17 +23,43 @@ def test_lipsync_finds_the_lag_of_a_delayed_mouth():
 
 def test_expression_and_turn_hits_count_the_windows_by_hand():
     n = 100
-    read = {"expression": np.zeros(n, int), "yaw": np.ones(n, int), "pitch": np.ones(n, int)}
+    read = {"expression": np.zeros(n, int), "direction": np.full(n, IDLE)}
     read["expression"][40:] = 2  # the face changes 15 frames after the key at 25
     # key at 25 (expression 2): window frames 35..54, of which 40..54 hit = 15 of 20
     hits = A.expression_hits(read, [(25, 2)])
     assert len(hits) == 20 and sum(hits) == 15
     right_up = direction_to_action(1, -1)
-    read["yaw"][60:] = 2
-    read["pitch"][60:] = 0
-    # key at 48 (right-up): window 58..63, hits from 60 = 4 of 6; key at 0 (idle): all 6
+    read["direction"][60:] = right_up
+    read["direction"][62] = A.TurnTemplates.UNREADABLE  # a frame nobody can read: a miss
+    # key at 48 (right-up): window 58..63, hits from 60 but 62 = 3 of 6; key at 0: all 6
     hits = A.turn_hits(read, [(48, right_up), (0, IDLE)])
-    assert hits == [False, False, True, True, True, True] + [True] * 6
+    assert hits == [False, False, True, True, False, True] + [True] * 6
+
+
+def test_turn_templates_read_the_simulators_heads_and_refuse_broken_ones():
+    from worldstream.engine.worlds.avatar.actions import NEUTRAL, encode_action
+    from worldstream.engine.worlds.avatar.simulator import AvatarSimulator
+
+    seed, look = 900_650, "beach"
+    turns = A.TurnTemplates(seed, look)
+    heads = {}
+    for d in (direction_to_action(-1, 0), direction_to_action(1, 1), IDLE):
+        sim = AvatarSimulator(seed, look)
+        # from another direction, as in the scripted episode, then 10-15 frames held
+        for _ in range(20):
+            sim.step(encode_action(direction_to_action(0, -1), NEUTRAL))
+        heads[d] = np.stack([sim.step(encode_action(d, NEUTRAL)) for _ in range(16)])[10:]
+        assert (turns.read(heads[d]) == d).all()
+    left, right_down = heads[direction_to_action(-1, 0)], heads[direction_to_action(1, 1)]
+    # two heads ghosted into one, or a head cut into shuffled 16-px blocks: no direction
+    ghost = ((left.astype(np.float32) + right_down) / 2).astype(np.uint8)
+    blocks = left.copy()
+    rows = [slice(r, r + 16) for r in range(16, 96, 16)]
+    perm = np.random.default_rng(0).permutation(len(rows))
+    for r, src in zip(rows, perm):
+        blocks[:, r] = left[:, rows[src]]
+    assert (turns.read(ghost) == A.TurnTemplates.UNREADABLE).all()
+    assert (turns.read(blocks) == A.TurnTemplates.UNREADABLE).all()
 
 
 def test_identity_ratio_picks_the_feature_farthest_from_one():
