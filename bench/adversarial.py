@@ -63,9 +63,8 @@ class PlayServer:
         self.url = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "GRADIO_ANALYTICS_ENABLED": "False"}
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", "import sys; from worldstream.app.cli import main; sys.exit(main())",
-             "play", "--model", model, "--port", str(self.port),
-             "--max-sessions", str(max_sessions)], env=env)
+            [sys.executable, "-m", "worldstream.app.cli", "play", "--model", model,
+             "--port", str(self.port), "--max-sessions", str(max_sessions)], env=env)
 
     def __enter__(self) -> PlayServer:
         import httpx
