@@ -213,27 +213,21 @@ def rollout(gen: BuiltinBackend, ep: Episode, steps: int, seed: int) -> np.ndarr
     return out
 
 
-class ExpressionTemplates:
-    """Expression classifier of one character, fitted on simulator frames of that character
-    (the stream's seed and look): for each expression, the face crops of frames 15-39 of the
-    simulator holding it (head idle, silent: they cover the idle sway, gazes and a blink);
-    a frame is read as the expression with the nearest crop (mean squared distance after a
-    3×3 box blur, which forgives the autoencoder's softness).
+class CharacterTemplates:
+    """Crops of one character (the stream's seed and look) as the simulator draws it holding
+    each of a list of avatar actions from rest: ``templates (A, T, h, w, 3)`` float32, frames
+    ``first``-39 of each, cropped to ``CROP`` and blurred 3×3 (which forgives the
+    autoencoder's softness). :meth:`distances` compares frames with them."""
 
-    NOTE: a CNN fitted across characters (:class:`AvatarProbe`) read the simulator's own
-    frames right in only 0.79-0.88 of the window (sleepy and smile taken for neutral on pale
-    or bespectacled faces: the cue is 1-3 px of eyelid or mouth corner); these templates
-    read them right in 0.98 (12 held-out episodes; the misses are blinks read as sleepy)."""
+    CROP: tuple[slice, slice]
 
-    CROP = (slice(28, 84), slice(32, 96))
-
-    def __init__(self, seed: int, look: str):
+    def __init__(self, seed: int, look: str, actions: list[int], first: int):
         crops = []
-        for e in range(len(EXPRESSIONS)):
+        for action in actions:
             sim = AvatarSimulator(seed, look)
-            frames = [sim.step(encode_action(IDLE, e)) for _ in range(40)]
-            crops.append(self._prepare(np.stack(frames[15:])))
-        self.templates = np.stack(crops)  # (E, T, h, w, 3)
+            frames = [sim.step(action) for _ in range(40)]
+            crops.append(self._prepare(np.stack(frames[first:])))
+        self.templates = np.stack(crops)
 
     @classmethod
     def _prepare(cls, frames: np.ndarray) -> np.ndarray:
@@ -241,20 +235,48 @@ class ExpressionTemplates:
         x = F.avg_pool2d(x.permute(0, 3, 1, 2), 3, 1, 1, count_include_pad=False)
         return x.permute(0, 2, 3, 1).numpy()
 
+    def distances(self, frames: np.ndarray) -> np.ndarray:
+        """``(N, A)`` float32: mean squared distance of each ``(N, 128, 128, 3)`` uint8
+        frame's crop to the nearest crop of each action."""
+        out = []
+        for i in range(0, len(frames), 32):  # bounded memory: (32, T, h, w, 3) at a time
+            q = self._prepare(frames[i : i + 32])
+            out.append(np.stack([((q[:, None] - t[None]) ** 2).mean(axis=(2, 3, 4)).min(1)
+                                 for t in self.templates], axis=1))
+        return np.concatenate(out)
+
+
+class ExpressionTemplates(CharacterTemplates):
+    """Expression classifier of one character: for each expression, the face crops of frames
+    15-39 of the simulator holding it (head idle, silent: they cover the idle sway, gazes and
+    a blink); a frame is read as the expression with the nearest crop.
+
+    NOTE: a CNN fitted across characters (:class:`AvatarProbe`) read the simulator's own
+    frames right in only 0.79-0.88 of the window (sleepy and smile taken for neutral on pale
+    or bespectacled faces: the cue is 1-3 px of eyelid or mouth corner); these templates
+    read them right in 0.98 (12 held-out episodes; the misses are blinks read as sleepy).
+    Unlike :class:`TurnTemplates` there is no recognisability gate: the expressions differ by
+    so little that the autoencoder's own reconstructions lie 1-5 times the distance between
+    two expressions from their templates; the nearest crop is the reading that holds up."""
+
+    CROP = (slice(28, 84), slice(32, 96))
+
+    def __init__(self, seed: int, look: str):
+        super().__init__(seed, look, [encode_action(IDLE, e) for e in range(len(EXPRESSIONS))],
+                         first=15)
+
     def read(self, frames: np.ndarray) -> np.ndarray:
         """``(N,)`` int expression index of each ``(N, 128, 128, 3)`` uint8 frame."""
-        q = self._prepare(frames)  # (N, h, w, 3)
-        d = ((q[:, None, None] - self.templates[None]) ** 2).mean(axis=(3, 4, 5))
-        return d.min(axis=2).argmin(axis=1)
+        return self.distances(frames).argmin(axis=1)
 
 
-class TurnTemplates:
+class TurnTemplates(CharacterTemplates):
     """Head-direction reader of one character: for each of the nine directions, the head crops
-    (rows 8-104, columns 16-112, 3×3 box blur) of frames 10-39 of the simulator holding it
-    from rest (neutral, silent: the head settled, with sway, gazes and a blink). A frame is
-    read as the direction with the nearest crop, or as ``UNREADABLE`` (-1) when even that
-    crop is farther than ``gate`` times the distance (mean squared) from that direction's
-    crops to the nearest other direction's: a head must look like a head turned that way.
+    (rows 8-104, columns 16-112) of frames 10-39 of the simulator holding it from rest
+    (neutral, silent: the head settled, with sway, gazes and a blink). A frame is read as the
+    direction with the nearest crop, or as ``UNREADABLE`` (-1) when even that crop is farther
+    than ``gate`` times the distance (mean squared) from that direction's crops to the
+    nearest other direction's: a head must look like a head turned that way.
 
     NOTE: the CNN probe's yaw/pitch and a bare nearest crop both read the model's mid-turn
     frames right 0.89-1.0 of the time while the sheet showed them as a scatter of eyes and
@@ -267,37 +289,21 @@ class TurnTemplates:
     UNREADABLE = -1
 
     def __init__(self, seed: int, look: str, gate: float = TURN_GATE):
-        crops = []
-        for d in range(NUM_ACTIONS):
-            sim = AvatarSimulator(seed, look)
-            frames = [sim.step(encode_action(d, NEUTRAL)) for _ in range(40)]
-            crops.append(self._prepare(np.stack(frames[10:])))
-        self.templates = np.stack(crops)  # (9, T, h, w, 3)
+        super().__init__(seed, look, [encode_action(d, NEUTRAL) for d in range(NUM_ACTIONS)],
+                         first=10)
         t = self.templates
         between = np.array([[((t[a][:, None] - t[b][None]) ** 2).mean(axis=(2, 3, 4)).min()
                              if a != b else np.inf for b in range(NUM_ACTIONS)]
                             for a in range(NUM_ACTIONS)])
         self.limit = gate * between.min(axis=1)  # (9,) largest distance still readable
 
-    @classmethod
-    def _prepare(cls, frames: np.ndarray) -> np.ndarray:
-        x = torch.as_tensor(np.asarray(frames)[:, cls.CROP[0], cls.CROP[1]]).float()
-        x = F.avg_pool2d(x.permute(0, 3, 1, 2), 3, 1, 1, count_include_pad=False)
-        return x.permute(0, 2, 3, 1).numpy()
-
     def read(self, frames: np.ndarray) -> np.ndarray:
         """``(N,)`` int direction id (``engine.worlds.actions``) of each ``(N, 128, 128, 3)``
         uint8 frame, or ``UNREADABLE``."""
-        out = []
-        for i in range(0, len(frames), 32):
-            q = self._prepare(frames[i : i + 32])  # (n, h, w, 3)
-            d = np.stack([((q[:, None] - t[None]) ** 2).mean(axis=(2, 3, 4)).min(1)
-                          for t in self.templates], axis=1)  # (n, 9)
-            nearest = d.argmin(axis=1)
-            ok = d[np.arange(len(q)), nearest] <= self.limit[nearest]
-            out.append(np.where(ok, nearest, self.UNREADABLE))
-        return np.concatenate(out)
-
+        d = self.distances(frames)
+        nearest = d.argmin(axis=1)
+        ok = d[np.arange(len(d)), nearest] <= self.limit[nearest]
+        return np.where(ok, nearest, self.UNREADABLE)
 
 
 # ------------------------------------------------------------------ metrics
