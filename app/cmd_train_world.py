@@ -43,6 +43,13 @@ def register(sub) -> None:
         help="largest noise level of the noise-augmented context",
     )
     p.add_argument(
+        "--change-weight",
+        type=float,
+        default=None,
+        help="extra loss weight where a frame differs from its memory base (default: the "
+             "world's recipe, 0 for the landscape)",
+    )
+    p.add_argument(
         "--seed", type=int, default=0, help="RNG seed of the initialisation and the batch order"
     )
     p.add_argument(
@@ -140,6 +147,7 @@ def run(args) -> int:
         view_box=spec.view_box,
         num_actions=spec.num_actions,
         action_factors=spec.action_factors,
+        change_weight=spec.change_weight if args.change_weight is None else args.change_weight,
     )
     print(json.dumps(result))
     return 0

@@ -9,6 +9,7 @@ from worldstream.engine.models.builtin.spatial_memory import centre_box
 from worldstream.engine.models.builtin.world_dit import CameraDynamics, WorldDiT
 from worldstream.engine.training.latents import VIEW_BOX, LatentDataset, memory_bases
 from worldstream.engine.training.train_world import (
+    change_map,
     degrade_bases,
     fit_camera_dynamics,
     sample_chunk_sigmas,
@@ -109,3 +110,17 @@ def test_degrade_bases_blurs_and_casts_only_the_chosen_frames():
     half = degrade_bases(zb, torch.Generator().manual_seed(1), 0.5)
     changed = (half != zb).flatten(2).any(-1).float().mean().item()
     assert 0.3 < changed < 0.7
+
+
+def test_change_map_weights_only_what_changed_against_the_base():
+    # hand-worked: one latent pixel of 2 x 2 x 4 x 4 differs by 0.5 in every channel
+    zb = torch.zeros(2, 2, 3, 4, 4)
+    z = zb.clone()
+    z[1, 0, :, 2, 3] = 0.5
+    m = change_map(z, zb, cap=1000.0)
+    assert m.shape == (2, 2, 1, 4, 4)
+    # channel mean 0.5 at that pixel, batch mean 0.5 / 64: the map is 64 there, 0 elsewhere
+    assert m[1, 0, 0, 2, 3].item() == 64.0
+    assert m.sum().item() == 64.0
+    assert change_map(z, zb).max().item() == 10.0  # capped
+    assert torch.count_nonzero(change_map(zb, zb)) == 0  # no change, no extra weight

@@ -23,7 +23,9 @@ class WorldSpec:
     spatial memory (the landscape's player sprite plus a 3-px margin; 0 = none);
     ``num_actions``/``action_factors``: the model's action ids (factors None: plain ids);
     ``dataset_module``: where ``ensure_dataset`` lives; ``prompts_ref``: ``module:NAME`` of
-    the prompt table the recorder's prompt indices point into."""
+    the prompt table the recorder's prompt indices point into; ``change_weight``: the training
+    recipe's extra loss weight where a frame differs from its memory base
+    (``engine.training.train_world.change_map``)."""
 
     name: str
     assets: Path
@@ -33,6 +35,7 @@ class WorldSpec:
     action_factors: tuple[int, ...] | None
     dataset_module: str
     prompts_ref: str
+    change_weight: float = 0.0
 
     def ensure_dataset(self, root: Path | None = None) -> tuple[list[Path], Path]:
         """Record missing shards; ``(training shard dirs, held-out shard dir)``."""
@@ -53,7 +56,7 @@ WORLDS: dict[str, WorldSpec] = {
     "avatar": WorldSpec("avatar", ASSETS / "avatar", Path("data_avatar"), 0, AVATAR_ACTIONS,
                         AVATAR_FACTORS,
                         "worldstream.engine.training.avatar_data",
-                        "worldstream.engine.worlds.avatar.looks:PROMPTS"),
+                        "worldstream.engine.worlds.avatar.looks:PROMPTS", change_weight=4.0),
 }
 
 
