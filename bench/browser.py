@@ -26,6 +26,19 @@ CHROMIUM = Path("/usr/bin/chromium")
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 KEYS = ["ArrowLeft", "ArrowRight", "ArrowUp", "ArrowDown"]
+# the browser's own counts of the video it got (WebRTC ``inbound-rtp``): frames received,
+# decoded, dropped before display, and its fps estimate
+RECEIVER_STATS = """async () => {
+  const out = {};
+  (await window.worldstream.pc.getStats()).forEach((s) => {
+    if (s.type === "inbound-rtp" && s.kind === "video") {
+      for (const k of ["framesReceived", "framesDecoded", "framesDropped", "framesPerSecond"]) {
+        out[k] = s[k];
+      }
+    }
+  });
+  return out;
+}"""
 
 
 def run(url: str, mode: str, seconds: float, seed: int = 0) -> dict:
@@ -55,10 +68,27 @@ def run(url: str, mode: str, seconds: float, seed: int = 0) -> dict:
             a2p = [int(x) for x in re.findall(r"\d+", page.inner_text("#hud-a2p"))]
             hud = {name: page.inner_text(f"#{name}") for name in ("hud-fps", "hud-mode", "hud-jb")
                    if page.query_selector(f"#{name}")}
+            receiver = page.evaluate(RECEIVER_STATS)
+            server = _server_view(url)
         finally:
             browser.close()
     return {"a2p_p50_ms": a2p[0] if a2p else None, "a2p_p95_ms": a2p[1] if len(a2p) > 1 else None,
-            "key_events": presses, "hud": hud}
+            "key_events": presses, "hud": hud, "receiver": receiver, "server": server}
+
+
+def _server_view(url: str) -> dict:
+    """The engine's side of the one session (``/api/metrics``): fps generated and targeted,
+    denoising steps, generation ms per chunk, frames dropped, action-to-frame (command
+    receipt -> frame ready) p50/p95 — what the HUD's figures are made of."""
+    import httpx
+
+    sessions = httpx.get(f"{url}/api/metrics", timeout=10).json()["engine"]["sessions"]
+    if len(sessions) != 1:
+        return {}
+    (m,) = sessions.values()
+    keys = ("fps", "target_fps", "steps", "gen_ms_per_chunk", "dropped_frames",
+            "action_to_frame_ms", "degrade_level")
+    return {k: m.get(k) for k in keys}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
                      "threads": args.threads, "load_before": load_before}, **got}, argv)
     md = ("# Action-to-photon in the browser (the page's HUD)\n\n" + context_md(payload)
           + f"\nHUD action-to-photon p50 / p95: **{got['a2p_p50_ms']} / {got['a2p_p95_ms']} ms** "
-            f"over {got['key_events']} key events; HUD: {got['hud']}.\n")
+            f"over {got['key_events']} key events; HUD: {got['hud']}; the engine's view: "
+            f"{got['server']}; the browser's receiver: {got['receiver']}.\n")
     folder = results.save("browser", payload, md, {})
     print(f"[browser] {got}", file=sys.stderr)
     print(f"report: {folder / 'result.md'}", file=sys.stderr)

@@ -63,6 +63,23 @@ def next_frame(page, current: np.ndarray, timeout_s: float = 5.0) -> np.ndarray:
     raise AssertionError(f"no new frame within {timeout_s} s")
 
 
+# requestVideoFrameCallbacks over 2 s, and how many of those frames the page matched
+MATCHED_FRAMES = """() => new Promise((done) => {
+  const S = window.worldstream, video = document.getElementById('ws-video');
+  let shown = 0, matched = 0;
+  const onMatch = () => { matched++; };
+  S.listeners.presented.push(onMatch);
+  const t0 = performance.now();
+  const tick = () => {
+    shown++;
+    if (performance.now() - t0 < 2000) { video.requestVideoFrameCallback(tick); return; }
+    S.listeners.presented.splice(S.listeners.presented.indexOf(onMatch), 1);
+    done({ shown, matched });
+  };
+  video.requestVideoFrameCallback(tick);
+})"""
+
+
 def test_page_plays_steers_and_measures(sim_engine):
     from playwright.sync_api import sync_playwright
 
@@ -101,6 +118,12 @@ def test_page_plays_steers_and_measures(sim_engine):
             assert len(shifts) >= 3, f"the browser showed too few nearby frames: {shifts}"
             dx, dy = np.median(shifts, axis=0)
             assert dx < -1.0 and abs(dy) < 1.0, shifts
+            # every presented video frame is matched to its frame message (RTP timestamps
+            # within a tick: Chromium's went through microseconds), else an action's photon
+            # is counted on a later frame; counted over ~2 s of callbacks, so load does not
+            # decide it (frames shown late are still matched)
+            matched = page.evaluate(MATCHED_FRAMES)
+            assert matched["shown"] >= 10 and matched["matched"] >= 0.9 * matched["shown"], matched
             # the HUD shows an action-to-photon figure (p50 / p95 ms)
             page.keyboard.down("KeyW")
             page.wait_for_timeout(400)

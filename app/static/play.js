@@ -162,7 +162,13 @@
         const pts = S.frames.size && S.recalibrating ? Math.max(...S.frames.keys()) : 0;
         S.rtpOrigin = (md.rtpTimestamp - pts) >>> 0;
       }
-      const meta = S.frames.get((md.rtpTimestamp - S.rtpOrigin) >>> 0);
+      // NOTE: Chromium's rtpTimestamp has been through microseconds and lands a tick (11 us)
+      // below the frame's RTP timestamp on every third frame at 15 fps; matching exactly
+      // skipped those frames (the HUD showed 5-10 fps of 15 received) and counted an
+      // action's photon on a later frame (+67-133 ms)
+      const pts = (md.rtpTimestamp - S.rtpOrigin) >>> 0;
+      const meta = S.frames.get(pts) || S.frames.get((pts + 1) >>> 0)
+        || S.frames.get((pts - 1) >>> 0);
       if (meta) {
         S.misses = 0;
         onPresented(meta, md.expectedDisplayTime || now, md);
