@@ -17,6 +17,7 @@
   const S = {                       // page state, readable by tests as window.worldstream
     session: null, transport: null, pc: null, dc: null, ws: null, seq: 0,
     held: new Set(), sentAt: new Map(), frames: new Map(), rtpOrigin: null, misses: 0,
+    shownEarly: new Map(),          // rtp pts -> {pts, shownAt, md}: shown before its message
     lastActionSeq: -1, a2p: [], presented: [], jitterMs: null, genMs: null, dropped: 0,
     chart: [], stageHist: [], budget: null, jbLast: null, recording: false, statsTimer: null, connecting: false,
     // hooks for add-ons (latency_lab.js, world.js): action({seq, t, keys, cause}),
@@ -63,6 +64,7 @@
         S.frames.set(msg.rtp_ts, msg);
         push(S.stageHist, { ...(msg.stages_ms || {}), send_queue: msg.queue_ms }, 30);
         if (S.frames.size > 600) S.frames.delete(S.frames.keys().next().value);
+        presentedEarly(msg);
         break;
       case "stats":
         S.genMs = msg.gen_ms;
@@ -150,6 +152,20 @@
     }
   }
 
+  // the value of `map` at RTP timestamp `pts` or one tick either side
+  const nearKey = (map, pts) => map.get(pts) ?? map.get((pts + 1) >>> 0)
+    ?? map.get((pts - 1) >>> 0);
+
+  // A `frame` message whose video frame was already presented: that presentation counts now
+  // (the data channel is ordered, so such frames still reach onPresented in stream order).
+  function presentedEarly(msg) {
+    const early = nearKey(S.shownEarly, msg.rtp_ts);
+    if (!early) return;
+    S.shownEarly.delete(early.pts);
+    S.misses = 0;
+    onPresented(msg, early.shownAt, early.md);
+  }
+
   // WebRTC: match each presented frame to its `frame` message by RTP timestamp. aiortc adds a
   // random origin to the RTP clock (RFC 3550); the first frame presented is pts 0 (the stream's
   // first keyframe; the callback is registered before any frame arrives), which gives the
@@ -167,15 +183,21 @@
       // skipped those frames (the HUD showed 5-10 fps of 15 received) and counted an
       // action's photon on a later frame (+67-133 ms)
       const pts = (md.rtpTimestamp - S.rtpOrigin) >>> 0;
-      const meta = S.frames.get(pts) || S.frames.get((pts + 1) >>> 0)
-        || S.frames.get((pts - 1) >>> 0);
+      const meta = nearKey(S.frames, pts);
       if (meta) {
         S.misses = 0;
         onPresented(meta, md.expectedDisplayTime || now, md);
-      } else if (++S.misses > 30) {
-        S.rtpOrigin = null;
-        S.recalibrating = true;
-        S.misses = 0;
+      } else {
+        // on a loaded machine the video can outrun its `frame` message (RTP vs the data
+        // channel): keep the photon time until the message arrives (presentedEarly)
+        S.shownEarly.set(pts, { pts, shownAt: md.expectedDisplayTime || now, md });
+        if (S.shownEarly.size > 60) S.shownEarly.delete(S.shownEarly.keys().next().value);
+        if (++S.misses > 30) {
+          S.rtpOrigin = null;
+          S.recalibrating = true;
+          S.misses = 0;
+          S.shownEarly.clear();
+        }
       }
     }
     $("ws-video").requestVideoFrameCallback(onVideoFrame);
@@ -416,6 +438,7 @@
       recalibrating: false, onFirstFrame: null,
       jbLast: null, jitterMs: null, lastActionSeq: -1 });
     S.frames.clear();
+    S.shownEarly.clear();
     $("ws-video").srcObject = null;
   }
 
