@@ -51,6 +51,40 @@ def grab(page) -> np.ndarray:
     return np.asarray(rgb, np.uint8).reshape(h, w, 3)
 
 
+# the next n frames the page presents (requestVideoFrameCallback), each drawn in its own
+# callback, with its stream index from its `frame` message (null when not matched)
+PRESENTED = """(n) => new Promise((done) => {
+  const S = window.worldstream, v = document.getElementById('ws-video');
+  const c = document.createElement('canvas');
+  c.width = v.videoWidth; c.height = v.videoHeight;
+  const g = c.getContext('2d', { willReadFrequently: true });
+  const out = [], t0 = performance.now();
+  const tick = (now, md) => {
+    g.drawImage(v, 0, 0);
+    const d = g.getImageData(0, 0, c.width, c.height).data;
+    let bytes = '';
+    for (let i = 0; i < d.length; i += 4) bytes += String.fromCharCode(d[i], d[i + 1], d[i + 2]);
+    const pts = (md.rtpTimestamp - S.rtpOrigin) >>> 0;
+    const meta = S.frames.get(pts) ?? S.frames.get((pts + 1) >>> 0)
+      ?? S.frames.get((pts - 1) >>> 0);
+    out.push([meta ? meta.index : null, btoa(bytes)]);
+    if (out.length < n && performance.now() - t0 < 20000) v.requestVideoFrameCallback(tick);
+    else done([c.height, c.width, out]);
+  };
+  v.requestVideoFrameCallback(tick);
+})"""
+
+
+def presented_frames(page, n: int) -> list[tuple[int | None, np.ndarray]]:
+    """``(stream index or None, (H, W, 3) uint8)`` of the next ``n`` presented frames (fewer
+    if 20 s pass)."""
+    import base64
+
+    h, w, shown = page.evaluate(PRESENTED, n)
+    return [(i, np.frombuffer(base64.b64decode(b), np.uint8).reshape(h, w, 3))
+            for i, b in shown]
+
+
 def next_frame(page, current: np.ndarray, timeout_s: float = 5.0) -> np.ndarray:
     """The first displayed frame that differs from ``current``: comparing neighbouring frames
     keeps the camera shift small and unambiguous even when a loaded machine drops frames."""
@@ -104,16 +138,19 @@ def test_page_plays_steers_and_measures(sim_engine):
             page.click("#ws-stage")
             page.keyboard.down("ArrowRight")
             page.wait_for_timeout(1200)
-            # the median over frame pairs: one pair garbled by the video codec on a loaded
-            # machine must not decide the test, nor a pair the browser showed many frames
-            # apart (the world moves ~6 px a frame; past half the 128-px frame a phase shift
-            # aliases, so a pair more than ~6 frames apart measures nothing)
-            frames, shifts = [grab(page)], []
-            while len(shifts) < 4 and len(frames) < 17:
-                frames.append(next_frame(page, frames[-1]))
-                dx, dy = phase_shift(frames[-2], frames[-1], player_mask())
-                if abs(dx) < 40:
-                    shifts.append((dx, dy))
+            # the median over pairs of frames the browser presented 1-3 stream frames apart,
+            # per frame: the world moves ~6 px a frame and past half the 128-px frame a phase
+            # shift aliases, so a pair farther apart (a loaded machine presents few frames)
+            # measures nothing; one pair garbled by the codec must not decide it either
+            shifts = []
+            for _ in range(3):
+                shown = presented_frames(page, 24)
+                for (i, a), (j, b) in zip(shown, shown[1:]):
+                    if i is not None and j is not None and 1 <= j - i <= 3:
+                        dx, dy = phase_shift(a, b, player_mask())
+                        shifts.append((dx / (j - i), dy / (j - i)))
+                if len(shifts) >= 4:
+                    break
             page.keyboard.up("ArrowRight")
             assert len(shifts) >= 3, f"the browser showed too few nearby frames: {shifts}"
             dx, dy = np.median(shifts, axis=0)
