@@ -152,6 +152,8 @@ class ControlsEvent(_Event):
     """The avatar's controls (``WorldBackend.apply_controls``): at least one of the two."""
 
     kind: Literal["controls"]
+    # the names are the world's (the core imports no world): the backend's apply_controls
+    # refuses an unknown one at replay with one line; here only the length is bounded
     expression: str | None = Field(default=None, min_length=1, max_length=32)
     say: str | None = Field(default=None, min_length=1, max_length=MAX_SAY_CHARS)
 
