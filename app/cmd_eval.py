@@ -58,6 +58,25 @@ def register(sub) -> None:
         help="older KV pages attended by camera overlap with the view",
     )
     p.add_argument(
+        "--guidance",
+        type=float,
+        default=None,
+        help="classifier-free guidance scale on the prompt after a switch (1 = off; default: "
+        "the model's streaming default)",
+    )
+    p.add_argument(
+        "--guidance-chunks",
+        type=int,
+        default=None,
+        help="chunks guided from a prompt switch (default: the model's streaming default)",
+    )
+    p.add_argument(
+        "--restyle-chunks",
+        type=int,
+        default=None,
+        help="chunks from a prompt switch that restyle the view (default: the streaming default)",
+    )
+    p.add_argument(
         "--no-recache", action="store_true", help="do not recache the window after a prompt switch"
     )
     p.add_argument(
@@ -108,6 +127,9 @@ def run(args) -> int:
         "memory_chunks": args.memory_chunks,
         "topk_pages": args.topk_pages,
         "spatial_pages": args.spatial_pages,
+        "guidance": args.guidance,
+        "guidance_chunks": args.guidance_chunks,
+        "restyle_chunks": args.restyle_chunks,
         "recache": False if args.no_recache else None,
     }
     kwargs = {k: v for k, v in settings.items() if v is not None}

@@ -268,3 +268,49 @@ def test_memory_frames_and_attention_settings_reach_the_attention_context():
         pages, contexts, *a, **k)
     gen.generate([ChunkJob(state, [4] * F, 1, seed=9)])
     assert len(seen[0][0]) == 2 * F  # the denoise attends the narrowed window only
+
+
+def test_prompt_guidance_after_a_switch_equals_the_dense_reference():
+    """The ``guidance_chunks`` chunks after a prompt switch are denoised with classifier-free
+    guidance (``c + (g - 1) (c - u)``, u: the query chunk's own text dropped, its context as
+    cached); the chunks before the switch and after the guided ones are plain."""
+    g_scale = 2.5
+    gen = tiny_generator(window_chunks=8, sink=False, memory_chunks=8, ctx_noise=False,
+                         guidance=g_scale, guidance_chunks=2, restyle_chunks=1)
+    state = gen.new_state("a green meadow", seed=3)
+    for n in range(5):
+        if n == 2:
+            gen.set_prompt(state, "a snowy forest")
+        (res,) = gen.generate([ChunkJob(state, [2, 2], steps=1, seed=100 + n)])
+        assert res.error is None
+    gen.finish()
+    recs = list(state.history)  # the start chunk + 5 generated
+    assert [r.guided for r in recs] == [False, False, False, True, True, False]
+    m, mc = gen.model, gen.model.config
+    text = torch.as_tensor(state.text)[None, None]  # the window was recached under it
+    for last in range(3, 6):
+        k = (last + 1) * F
+        noise = torch.randn((F, mc.latent_channels, mc.latent_size, mc.latent_size),
+                            generator=torch.Generator().manual_seed(100 + last - 1))
+        seq = torch.cat([r.context for r in recs[:last]] + [noise])[None]
+        sigma = torch.full((1, k), gen.config.ctx_sigma)
+        sigma[:, -F:] = 1.0
+        mask = expand_frame_mask(window_mask(last + 1, 8, False), m.tokens_per_frame)
+
+        def forward(txt, recs=recs, last=last, seq=seq, sigma=sigma, mask=mask, k=k):
+            with torch.no_grad():
+                return m(seq, torch.cat([r.base for r in recs[: last + 1]])[None],
+                         torch.full((1, k), gen.config.ctx_sigma),
+                         torch.cat([r.known for r in recs[: last + 1]])[None], sigma,
+                         torch.tensor([a for r in recs[: last + 1] for a in r.actions])[None],
+                         txt, torch.arange(k)[None], DenseContext(mask))[0, -F:]
+
+        cond_text = text.expand(1, k, -1).clone()
+        free_text = cond_text.clone()
+        free_text[:, -F:] = 0
+        c, u = forward(cond_text), forward(free_text)
+        want = c + (g_scale - 1) * (c - u) if recs[last].guided else c
+        got = recs[last].latents
+        assert torch.allclose(want, got, atol=1e-4), (last, (want - got).abs().max())
+        if recs[last].guided:  # and guidance changed the chunk
+            assert (c - got).abs().max() > 1e-2

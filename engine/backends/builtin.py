@@ -85,9 +85,14 @@ class BuiltinConfig(StreamConfig):
     start a new memory epoch, so everything in view reads as stale and is restyled again (at
     least 1: the switch itself); the model restyles in one frame what the simulator
     cross-fades over 12, and a second or third pass finishes what the first left half done.
-    ``autoencoder_dtype``: the autoencoder's compute dtype (None: bf16 on CUDA and on CPUs
-    with native bf16, where it halves encode + decode time — 35 -> 19 ms a frame measured on
-    an AVX-512-BF16 EPYC core — else ``dtype``).
+    ``guidance``: classifier-free guidance scale on the prompt (Ho & Salimans, "Classifier-Free
+    Diffusion Guidance", 2022: ``u + guidance * (c - u)`` from the denoiser's predictions
+    without and with the text embedding, which training drops 10 % of the time; 1 = off),
+    applied in the ``guidance_chunks`` chunks from a prompt switch (None: every chunk). Each
+    guided step runs the model twice, so it is spent where the prompt must win over the
+    picture in memory: a restyle. ``autoencoder_dtype``: the autoencoder's compute dtype
+    (None: bf16 on CUDA and on CPUs with native bf16, where it halves encode + decode time —
+    35 -> 19 ms a frame measured on an AVX-512-BF16 EPYC core — else ``dtype``).
     NOTE: one thread is the default because this model's ops are small: with two OpenMP
     threads on a 2-core machine that also runs the video encoder and the event loop, every op
     waits at a barrier for a descheduled thread — measured 140 ms vs 5.9 s per 4-step chunk
@@ -98,7 +103,9 @@ class BuiltinConfig(StreamConfig):
     spatial_pages: int = 0
     memory_tiles: int = 256
     pixel_residual: bool = True
-    restyle_chunks: int = 1
+    restyle_chunks: int = 3
+    guidance: float = 3.0
+    guidance_chunks: int | None = 30
     dtype: torch.dtype = torch.float32
     autoencoder_dtype: torch.dtype | None = None
     device: str = "cpu"
@@ -110,6 +117,8 @@ class BuiltinConfig(StreamConfig):
             raise ValueError("topk_pages and spatial_pages must be >= 0")
         if self.memory_tiles < 1 or self.restyle_chunks < 1:
             raise ValueError("memory_tiles and restyle_chunks must be >= 1")
+        if self.guidance < 0 or (self.guidance_chunks is not None and self.guidance_chunks < 0):
+            raise ValueError("guidance and guidance_chunks must be >= 0")
 
 
 @dataclass
@@ -125,6 +134,7 @@ class _ChunkRecord:
     camera: tuple[np.ndarray, torch.Tensor]  # (position, velocity) after its last frame
     context: torch.Tensor | None = None  # (F, C, h, w) what the cache fill consumed
     undo: list[UndoRecord] = field(default_factory=list)  # memory writes, oldest first
+    guided: bool = False  # denoised with classifier-free guidance on the prompt
 
     @property
     def num_frames(self) -> int:
@@ -151,6 +161,7 @@ class BuiltinState(RunnerState):
     memory: SpatialMemory = field(default_factory=SpatialMemory)
     start_frames: np.ndarray | None = None  # (F, H, W, 3) uint8, pending prefill
     restyle_left: int = 0  # chunks that still start a new memory epoch (after a prompt switch)
+    guide_left: int = 0  # chunks still denoised with prompt guidance (after a prompt switch)
 
     @property
     def camera(self) -> tuple[np.ndarray, torch.Tensor]:
@@ -227,6 +238,7 @@ class BuiltinBackend(PagedRunner):
 
     def _on_prompt(self, state: BuiltinState) -> None:
         state.restyle_left = self.config.restyle_chunks
+        state.guide_left = self.config.guidance_chunks or 0
 
     # -- state lifecycle ------------------------------------------------------------------
     def new_state(
@@ -253,7 +265,7 @@ class BuiltinBackend(PagedRunner):
             table, state.prompt, state.text, rng,
             deque(replace(r, undo=list(r.undo)) for r in state.history),
             state.needs_recache, memory=state.memory.fork(), start_frames=state.start_frames,
-            restyle_left=state.restyle_left,
+            restyle_left=state.restyle_left, guide_left=state.guide_left,
         )
 
     def _undo_extra(self, state: BuiltinState, record: _ChunkRecord) -> None:
@@ -309,6 +321,10 @@ class BuiltinBackend(PagedRunner):
             if move and state.restyle_left > 0:
                 state.memory.new_epoch()  # what was shown before now reads as stale
                 state.restyle_left -= 1
+            guided = move and cfg.guidance != 1 and (cfg.guidance_chunks is None
+                                                     or state.guide_left > 0)
+            if move and state.guide_left > 0:
+                state.guide_left -= 1
             pos, vel = state.camera
             if move:
                 disp, vel = self.model.camera.rollout(
@@ -334,6 +350,7 @@ class BuiltinBackend(PagedRunner):
                     state.position,
                     origins,
                     (path[-1], vel.float().cpu()),
+                    guided=guided,
                 )
             )
         keys = [hashlib.blake2b(p.tobytes(), digest_size=16).digest() for p in pictures]
@@ -354,7 +371,8 @@ class BuiltinBackend(PagedRunner):
 
     def _conditioning(self, states: list[BuiltinState], records: list[_ChunkRecord]) -> tuple:
         """Conditioning tensors for a batch of chunks (one record per state): memory bases,
-        their noise level, current/stale planes, actions, text and frame positions."""
+        their noise level, current/stale planes, actions, text, frame positions and which
+        rows are guided (``(B,)`` bool)."""
         f = self.chunk_frames
         dev, dt = self.device, self.config.dtype
         base = torch.stack([r.base for r in records]).to(dev, dt)
@@ -363,13 +381,28 @@ class BuiltinBackend(PagedRunner):
         actions = torch.tensor([r.actions for r in records], device=dev)
         txt = torch.stack([s.text for s in states]).to(dev)[:, None].expand(-1, f, -1)
         pos = torch.tensor([[r.position + i for i in range(f)] for r in records], device=dev)
-        return base, base_sigma, known, actions, txt, pos
+        guided = torch.tensor([r.guided for r in records], device=dev)
+        return base, base_sigma, known, actions, txt, pos, guided
 
     def _forward(self, x, sigma: float, cond: tuple, ctx: PagedAttentionContext) -> torch.Tensor:
-        base, base_sigma, known, actions, txt, pos = cond
+        base, base_sigma, known, actions, txt, pos, _ = cond
         sig = torch.full(actions.shape, sigma, device=self.device)
         return self.model(x.to(self.config.dtype), base, base_sigma, known, sig, actions, txt,
                           pos, ctx)
+
+    def _denoise_forward(self, x, sigma: float, cond: tuple,
+                         ctx: PagedAttentionContext) -> torch.Tensor:
+        """Classifier-free guidance on the prompt for the guided rows (see
+        :class:`BuiltinConfig`). The unconditional forward runs first: both forwards write the
+        chunk's keys/values into its pages, and the conditional ones must be what stays."""
+        guided = cond[-1]
+        if not bool(guided.any()):
+            return self._forward(x, sigma, cond, ctx)
+        txt = cond[4]
+        free = self._forward(x, sigma, (*cond[:4], torch.zeros_like(txt), *cond[5:]), ctx)
+        out = self._forward(x, sigma, cond, ctx)
+        scale = torch.where(guided, self.config.guidance - 1.0, 0.0).to(out.dtype)
+        return out + scale.view(-1, *([1] * (out.dim() - 1))) * (out - free)
 
     def _extra_context(self, state: BuiltinState, record: _ChunkRecord) -> list[int]:
         """Older pages whose frame's camera window overlaps the new chunk's view most (up to

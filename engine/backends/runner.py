@@ -265,6 +265,12 @@ class PagedRunner(ABC):
         """One forward of chunks ``x`` at noise ``sigma``; writes their keys/values through
         ``ctx``."""
 
+    def _denoise_forward(self, x: torch.Tensor, sigma: float, cond: Any,
+                         ctx: PagedAttentionContext) -> torch.Tensor:
+        """The forward of one denoising step (the cache fill calls :meth:`_forward` itself): a
+        family that guides its denoiser (classifier-free guidance) overrides this."""
+        return self._forward(x, sigma, cond, ctx)
+
     def _to_x0(self, x: torch.Tensor, sigma: float, out: torch.Tensor) -> torch.Tensor:
         """The clean-latent prediction from the model output (x0-parameterised by default)."""
         return out
@@ -528,7 +534,7 @@ class PagedRunner(ABC):
         ctx = self._context(pages, contexts, candidates, states[0].attention)
 
         def predict_x0(x, sigma):
-            return self._to_x0(x, sigma, self._forward(x, sigma, cond, ctx))
+            return self._to_x0(x, sigma, self._denoise_forward(x, sigma, cond, ctx))
 
         t1 = time.perf_counter()
         x0 = denoise(predict_x0, noise, jobs[live[0]].steps, self.config.shift)
