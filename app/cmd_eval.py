@@ -71,6 +71,13 @@ def register(sub) -> None:
         help="chunks guided from a prompt switch (default: the model's streaming default)",
     )
     p.add_argument(
+        "--action-guidance",
+        type=float,
+        default=None,
+        help="classifier-free guidance scale on the action against the neutral action (1 = off; "
+        "default: the world's streaming default)",
+    )
+    p.add_argument(
         "--restyle-chunks",
         type=int,
         default=None,
@@ -130,11 +137,16 @@ def run(args) -> int:
         "guidance": args.guidance,
         "guidance_chunks": args.guidance_chunks,
         "restyle_chunks": args.restyle_chunks,
+        "action_guidance": args.action_guidance,
         "recache": False if args.no_recache else None,
     }
     kwargs = {k: v for k, v in settings.items() if v is not None}
     if args.world == "avatar":
         return _run_avatar(args, kwargs, settings)
+    if args.action_guidance is not None:
+        from worldstream.engine.worlds.actions import IDLE
+
+        kwargs["neutral_action"] = IDLE
     gen = load_builtin_backend(args.model_path or BUILTIN_DIR, **kwargs)
     result = {}
     if args.sheet is True:

@@ -270,6 +270,28 @@ def test_memory_frames_and_attention_settings_reach_the_attention_context():
     assert len(seen[0][0]) == 2 * F  # the denoise attends the narrowed window only
 
 
+def _dense_last_chunk(gen, recs, last, text, actions=None, window=8):
+    """The dense block-causal forward's prediction for chunk ``last`` of ``recs`` (one
+    denoising step from its seeded noise, no sink, ``text (1, frames, 384)`` per frame,
+    ``actions`` per frame or the records')."""
+    m, mc = gen.model, gen.model.config
+    k = (last + 1) * F
+    noise = torch.randn((F, mc.latent_channels, mc.latent_size, mc.latent_size),
+                        generator=torch.Generator().manual_seed(100 + last - 1))
+    seq = torch.cat([r.context for r in recs[:last]] + [noise])[None]
+    sigma = torch.full((1, k), gen.config.ctx_sigma)
+    sigma[:, -F:] = 1.0
+    mask = expand_frame_mask(window_mask(last + 1, window, False), m.tokens_per_frame)
+    if actions is None:
+        actions = [a for r in recs[: last + 1] for a in r.actions]
+    with torch.no_grad():
+        return m(seq, torch.cat([r.base for r in recs[: last + 1]])[None],
+                 torch.full((1, k), gen.config.ctx_sigma),
+                 torch.cat([r.known for r in recs[: last + 1]])[None], sigma,
+                 torch.tensor(actions)[None], text, torch.arange(k)[None],
+                 DenseContext(mask))[0, -F:]
+
+
 def test_prompt_guidance_after_a_switch_equals_the_dense_reference():
     """The ``guidance_chunks`` chunks after a prompt switch are denoised with classifier-free
     guidance (``c + (g - 1) (c - u)``, u: the query chunk's own text dropped, its context as
@@ -286,31 +308,53 @@ def test_prompt_guidance_after_a_switch_equals_the_dense_reference():
     gen.finish()
     recs = list(state.history)  # the start chunk + 5 generated
     assert [r.guided for r in recs] == [False, False, False, True, True, False]
-    m, mc = gen.model, gen.model.config
     text = torch.as_tensor(state.text)[None, None]  # the window was recached under it
     for last in range(3, 6):
-        k = (last + 1) * F
-        noise = torch.randn((F, mc.latent_channels, mc.latent_size, mc.latent_size),
-                            generator=torch.Generator().manual_seed(100 + last - 1))
-        seq = torch.cat([r.context for r in recs[:last]] + [noise])[None]
-        sigma = torch.full((1, k), gen.config.ctx_sigma)
-        sigma[:, -F:] = 1.0
-        mask = expand_frame_mask(window_mask(last + 1, 8, False), m.tokens_per_frame)
-
-        def forward(txt, recs=recs, last=last, seq=seq, sigma=sigma, mask=mask, k=k):
-            with torch.no_grad():
-                return m(seq, torch.cat([r.base for r in recs[: last + 1]])[None],
-                         torch.full((1, k), gen.config.ctx_sigma),
-                         torch.cat([r.known for r in recs[: last + 1]])[None], sigma,
-                         torch.tensor([a for r in recs[: last + 1] for a in r.actions])[None],
-                         txt, torch.arange(k)[None], DenseContext(mask))[0, -F:]
-
-        cond_text = text.expand(1, k, -1).clone()
+        cond_text = text.expand(1, (last + 1) * F, -1).clone()
         free_text = cond_text.clone()
         free_text[:, -F:] = 0
-        c, u = forward(cond_text), forward(free_text)
+        c = _dense_last_chunk(gen, recs, last, cond_text)
+        u = _dense_last_chunk(gen, recs, last, free_text)
         want = c + (g_scale - 1) * (c - u) if recs[last].guided else c
         got = recs[last].latents
         assert torch.allclose(want, got, atol=1e-4), (last, (want - got).abs().max())
         if recs[last].guided:  # and guidance changed the chunk
             assert (c - got).abs().max() > 1e-2
+
+
+def test_action_guidance_equals_the_dense_reference():
+    """With ``action_guidance`` a chunk asking any non-neutral action is denoised with
+    ``c + (g - 1) (c - u)``, u: its own actions replaced by the neutral one; a chunk of
+    neutral actions only is plain; both guidances together add their terms."""
+    g_act, g_txt, idle = 1.8, 2.5, 4
+    gen = tiny_generator(window_chunks=8, sink=False, memory_chunks=8, ctx_noise=False,
+                         action_guidance=g_act, neutral_action=idle, guidance=g_txt,
+                         guidance_chunks=1, restyle_chunks=1)
+    state = gen.new_state("a green meadow", seed=3)
+    plan = [[idle, idle], [2, idle], [idle, idle], [6, 6]]
+    for n, acts in enumerate(plan):
+        if n == 3:
+            gen.set_prompt(state, "a snowy forest")
+        (res,) = gen.generate([ChunkJob(state, acts, steps=1, seed=100 + n)])
+        assert res.error is None
+    gen.finish()
+    recs = list(state.history)
+    old_text, new_text = gen._embed("a green meadow", None, 0.0), state.text
+    for last in range(1, 5):  # chunk 4 came after the switch (the window recached under it)
+        emb = torch.as_tensor(new_text if last == 4 else old_text)
+        text = emb[None, None].expand(1, (last + 1) * F, -1).clone()
+        acts = [a for r in recs[: last + 1] for a in r.actions]
+        c = _dense_last_chunk(gen, recs, last, text)
+        want = c
+        if any(a != idle for a in recs[last].actions):
+            neutral = acts[:-F] + [idle] * F
+            want = want + (g_act - 1) * (c - _dense_last_chunk(gen, recs, last, text, neutral))
+        if recs[last].guided:
+            free = text.clone()
+            free[:, -F:] = 0
+            want = want + (g_txt - 1) * (c - _dense_last_chunk(gen, recs, last, free))
+        got = recs[last].latents
+        assert torch.allclose(want, got, atol=1e-4), (last, (want - got).abs().max())
+    assert [r.guided for r in recs] == [False, False, False, False, True]
+    with pytest.raises(ValueError, match="neutral_action"):
+        BuiltinConfig(action_guidance=2.0)

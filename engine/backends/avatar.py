@@ -21,13 +21,25 @@ from worldstream.engine.core.backend import ChunkJob, ChunkResult
 from worldstream.engine.core.limits import check_prompt
 from worldstream.engine.models.builtin.loading import load_autoencoder, load_world_model
 from worldstream.engine.models.builtin.text import look_for_prompt
-from worldstream.engine.worlds.avatar.actions import NUM_ACTIONS
+from worldstream.engine.worlds.avatar.actions import NUM_ACTIONS, encode_action
 from worldstream.engine.worlds.catalog import world
+
+#: the avatar world's action guidance (``BuiltinConfig.action_guidance``, against the neutral
+#: action): on the quick evaluation (``--steps 2``, the shipped step-8,000 weights) 2.0 raised
+#: expression accuracy 0.89 -> 0.995 and lip-sync correlation 0.848 -> 0.891
+ACTION_GUIDANCE = 2.0
+
+
+def avatar_settings(**kwargs) -> dict:
+    """:class:`BuiltinConfig` settings for the avatar world: its neutral action (no key, neutral
+    expression, silence) and :data:`ACTION_GUIDANCE`, unless ``kwargs`` name them."""
+    return {"neutral_action": encode_action(), "action_guidance": ACTION_GUIDANCE, **kwargs}
 
 
 class AvatarModelBackend(AvatarControlsMixin):
     """A :class:`BuiltinBackend` whose model was trained on the avatar world, behind the
-    ``WorldBackend`` contract. ValueError when the model's action space is not the avatar's."""
+    ``WorldBackend`` contract; a generator whose config names no neutral action gets
+    :func:`avatar_settings`. ValueError when the model's action space is not the avatar's."""
 
     name = "avatar"
 
@@ -35,6 +47,8 @@ class AvatarModelBackend(AvatarControlsMixin):
         if generator.model.config.num_actions != NUM_ACTIONS:
             raise ValueError(f"an avatar model has {NUM_ACTIONS} action ids, this one "
                              f"{generator.model.config.num_actions}")
+        if generator.config.neutral_action is None:
+            generator.config = replace(generator.config, **avatar_settings())
         self.gen = generator
         self.width, self.height = generator.width, generator.height
         self.default_fps = 20
@@ -124,4 +138,4 @@ def load_avatar_backend(path: str | Path | None = None, **kwargs) -> AvatarModel
     path = Path(path) if path is not None else world("avatar").assets
     return AvatarModelBackend(BuiltinBackend(load_world_model(path / "transformer"),
                                              load_autoencoder(path / "vae"),
-                                             BuiltinConfig(**kwargs)))
+                                             BuiltinConfig(**avatar_settings(**kwargs))))

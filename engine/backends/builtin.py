@@ -90,9 +90,15 @@ class BuiltinConfig(StreamConfig):
     without and with the text embedding, which training drops 10 % of the time; 1 = off),
     applied in the ``guidance_chunks`` chunks from a prompt switch (None: every chunk). Each
     guided step runs the model twice, so it is spent where the prompt must win over the
-    picture in memory: a restyle. ``autoencoder_dtype``: the autoencoder's compute dtype
-    (None: bf16 on CUDA and on CPUs with native bf16, where it halves encode + decode time —
-    35 -> 19 ms a frame measured on an AVX-512-BF16 EPYC core — else ``dtype``).
+    picture in memory: a restyle. ``action_guidance``: the same guidance on the action, with
+    ``neutral_action`` (the world's id for no key, no expression, silence) as the negative
+    condition, for chunks that ask any other action (1 = off): the action's effect is
+    amplified where the model is too timid to leave its memory base (the avatar's
+    expressions). With both, the two guidance terms are summed (Liu et al., "Compositional
+    Visual Generation with Composable Diffusion Models", 2022). ``autoencoder_dtype``: the
+    autoencoder's compute dtype (None: bf16 on CUDA and on CPUs with native bf16, where it
+    halves encode + decode time — 35 -> 19 ms a frame measured on an AVX-512-BF16 EPYC core
+    — else ``dtype``).
     NOTE: one thread is the default because this model's ops are small: with two OpenMP
     threads on a 2-core machine that also runs the video encoder and the event loop, every op
     waits at a barrier for a descheduled thread — measured 140 ms vs 5.9 s per 4-step chunk
@@ -106,6 +112,8 @@ class BuiltinConfig(StreamConfig):
     restyle_chunks: int = 3
     guidance: float = 3.0
     guidance_chunks: int | None = 30
+    action_guidance: float = 1.0
+    neutral_action: int | None = None
     dtype: torch.dtype = torch.float32
     autoencoder_dtype: torch.dtype | None = None
     device: str = "cpu"
@@ -119,6 +127,10 @@ class BuiltinConfig(StreamConfig):
             raise ValueError("memory_tiles and restyle_chunks must be >= 1")
         if self.guidance < 0 or (self.guidance_chunks is not None and self.guidance_chunks < 0):
             raise ValueError("guidance and guidance_chunks must be >= 0")
+        if self.action_guidance < 0:
+            raise ValueError("action_guidance must be >= 0")
+        if self.action_guidance != 1 and self.neutral_action is None:
+            raise ValueError("action_guidance needs the world's neutral_action id")
 
 
 @dataclass
@@ -392,17 +404,29 @@ class BuiltinBackend(PagedRunner):
 
     def _denoise_forward(self, x, sigma: float, cond: tuple,
                          ctx: PagedAttentionContext) -> torch.Tensor:
-        """Classifier-free guidance on the prompt for the guided rows (see
-        :class:`BuiltinConfig`). The unconditional forward runs first: both forwards write the
-        chunk's keys/values into its pages, and the conditional ones must be what stays."""
-        guided = cond[-1]
-        if not bool(guided.any()):
-            return self._forward(x, sigma, cond, ctx)
-        txt = cond[4]
-        free = self._forward(x, sigma, (*cond[:4], torch.zeros_like(txt), *cond[5:]), ctx)
+        """Classifier-free guidance on the prompt (guided rows) and on the action (rows asking
+        a non-neutral action), see :class:`BuiltinConfig`. The negative forwards run first:
+        every forward writes the chunk's keys/values into its pages, and the conditional ones
+        must be what stays."""
+        base, base_sigma, known, actions, txt, pos, guided = cond
+        cfg = self.config
+        terms = []  # (per-row scale - 1, negative condition)
+        if cfg.guidance != 1 and bool(guided.any()):
+            terms.append((torch.where(guided, cfg.guidance - 1.0, 0.0),
+                          (base, base_sigma, known, actions, torch.zeros_like(txt), pos, guided)))
+        if cfg.action_guidance != 1:
+            asked = (actions != cfg.neutral_action).any(dim=1)
+            if bool(asked.any()):
+                neutral = torch.full_like(actions, cfg.neutral_action)
+                terms.append((torch.where(asked, cfg.action_guidance - 1.0, 0.0),
+                               (base, base_sigma, known, neutral, txt, pos, guided)))
+        negatives = [self._forward(x, sigma, negative, ctx) for _, negative in terms]
         out = self._forward(x, sigma, cond, ctx)
-        scale = torch.where(guided, self.config.guidance - 1.0, 0.0).to(out.dtype)
-        return out + scale.view(-1, *([1] * (out.dim() - 1))) * (out - free)
+        guided_out = out
+        for (scale, _), negative in zip(terms, negatives):
+            scale = scale.to(out.dtype).view(-1, *([1] * (out.dim() - 1)))
+            guided_out = guided_out + scale * (out - negative)
+        return guided_out
 
     def _extra_context(self, state: BuiltinState, record: _ChunkRecord) -> list[int]:
         """Older pages whose frame's camera window overlaps the new chunk's view most (up to
