@@ -110,7 +110,7 @@ class BuiltinConfig(StreamConfig):
     memory_tiles: int = 256
     pixel_residual: bool = True
     restyle_chunks: int = 3
-    guidance: float = 3.0
+    guidance: float = 2.0
     guidance_chunks: int | None = 30
     action_guidance: float = 1.0
     neutral_action: int | None = None
