@@ -358,3 +358,27 @@ def test_action_guidance_equals_the_dense_reference():
     assert [r.guided for r in recs] == [False, False, False, False, True]
     with pytest.raises(ValueError, match="neutral_action"):
         BuiltinConfig(action_guidance=2.0)
+
+
+def test_action_guidance_keeps_the_kept_factors_as_asked():
+    """The negative condition of factored actions: the neutral action except in the kept
+    factors (the avatar keeps its head direction, so turns are not guided); a chunk whose
+    only non-neutral factor is kept gets no action guidance."""
+    from worldstream.engine.worlds.avatar.actions import (
+        ACTION_FACTORS,
+        NUM_ACTIONS,
+        decode_action,
+        encode_action,
+    )
+
+    torch.manual_seed(0)
+    model = WorldDiT(dim=64, depth=2, num_heads=2, chunk_frames=F, num_actions=NUM_ACTIONS,
+                     action_factors=ACTION_FACTORS)
+    gen = BuiltinBackend(model, build_autoencoder(width=8), BuiltinConfig(
+        attention_backend="reference", action_guidance=2.0, neutral_action=encode_action(),
+        kept_factors=(0,)))
+    asked = [encode_action(2, 3, 5), encode_action(7, 0, 0), encode_action(4, 1, 0)]
+    got = gen._neutral_actions(torch.tensor(asked)[:, None])[:, 0].tolist()
+    assert [decode_action(a) for a in got] == [(2, 0, 0), (7, 0, 0), (4, 0, 0)]
+    with pytest.raises(ValueError, match="kept_factors"):
+        tiny_generator(action_guidance=2.0, neutral_action=4, kept_factors=(0,))

@@ -24,16 +24,19 @@ from worldstream.engine.models.builtin.text import look_for_prompt
 from worldstream.engine.worlds.avatar.actions import NUM_ACTIONS, encode_action
 from worldstream.engine.worlds.catalog import world
 
-#: the avatar world's action guidance (``BuiltinConfig.action_guidance``, against the neutral
-#: action): on the quick evaluation (``--steps 2``, the shipped step-8,000 weights) 2.0 raised
-#: expression accuracy 0.89 -> 0.995 and lip-sync correlation 0.848 -> 0.891
+#: the avatar world's action guidance (``BuiltinConfig.action_guidance``) on expression and
+#: speech, against a neutral expression and silence with the head direction kept as asked
+#: (``kept_factors``: guiding the direction too broke turned heads apart, full evaluation
+#: head-turn accuracy 0.667 -> 0.108); see assets/avatar/MODEL_CARD.md for the measurements
 ACTION_GUIDANCE = 2.0
 
 
 def avatar_settings(**kwargs) -> dict:
     """:class:`BuiltinConfig` settings for the avatar world: its neutral action (no key, neutral
-    expression, silence) and :data:`ACTION_GUIDANCE`, unless ``kwargs`` name them."""
-    return {"neutral_action": encode_action(), "action_guidance": ACTION_GUIDANCE, **kwargs}
+    expression, silence), the factor kept as asked (the head direction) and
+    :data:`ACTION_GUIDANCE`, unless ``kwargs`` name them."""
+    return {"neutral_action": encode_action(), "kept_factors": (0,),
+            "action_guidance": ACTION_GUIDANCE, **kwargs}
 
 
 class AvatarModelBackend(AvatarControlsMixin):
