@@ -27,7 +27,8 @@ def tiny_generator(chunk_frames: int) -> BuiltinBackend:
     with torch.no_grad():  # adaLN-Zero starts as the identity; randomise so every path matters
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05)
-    cfg = BuiltinConfig(attention_backend="reference", max_states=4, batch_invariant=False)
+    cfg = BuiltinConfig(attention_backend="reference", max_states=4, batch_invariant=False,
+                        restyle_chunks=1)  # as collect_rollouts runs it
     return BuiltinBackend(model, build_autoencoder(width=8), cfg)
 
 

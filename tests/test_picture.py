@@ -99,7 +99,10 @@ def test_builtin_stream_starts_from_the_picture():
                 frames[frame.index] = frame.rgb
         log = worldio.export_log(engine, sid).result(timeout=60)
     first = frames[started["frame_index"]]
-    assert psnr(first, picture) > 25.0  # the idle stream shows the picture it started from
+    # the idle stream shows the picture it started from: 24.4 dB with the v2.1 weights (the
+    # model's change to remembered ground, see assets/builtin/MODEL_CARD.md), while the same
+    # frame of the session's own world before the start (desert, seed 5) is 11.5 dB away
+    assert psnr(first, picture) > 22.0
     assert log["start"]["kind"] == "image"
     assert fit_picture(__import__("base64").b64decode(log["start"]["png"]), 128).tolist() == \
         picture.tolist()

@@ -153,7 +153,12 @@ def collect_rollouts(
     generator's ``max_states`` must be >= E): start from the true first chunk under the
     episode's first prompt, then each chunk's actions, with ``set_prompt`` before a chunk
     holding a scene switch (as the stream does: recache + new memory epoch) and the camera
-    forced onto the recorded path. Seeds: ``seed * 100_003 + episode index``."""
+    forced onto the recorded path. Seeds: ``seed * 100_003 + episode index``. ValueError when
+    ``gen`` restyles more than once per switch (the bases are replayed by ``memory_bases``,
+    one memory epoch per switch)."""
+    if gen.config.restyle_chunks != 1:
+        raise ValueError("on-policy rollouts need restyle_chunks=1 (memory_bases replays one "
+                         f"memory epoch per switch), got {gen.config.restyle_chunks}")
     f = gen.chunk_frames
     e, n = eps.actions.shape
     n = n // f * f
@@ -357,8 +362,10 @@ def build_pool(
     gen = BuiltinBackend(
         copy.deepcopy(model).float(),
         copy.deepcopy(ae),
+        # one restyle pass per switch: the bases are replayed by memory_bases, which starts
+        # one memory epoch per scene switch (as the recorded training data does)
         BuiltinConfig(max_states=batch, device=device.type, cpu_threads=None,
-                      batch_invariant=False),
+                      batch_invariant=False, restyle_chunks=1),
     )
     ae_enc = ae.to(device).eval()
     chunk = model.config.chunk_frames
