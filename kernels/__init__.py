@@ -5,8 +5,10 @@ See ``kernels/README.md`` for measured speeds and ``paged_attention`` for the co
 
 from worldstream.kernels.dispatch import (
     ENV_VAR,
+    PagedAttentionPlan,
     available_backends,
     paged_attention,
+    plan_paged_attention,
     resolve_backend,
 )
 from worldstream.kernels.page_lists import lists_to_csr
@@ -14,9 +16,11 @@ from worldstream.kernels.selection import select_pages_static, select_pages_topk
 
 __all__ = [
     "ENV_VAR",
+    "PagedAttentionPlan",
     "available_backends",
     "lists_to_csr",
     "paged_attention",
+    "plan_paged_attention",
     "resolve_backend",
     "select_pages_static",
     "select_pages_topk",

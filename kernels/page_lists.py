@@ -77,23 +77,12 @@ def _fail(message: str) -> None:
     raise ValueError(message)
 
 
-def validate_inputs(
-    q: torch.Tensor,
-    k_pool: torch.Tensor,
-    v_pool: torch.Tensor,
-    block_ptr: torch.Tensor,
-    block_idx: torch.Tensor,
-    page_lens: torch.Tensor | None,
-    q_block_size: int | None,
+def validate_tensors(
+    q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, q_block_size: int | None
 ) -> AttentionShape:
-    """Check every input of ``paged_attention``; return its sizes.
-
-    Raises ``ValueError`` for: wrong ranks, mismatched heads/head_dim/pool shapes, mismatched
-    dtypes or devices, non-float tensors, ``Lq`` not a multiple of ``q_block_size``, a
-    ``block_ptr`` of the wrong length, not starting at 0, decreasing, or not ending at
-    ``len(block_idx)``, page ids out of ``[0, P)`` (naming the first offending index and value),
-    a page listed twice for one query block, and ``page_lens`` outside ``[0, page_size]``.
-    """
+    """Check the query and the pools of ``paged_attention`` (ranks, float dtypes that match,
+    heads/head_dim of the pool, one device, ``Lq`` a positive multiple of ``q_block_size``)
+    and return the sizes: plain attribute reads, no tensor work. ``ValueError``."""
     for name, t in (("q", q), ("k_pool", k_pool), ("v_pool", v_pool)):
         if t.dim() != 4:
             _fail(f"{name} must have 4 dimensions, got shape {tuple(t.shape)}")
@@ -110,30 +99,41 @@ def validate_inputs(
         )
     if not (q.dtype == k_pool.dtype == v_pool.dtype):
         _fail(f"dtypes differ: q {q.dtype}, k_pool {k_pool.dtype}, v_pool {v_pool.dtype}")
-    tensors = {
-        "q": q,
-        "k_pool": k_pool,
-        "v_pool": v_pool,
-        "block_ptr": block_ptr,
-        "block_idx": block_idx,
-    }
+    devices = {"q": q.device, "k_pool": k_pool.device, "v_pool": v_pool.device}
+    if len(set(devices.values())) != 1:
+        _fail(f"all tensors must be on one device, got {devices}")
+    q_block_size = page_size if q_block_size is None else int(q_block_size)
+    if q_block_size <= 0 or q_len % q_block_size != 0:
+        _fail(f"Lq={q_len} must be a positive multiple of q_block_size={q_block_size}")
+    return AttentionShape(batch, heads, q_len, head_dim, num_pages, page_size, q_block_size)
+
+
+def validate_lists(
+    block_ptr: torch.Tensor,
+    block_idx: torch.Tensor,
+    page_lens: torch.Tensor | None,
+    num_rows: int,
+    num_pages: int,
+    page_size: int,
+) -> None:
+    """Check CSR page lists for ``num_rows`` query blocks over a pool of ``num_pages`` pages of
+    ``page_size`` tokens. ``ValueError`` for: lists on several devices; non-int32/int64 or
+    non-1-D lists; a ``block_ptr`` of the wrong length, not starting at 0, decreasing, or not
+    ending at ``len(block_idx)``; page ids out of ``[0, P)`` (naming the first offending index
+    and value); a page listed twice for one query block; ``page_lens`` of the wrong shape or
+    outside ``[0, page_size]``."""
+    tensors = {"block_ptr": block_ptr, "block_idx": block_idx}
     if page_lens is not None:
         tensors["page_lens"] = page_lens
     devices = {name: t.device for name, t in tensors.items()}
     if len(set(devices.values())) != 1:
         _fail(f"all tensors must be on one device, got {devices}")
-
-    q_block_size = page_size if q_block_size is None else int(q_block_size)
-    if q_block_size <= 0 or q_len % q_block_size != 0:
-        _fail(f"Lq={q_len} must be a positive multiple of q_block_size={q_block_size}")
-    shape = AttentionShape(batch, heads, q_len, head_dim, num_pages, page_size, q_block_size)
-
     for name, t in (("block_ptr", block_ptr), ("block_idx", block_idx)):
         if t.dim() != 1 or t.dtype not in _INDEX_DTYPES:
             _fail(f"{name} must be a 1-D int32/int64 tensor, got {t.dtype} {tuple(t.shape)}")
-    if block_ptr.numel() != shape.num_rows + 1:
+    if block_ptr.numel() != num_rows + 1:
         _fail(
-            f"block_ptr must have B * n_q_blocks + 1 = {shape.num_rows + 1} entries, "
+            f"block_ptr must have B * n_q_blocks + 1 = {num_rows + 1} entries, "
             f"got {block_ptr.numel()}"
         )
     ptr = block_ptr.to("cpu", torch.int64)
@@ -164,7 +164,6 @@ def validate_inputs(
             at = int(torch.nonzero(bad)[0, 0])
             _fail(f"page_lens[{at}] = {int(lens[at])} is outside [0, page_size={page_size}]")
     _check_no_repeats(ptr, idx)
-    return shape
 
 
 def _check_no_repeats(ptr: torch.Tensor, idx: torch.Tensor) -> None:

@@ -36,10 +36,13 @@ def reference_paged_attention(
     page_lens: torch.Tensor | None,
     scale: float,
     shape: AttentionShape,
+    dense: bool = False,
 ) -> torch.Tensor:
     """Paged attention by gathering; inputs already validated. Returns ``[B, H, Lq, D]``.
 
     Rows whose lists hold no valid token (empty list, or only empty pages) return zeros.
+    ``dense``: the caller knows every list has the full width and every page is full (no key
+    masked), so SDPA runs without a mask.
     """
     rows, width = pages.page_ids.shape
     if width == 0:
@@ -47,6 +50,10 @@ def reference_paged_attention(
     ps = shape.page_size
     keys = _gather_pages(k_pool, pages.page_ids)
     values = _gather_pages(v_pool, pages.page_ids)
+    if dense:
+        out = F.scaled_dot_product_attention(split_query_blocks(q, shape), keys, values,
+                                             scale=scale)
+        return merge_query_blocks(out, shape)
     token_ok = pages.is_listed[:, :, None].expand(rows, width, ps)
     if page_lens is not None:
         slot = torch.arange(ps, device=q.device)

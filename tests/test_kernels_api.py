@@ -9,8 +9,10 @@ from worldstream.kernels import (
     available_backends,
     lists_to_csr,
     paged_attention,
+    plan_paged_attention,
     resolve_backend,
 )
+from worldstream.kernels.reference import _gather_pages
 
 
 def _inputs(num_pages=4, lists=([0, 1], [2])):
@@ -73,6 +75,52 @@ def test_mismatched_devices_rejected():
     q, k, v, ptr, idx = _inputs()
     with pytest.raises(ValueError, match="one device"):
         _call(q, k, v, ptr.to("meta"), idx)
+
+
+def _dense_attention(q, pool_k, pool_v, lists, q_block_size):
+    """Hand-built ground truth: each query block attends to its listed pages' tokens."""
+    b, h, lq, d = q.shape
+    n_blocks = lq // q_block_size
+    out = torch.zeros_like(q)
+    for row, pages in enumerate(lists):
+        bi, j = divmod(row, n_blocks)
+        if not pages:
+            continue
+        ids = torch.tensor([pages])
+        keys, values = _gather_pages(pool_k, ids)[0], _gather_pages(pool_v, ids)[0]
+        qs = q[bi, :, j * q_block_size:(j + 1) * q_block_size]
+        w = torch.softmax(qs @ keys.transpose(-1, -2) / d ** 0.5, dim=-1)
+        out[bi, :, j * q_block_size:(j + 1) * q_block_size] = w @ values
+    return out
+
+
+@pytest.mark.parametrize("lists", [([0, 1], [2, 3]), ([0, 1], [2]), ([3], [])])
+def test_plan_runs_every_layer_like_paged_attention(lists):
+    """One plan, several layers' pools: each run equals the one-shot call and the hand-built
+    attention (full equal-length lists take the unmasked path; ragged or empty ones do not)."""
+    torch.manual_seed(0)
+    q, _, _, ptr, idx = _inputs(lists=lists)
+    plan = plan_paged_attention(ptr, idx, num_pages=4, page_size=16, q_block_size=16,
+                                backend="reference")
+    assert plan.dense == (len({len(x) for x in lists}) == 1 and all(lists))
+    for _layer in range(3):
+        k, v = torch.randn(4, 2, 16, 8), torch.randn(4, 2, 16, 8)
+        got = plan.run(q, k, v)
+        torch.testing.assert_close(got, _call(q, k, v, ptr, idx, q_block_size=16))
+        torch.testing.assert_close(got, _dense_attention(q, k, v, list(lists), 16))
+
+
+def test_plan_refuses_tensors_it_was_not_made_for():
+    q, k, v, ptr, idx = _inputs()
+    with pytest.raises(ValueError, match=r"block_idx\[1\] = 1 repeats"):
+        plan_paged_attention(ptr, torch.tensor([1, 1, 2]), num_pages=4, page_size=16)
+    plan = plan_paged_attention(ptr, idx, num_pages=4, page_size=16, backend="reference")
+    with pytest.raises(ValueError, match="the plan has 2 query blocks, q has"):
+        plan.run(q[:, :, :16], k, v)
+    with pytest.raises(ValueError, match="a pool of 4 pages of 16 tokens, got 5"):
+        plan.run(q, torch.randn(5, 2, 16, 8), torch.randn(5, 2, 16, 8))
+    with pytest.raises(ValueError, match="dtypes differ"):
+        plan.run(q.double(), k, v)
 
 
 def test_backend_choice_and_env_override(monkeypatch):

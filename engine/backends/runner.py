@@ -149,7 +149,14 @@ class PagedAttentionContext:
         self.always, self.candidates, self.topk = always, candidates, topk
         self.backend = backend
         ptr, idx = kernels.lists_to_csr(always, device=k_pool.device)
-        self._csr = (ptr, idx)
+        # the lists are the same for every layer and denoising step of this forward batch:
+        # checked and laid out once (kernels.plan_paged_attention)
+        # (one query block per batch row: the chunk's frames attend as one block)
+        page_size = k_pool.shape[3]
+        q_block = len(new_pages) // max(len(always), 1) * page_size
+        self._plan = kernels.plan_paged_attention(
+            ptr, idx, num_pages=k_pool.shape[1], page_size=page_size,
+            q_block_size=q_block or None, backend=backend)
 
     def attend(self, q, k, v, layer: int) -> torch.Tensor:
         """Write this chunk's keys/values ``(B, H, F * page, D)`` into its pages, then attend
@@ -166,17 +173,11 @@ class PagedAttentionContext:
             ptr, idx = kernels.select_pages_topk(
                 q, self.k_pool[layer], self.always, self.candidates, self.topk, lq
             )
-        else:
-            ptr, idx = self._csr
-        return kernels.paged_attention(
-            q.to(self.k_pool.dtype),
-            self.k_pool[layer],
-            self.v_pool[layer],
-            ptr,
-            idx,
-            q_block_size=lq,
-            backend=self.backend,
-        )
+            return kernels.paged_attention(
+                q.to(self.k_pool.dtype), self.k_pool[layer], self.v_pool[layer], ptr, idx,
+                q_block_size=lq, backend=self.backend,
+            )
+        return self._plan.run(q.to(self.k_pool.dtype), self.k_pool[layer], self.v_pool[layer])
 
 
 class PagedRunner(ABC):
