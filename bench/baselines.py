@@ -10,6 +10,8 @@ by side in one run, each as a ratio (> 1: the engine's way is faster).
 * ``batched_vs_one_by_one`` — two sessions generated in one batched call vs one after the
   other (= aggregate fps of two batched sessions / fps of one session).
 * ``chunked_vs_frame_by_frame`` — chunks of 2 frames vs 1 frame at the same context length.
+* ``channels_last_vs_nchw`` — the autoencoder with channels-last (NHWC) weights, as the
+  backend loads it, vs the default NCHW layout (same weights, same stream).
 
 All are measured below the engine thread (``bench.harness``: steady-state wall time per
 ``generate`` call after the memory is full), so scheduling cannot blur them.
@@ -98,6 +100,18 @@ def chunked_vs_frame_by_frame(models: Models, *, steps: int, context_frames: int
             "speed": fps[chunk_frames] / fps[1]}
 
 
+def channels_last_vs_nchw(models: Models, *, steps: int, chunks: int = 4, **config) -> dict:
+    """Per-chunk ms with the autoencoder in channels-last layout (the backend's) vs NCHW."""
+    fast = make_generator(models, max_states=1, **config)
+    plain = make_generator(models, max_states=1, **config)
+    plain.ae = plain.ae.to(memory_format=torch.contiguous_format)
+    nhwc = time_stream(fast, steps=steps, chunks=chunks)
+    nchw = time_stream(plain, steps=steps, chunks=chunks)
+    return {"channels_last_chunk_ms": nhwc["chunk_ms"], "nchw_chunk_ms": nchw["chunk_ms"],
+            "channels_last_stages_ms": nhwc["stages_ms"], "nchw_stages_ms": nchw["stages_ms"],
+            "speed": nchw["chunk_ms"] / nhwc["chunk_ms"]}
+
+
 def run(models: Models, *, steps: int, context_frames: int, memory_frames: int,
         chunks: int = 4, naive_repeats: int = 2) -> dict:
     """Every baseline of this module; ``ratios`` gathers the headline ratio of each."""
@@ -111,6 +125,7 @@ def run(models: Models, *, steps: int, context_frames: int, memory_frames: int,
         "batched_vs_one_by_one": batched_vs_one_by_one(models, steps=steps, chunks=chunks),
         "chunked_vs_frame_by_frame": chunked_vs_frame_by_frame(models, steps=steps,
                                                                chunks=chunks),
+        "channels_last_vs_nchw": channels_last_vs_nchw(models, steps=steps, chunks=chunks),
     }
     out["ratios"] = {
         f"KV cache vs recompute ({context_frames} frames)":
@@ -119,6 +134,7 @@ def run(models: Models, *, steps: int, context_frames: int, memory_frames: int,
         "bf16 vs fp32": out["bf16_vs_fp32"]["speed"],
         "2 sessions batched vs one by one": out["batched_vs_one_by_one"]["aggregate_ratio"],
         "chunks of 2 vs frame by frame": out["chunked_vs_frame_by_frame"]["speed"],
+        "autoencoder channels-last vs NCHW": out["channels_last_vs_nchw"]["speed"],
     }
     return out
 
@@ -129,6 +145,7 @@ def _markdown(payload: dict) -> str:
     r = payload["baselines"]
     kv, sp = r["kv_cache_vs_recompute"], r["sparse_vs_dense"]
     bf, bt, ch = r["bf16_vs_fp32"], r["batched_vs_one_by_one"], r["chunked_vs_frame_by_frame"]
+    cl = r["channels_last_vs_nchw"]
     rows = [
         ["KV cache vs naive recompute", f"{kv['context_frames']} frames of context",
          f"{kv['cached_chunk_ms']:.0f} ms/chunk", f"{kv['naive_chunk_ms']:.0f} ms/chunk",
@@ -144,6 +161,9 @@ def _markdown(payload: dict) -> str:
          bt["aggregate_ratio"]],
         ["chunks of 2 vs frame by frame", "fps, same context",
          f"{ch['chunked_fps']:.1f} fps", f"{ch['frame_fps']:.1f} fps", ch["speed"]],
+        ["autoencoder channels-last vs NCHW", "default window",
+         f"{cl['channels_last_chunk_ms']:.0f} ms/chunk", f"{cl['nchw_chunk_ms']:.0f} ms/chunk",
+         cl["speed"]],
     ]
     return ("# Baselines: the engine vs the alternatives\n\n" + context_md(payload) + "\n"
             + table(["comparison", "case", "engine", "alternative", "ratio (x)"], rows, 2))
