@@ -382,3 +382,24 @@ def test_action_guidance_keeps_the_kept_factors_as_asked():
     assert [decode_action(a) for a in got] == [(2, 0, 0), (7, 0, 0), (4, 0, 0)]
     with pytest.raises(ValueError, match="kept_factors"):
         tiny_generator(action_guidance=2.0, neutral_action=4, kept_factors=(0,))
+
+
+def test_channels_last_autoencoder_codes_as_the_default_layout():
+    """The backend keeps its autoencoder in channels-last layout (for speed); encoding and
+    decoding must give what the same weights give in the default NCHW layout."""
+    gen = tiny_generator()
+    assert all(p.is_contiguous(memory_format=torch.channels_last)
+               for p in gen.ae.parameters() if p.dim() == 4)
+    plain = build_autoencoder(width=8)
+    plain.load_state_dict(gen.ae.state_dict())
+    plain = plain.to(gen.ae_dtype).eval()
+    frames = np.random.default_rng(0).integers(0, 256, (2, 128, 128, 3), dtype=np.uint8)
+    latents = gen.encode_frames(frames)
+    with torch.no_grad():
+        x = torch.as_tensor(frames).permute(0, 3, 1, 2).float().div(127.5).sub(1.0)
+        want = gen.model.normalize(plain.encoder(x.contiguous().to(gen.ae_dtype)).float())
+        decoded = plain.decoder(gen.model.denormalize(latents).to(gen.ae_dtype)).float()
+    torch.testing.assert_close(latents, want, atol=2e-3, rtol=1e-2)
+    want_rgb = decoded.clamp(-1, 1).add(1).mul(127.5).round().to(torch.uint8).permute(0, 2, 3, 1)
+    got_rgb = torch.as_tensor(gen.decode_latents(latents))
+    assert (got_rgb.int() - want_rgb.int()).abs().max() <= 1
