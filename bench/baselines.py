@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 
 import torch
 
@@ -112,6 +113,20 @@ def channels_last_vs_nchw(models: Models, *, steps: int, chunks: int = 4, **conf
             "speed": nchw["chunk_ms"] / nhwc["chunk_ms"]}
 
 
+def compiled_vs_eager(models: Models, *, steps: int, chunks: int = 4, **config) -> dict:
+    """Per-chunk ms with the world model compiled (``BuiltinConfig.compile``, the playground's
+    default) vs run eagerly; ``compile_s`` is the compiled generator's construction (the
+    compiler and its warm-up chunks)."""
+    t0 = time.perf_counter()
+    fast = make_generator(models, max_states=2, compile=True, **config)
+    compile_s = time.perf_counter() - t0
+    plain = make_generator(models, max_states=2, **config)
+    compiled = time_stream(fast, steps=steps, chunks=chunks)
+    eager = time_stream(plain, steps=steps, chunks=chunks)
+    return {"compiled_chunk_ms": compiled["chunk_ms"], "eager_chunk_ms": eager["chunk_ms"],
+            "compile_s": compile_s, "speed": eager["chunk_ms"] / compiled["chunk_ms"]}
+
+
 def run(models: Models, *, steps: int, context_frames: int, memory_frames: int,
         chunks: int = 4, naive_repeats: int = 2) -> dict:
     """Every baseline of this module; ``ratios`` gathers the headline ratio of each."""
@@ -126,6 +141,7 @@ def run(models: Models, *, steps: int, context_frames: int, memory_frames: int,
         "chunked_vs_frame_by_frame": chunked_vs_frame_by_frame(models, steps=steps,
                                                                chunks=chunks),
         "channels_last_vs_nchw": channels_last_vs_nchw(models, steps=steps, chunks=chunks),
+        "compiled_vs_eager": compiled_vs_eager(models, steps=steps, chunks=chunks),
     }
     out["ratios"] = {
         f"KV cache vs recompute ({context_frames} frames)":
@@ -135,6 +151,7 @@ def run(models: Models, *, steps: int, context_frames: int, memory_frames: int,
         "2 sessions batched vs one by one": out["batched_vs_one_by_one"]["aggregate_ratio"],
         "chunks of 2 vs frame by frame": out["chunked_vs_frame_by_frame"]["speed"],
         "autoencoder channels-last vs NCHW": out["channels_last_vs_nchw"]["speed"],
+        "world model compiled vs eager": out["compiled_vs_eager"]["speed"],
     }
     return out
 
@@ -145,7 +162,7 @@ def _markdown(payload: dict) -> str:
     r = payload["baselines"]
     kv, sp = r["kv_cache_vs_recompute"], r["sparse_vs_dense"]
     bf, bt, ch = r["bf16_vs_fp32"], r["batched_vs_one_by_one"], r["chunked_vs_frame_by_frame"]
-    cl = r["channels_last_vs_nchw"]
+    cl, co = r["channels_last_vs_nchw"], r["compiled_vs_eager"]
     rows = [
         ["KV cache vs naive recompute", f"{kv['context_frames']} frames of context",
          f"{kv['cached_chunk_ms']:.0f} ms/chunk", f"{kv['naive_chunk_ms']:.0f} ms/chunk",
@@ -164,6 +181,9 @@ def _markdown(payload: dict) -> str:
         ["autoencoder channels-last vs NCHW", "default window",
          f"{cl['channels_last_chunk_ms']:.0f} ms/chunk", f"{cl['nchw_chunk_ms']:.0f} ms/chunk",
          cl["speed"]],
+        ["world model compiled vs eager", f"default window, compiled in {co['compile_s']:.0f} s",
+         f"{co['compiled_chunk_ms']:.0f} ms/chunk", f"{co['eager_chunk_ms']:.0f} ms/chunk",
+         co["speed"]],
     ]
     return ("# Baselines: the engine vs the alternatives\n\n" + context_md(payload) + "\n"
             + table(["comparison", "case", "engine", "alternative", "ratio (x)"], rows, 2))

@@ -469,6 +469,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="run N busy processes beside the server and client")
     parser.add_argument("--script", default=None, help="action script JSON")
     parser.add_argument("--prompt", default=harness.PROMPT)
+    parser.add_argument("--no-compile", action="store_true",
+                        help="builtin: the model eager (default: compiled, as `worldstream "
+                             "play` runs it; --smoke never compiles)")
     parser.add_argument("--export", default=None,
                         help="latency-lab export path (default results/e2e/session.json)")
     args = parser.parse_args(argv)
@@ -500,7 +503,8 @@ def main(argv: list[str] | None = None) -> int:
                          "resolution": f"{backend.width}x{backend.height}"}
             else:
                 models = harness.load_models(args.weights, smoke=args.smoke)
-                backend = harness.make_generator(models, max_states=4)
+                backend = harness.make_generator(
+                    models, max_states=4, compile=not (args.no_compile or args.smoke))
                 model = models.describe()
             engine = Engine(backend, EngineConfig(mode=args.mode)).start()
             try:

@@ -31,13 +31,14 @@ from worldstream.bench.streams import bench_engine_config, measure_ttff, run_str
 
 def run_quick(models: Models, *, seconds: float, fps: int, steps: int, context_frames: int,
               memory_frames: int, chunks: int = 3, naive_repeats: int = 1,
-              world: str = "landscape") -> dict:
+              world: str = "landscape", compile: bool = True) -> dict:
     """Every measurement of the quick suite (see the module docstring); returns the flat
     headline keys plus ``details``. ``world="avatar"``: the sessions stream through the
-    avatar's backend (its start frames, its actions)."""
+    avatar's backend (its start frames, its actions). ``compile``: the engine's model compiled,
+    as the playground runs it (``BuiltinConfig.compile``; the baselines stay eager)."""
     from worldstream.engine.core.engine import Engine
 
-    gen = make_generator(models, max_states=4)
+    gen = make_generator(models, max_states=4, compile=compile)
     if world == "avatar":
         from worldstream.engine.backends.avatar import AvatarModelBackend
 
@@ -112,6 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--context-frames", type=int, default=None, help="default 64 (8 smoke)")
     parser.add_argument("--memory-frames", type=int, default=None, help="default 64 (16 smoke)")
     parser.add_argument("--no-save", action="store_true", help="do not write results/quick/")
+    parser.add_argument("--no-compile", action="store_true",
+                        help="stream the model eagerly (default: compiled, as `worldstream "
+                             "play` runs it; --smoke never compiles)")
     args = parser.parse_args(argv)
     harness.apply_common_args(args)
 
@@ -125,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     models = harness.load_models(args.weights, smoke=smoke, world=args.world)
     figures = run_quick(models, seconds=seconds, fps=args.fps, steps=args.steps,
                         context_frames=context, memory_frames=memory,
-                        chunks=2 if smoke else 3, world=args.world)
+                        chunks=2 if smoke else 3, world=args.world,
+                        compile=not (args.no_compile or smoke))
     model = models.describe()
     payload = results.stamp_payload("quick", {
         **{k: v for k, v in figures.items() if k != "details"},
@@ -134,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {"chunk_frames": model["trained_chunk_frames"], "steps": args.steps,
                      "window_chunks": 3, "target_fps": args.fps, "seconds": seconds,
                      "context_frames": context, "memory_frames": memory,
-                     "threads": args.threads, "smoke": smoke, "world": args.world},
+                     "threads": args.threads, "smoke": smoke, "world": args.world,
+                     "compiled": not (args.no_compile or smoke)},
         "details": figures["details"]}, argv)
     if not args.no_save:
         lat = payload["details"]["one_session"]["action_to_frame_ms"]

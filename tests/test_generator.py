@@ -1,5 +1,7 @@
 """The neural backend against independent references (tiny random models, CPU, fp32)."""
 
+import shutil
+
 import numpy as np
 import pytest
 import torch
@@ -403,3 +405,39 @@ def test_channels_last_autoencoder_codes_as_the_default_layout():
     want_rgb = decoded.clamp(-1, 1).add(1).mul(127.5).round().to(torch.uint8).permute(0, 2, 3, 1)
     got_rgb = torch.as_tensor(gen.decode_latents(latents))
     assert (got_rgb.int() - want_rgb.int()).abs().max() <= 1
+
+
+@pytest.mark.skipif(not (shutil.which("c++") or shutil.which("g++")),
+                    reason="torch.compile (inductor) needs a C++ compiler")
+def test_compiled_model_streams_what_the_eager_model_streams():
+    """``compile=True`` swaps the model for its torch.compile form (after warm-up chunks of one
+    and of two streams): streams of one and of three sessions, prompt guidance on, must carry
+    the eager model's latents and frames, and the compiled graphs must not be recompiled per
+    chunk (the context grows every chunk; attention stays outside the graphs)."""
+    import torch._dynamo
+
+    eager, compiled = tiny_generator(max_states=4), tiny_generator(max_states=4, compile=True)
+    assert compiled._net is not compiled.model  # compiled, not fallen back to eager
+    torch._dynamo.utils.counters.clear()
+    prompts = ["a snowy forest", "hot desert dunes seen from above", "a dark landscape at night"]
+    for sessions in (1, 3):
+        pairs = [(eager.new_state(p, seed=i), compiled.new_state(p, seed=i))
+                 for i, p in enumerate(prompts[:sessions])]
+        for n in range(4):
+            jobs = [[ChunkJob(s, [i, 8 - i], steps=2, seed=10 * i + n)
+                     for i, s in enumerate(states)] for states in zip(*pairs)]
+            want, got = eager.generate(jobs[0]), compiled.generate(jobs[1])
+            for a, b in zip(want, got):
+                # uint8 frames: the pixel residual rounds the decoded frame and the decoded
+                # base, so a last-bit difference in the latents can move a pixel by 2
+                diff = int(np.abs(a.frames.astype(int) - b.frames.astype(int)).max())
+                assert diff <= 2, f"chunk {n}: frames differ by {diff} levels"
+            eager.finish()
+            compiled.finish()
+        for a, b in pairs:
+            torch.testing.assert_close(b.history[-1].latents, a.history[-1].latents,
+                                       atol=3e-3, rtol=1e-2)
+            eager.free(a)
+            compiled.free(b)
+    # the warm-up compiled the graphs for 1 and 2+ streams: nothing compiles afterwards
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 0

@@ -63,6 +63,10 @@ def teacher_forcing_frame_mask(num_frames: int, chunk_frames: int) -> torch.Tens
     return torch.cat([top, bottom], dim=0)
 
 
+# NOTE: kept out of torch.compile graphs (``BuiltinConfig.compile``): the paged context writes
+# the pool and walks page lists whose lengths change every chunk, so tracing it would guard on
+# (and recompile for) every context length; the kernels are this project's own anyway
+@torch.compiler.disable
 def attend(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, ctx: AttentionContext
 ) -> torch.Tensor:
