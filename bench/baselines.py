@@ -20,6 +20,7 @@ All are measured below the engine thread (``bench.harness``: steady-state wall t
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 
@@ -113,18 +114,24 @@ def channels_last_vs_nchw(models: Models, *, steps: int, chunks: int = 4, **conf
             "speed": nchw["chunk_ms"] / nhwc["chunk_ms"]}
 
 
-def compiled_vs_eager(models: Models, *, steps: int, chunks: int = 4, **config) -> dict:
+def compiled_vs_eager(models: Models, *, steps: int, chunks: int = 4, rounds: int = 5,
+                      **config) -> dict:
     """Per-chunk ms with the world model compiled (``BuiltinConfig.compile``, the playground's
-    default) vs run eagerly; ``compile_s`` is the compiled generator's construction (the
-    compiler and its warm-up chunks)."""
+    default) vs run eagerly, in ``rounds`` alternating rounds of ``chunks`` chunks each (a
+    shared machine's speed drifts by tens of percent within a minute: only interleaved
+    rounds compare the two); medians over every round's chunks. ``compile_s`` is the
+    compiled generator's construction (the compiler and its warm-up chunks)."""
     t0 = time.perf_counter()
     fast = make_generator(models, max_states=2, compile=True, **config)
     compile_s = time.perf_counter() - t0
     plain = make_generator(models, max_states=2, **config)
-    compiled = time_stream(fast, steps=steps, chunks=chunks)
-    eager = time_stream(plain, steps=steps, chunks=chunks)
-    return {"compiled_chunk_ms": compiled["chunk_ms"], "eager_chunk_ms": eager["chunk_ms"],
-            "compile_s": compile_s, "speed": eager["chunk_ms"] / compiled["chunk_ms"]}
+    times: dict[str, list[float]] = {"compiled": [], "eager": []}
+    for r in range(rounds):
+        for name, gen in (("compiled", fast), ("eager", plain))[:: 1 if r % 2 else -1]:
+            times[name] += time_stream(gen, steps=steps, chunks=chunks, seed=r)["chunk_ms_all"]
+    compiled, eager = (statistics.median(times[k]) for k in ("compiled", "eager"))
+    return {"compiled_chunk_ms": compiled, "eager_chunk_ms": eager, "compile_s": compile_s,
+            "rounds": rounds, "speed": eager / compiled}
 
 
 def run(models: Models, *, steps: int, context_frames: int, memory_frames: int,

@@ -107,8 +107,10 @@ class BuiltinConfig(StreamConfig):
     — else ``dtype``). ``compile``: run the world model through ``torch.compile`` (inductor,
     ``dynamic=True`` so that batches of any size share one graph; the paged attention stays
     eager, see ``engine.models.builtin.attention.attend``): the model's many small ops are
-    fused, a chunk of the avatar model took 34-36 instead of 40 ms on an AVX-512 Xeon core
-    (``python -m bench baselines``: ``compiled_vs_eager``). The backend compiles at
+    fused: on an AVX-512 Xeon core, in alternating rounds (``python -m bench baselines``:
+    ``compiled_vs_eager``) a 4-step chunk of the landscape model took 72 instead of 98 ms,
+    of the avatar model 39.5 instead of 40.9; through the engine (``python -m bench quick``)
+    the avatar streamed 1.22-1.27x the frames (assets/*/MODEL_CARD.md). The backend compiles at
     construction (one warm-up chunk, ~15-30 s on this CPU; inductor's cache on disk makes a
     later start faster) and stays eager, with a warning, where compiling fails (no C++
     compiler).
