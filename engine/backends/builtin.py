@@ -110,10 +110,10 @@ class BuiltinConfig(StreamConfig):
     fused: on an AVX-512 Xeon core, in alternating rounds (``python -m bench baselines``:
     ``compiled_vs_eager``) a 4-step chunk of the landscape model took 72 instead of 98 ms,
     of the avatar model 39.5 instead of 40.9; through the engine (``python -m bench quick``)
-    the avatar streamed 0.92-1.27x the frames in three pairs (assets/*/MODEL_CARD.md). The backend compiles at
-    construction (one warm-up chunk, ~15-30 s on this CPU; inductor's cache on disk makes a
-    later start faster) and stays eager, with a warning, where compiling fails (no C++
-    compiler).
+    the avatar streamed 0.92-1.27x the frames in three pairs (assets/*/MODEL_CARD.md). The
+    backend compiles at construction (warm-up chunks of one and two streams, ~15-30 s on this
+    CPU; inductor's cache on disk makes a later start faster) and stays eager, with a
+    warning, where compiling fails (no C++ compiler).
     NOTE: one thread is the default because this model's ops are small: with two OpenMP
     threads on a 2-core machine that also runs the video encoder and the event loop, every op
     waits at a barrier for a descheduled thread — measured 140 ms vs 5.9 s per 4-step chunk
