@@ -441,3 +441,48 @@ def test_compiled_model_streams_what_the_eager_model_streams():
             compiled.free(b)
     # the warm-up compiled the graphs for 1 and 2+ streams: nothing compiles afterwards
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 0
+
+
+def test_a_failed_compile_leaves_the_model_eager(monkeypatch, caplog):
+    """Where torch.compile cannot build the model (e.g. no C++ compiler), the backend says so
+    and streams with the eager model: same frames as a backend that never tried."""
+    def broken(model, **kwargs):
+        def fails(*args, **kw):
+            raise RuntimeError("no working C++ compiler")
+        return fails
+
+    monkeypatch.setattr(torch, "compile", broken)
+    with caplog.at_level("WARNING"):
+        gen = tiny_generator(compile=True)
+    assert gen._net is gen.model and "no working C++ compiler" in caplog.text
+    want = tiny_generator()
+    a, b = gen.new_state("a snowy forest", seed=0), want.new_state("a snowy forest", seed=0)
+    (got,), (ref,) = (g.generate([ChunkJob(s, [1, 2], steps=2, seed=3)])
+                      for g, s in ((gen, a), (want, b)))
+    assert np.array_equal(got.frames, ref.frames)
+    assert gen.allocator.num_free() == want.allocator.num_free()  # the warm-up freed its pages
+
+
+def test_a_forward_that_raises_gives_its_pages_back():
+    """A chunk whose forward fails (denoising, or the deferred cache fill) raises out of
+    generate/finish with the pages it had taken returned to the shared pool."""
+    gen = tiny_generator()
+    state = gen.new_state("a snowy forest", seed=0)
+    gen.generate([ChunkJob(state, [1, 2], steps=2, seed=0)])
+    gen.finish()
+    free = gen.allocator.num_free()
+    model = gen._net
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("forward failed")
+
+    gen._net = fails
+    with pytest.raises(RuntimeError, match="forward failed"):
+        gen.generate([ChunkJob(state, [1, 2], steps=2, seed=1)])
+    assert gen.allocator.num_free() == free
+    gen._net = model
+    gen.generate([ChunkJob(state, [1, 2], steps=2, seed=1)])  # denoised; the fill is deferred
+    gen._net = fails
+    with pytest.raises(RuntimeError, match="forward failed"):
+        gen.finish()
+    assert gen.allocator.num_free() == free

@@ -483,7 +483,8 @@ class PagedRunner(ABC):
             pages = self.allocator.allocate(self.pages_per_chunk)
             if pages is None:
                 raise CapacityError("KV page pool exhausted", _POOL_RETRY_S)
-            self._cache_fill([state], [rec], [pages], [state.table.attended_pages()])
+            with self._returned_on_failure([pages]):
+                self._cache_fill([state], [rec], [pages], [state.table.attended_pages()])
             state.table.append_chunk(pages)
             state.history.append(rec)
 
@@ -500,8 +501,9 @@ class PagedRunner(ABC):
             if pages is None:
                 raise CapacityError("KV page pool exhausted", _POOL_RETRY_S)
             old = window[n * f:(n + 1) * f]
-            self._cache_fill([state], [rec], [pages],
-                             [state.table.sink_pages() + window[:n * f]])
+            with self._returned_on_failure([pages]):
+                self._cache_fill([state], [rec], [pages],
+                                 [state.table.sink_pages() + window[:n * f]])
             for o, p in zip(old, pages):
                 state.table.replace_page(o, p)
             window[n * f:(n + 1) * f] = pages
@@ -519,6 +521,23 @@ class PagedRunner(ABC):
         ]
         if not live:
             return results
+        with self._returned_on_failure(pages):
+            return self._generate_live(jobs, live, pages, results)
+
+    @contextlib.contextmanager
+    def _returned_on_failure(self, pages: list[list[int]]):
+        """Give freshly allocated ``pages`` back to the pool when the block raises (a failed
+        forward must not leak them: the pool is shared by every session)."""
+        try:
+            yield
+        except BaseException:
+            self.allocator.decref([p for chunk in pages for p in chunk])
+            raise
+
+    def _generate_live(self, jobs: list[ChunkJob], live: list[int], pages: list[list[int]],
+                       results: list[ChunkResult | None]) -> list[ChunkResult]:
+        """The batch's chunk for the jobs ``live`` that got ``pages``: plan, denoise, show; the
+        cache fill and the page-table append are left to :meth:`finish`."""
         states = [jobs[i].state for i in live]
         t0 = time.perf_counter()
         records, plan = self._plan(states, [jobs[i].actions for i in live])
@@ -546,7 +565,8 @@ class PagedRunner(ABC):
         t3 = time.perf_counter()
 
         def commit() -> None:  # deferred: see finish()
-            self._cache_fill(states, records, pages, contexts)
+            with self._returned_on_failure(pages):
+                self._cache_fill(states, records, pages, contexts)
             for s, r, p, rgb in zip(states, records, pages, frames):
                 s.table.append_chunk(p)
                 s.history.append(r)
