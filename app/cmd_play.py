@@ -140,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
         args.model = {"builtin": "avatar", "sim": "avatar-sim"}[args.model]
     kwargs = {"model_path": args.model_path, "checkpoint": args.checkpoint}
     if args.model in ("builtin", "avatar"):
-        # compiled at start-up: ~1.2x the frames per second (BuiltinConfig.compile)
+        # compiled at start-up: up to 1.2x the frame rate here (BuiltinConfig.compile)
         kwargs["compile"] = not args.no_compile
     policy, per_client = access_settings(args)
     if args.replicas is not None:

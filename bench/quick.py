@@ -126,11 +126,12 @@ def main(argv: list[str] | None = None) -> int:
     seconds = args.seconds or (1.5 if smoke else 15.0)
     context = args.context_frames or (8 if smoke else 64)
     memory = args.memory_frames or (16 if smoke else 64)
+    compiled = not (args.no_compile or smoke)
     models = harness.load_models(args.weights, smoke=smoke, world=args.world)
     figures = run_quick(models, seconds=seconds, fps=args.fps, steps=args.steps,
                         context_frames=context, memory_frames=memory,
                         chunks=2 if smoke else 3, world=args.world,
-                        compile=not (args.no_compile or smoke))
+                        compile=compiled)
     model = models.describe()
     payload = results.stamp_payload("quick", {
         **{k: v for k, v in figures.items() if k != "details"},
@@ -140,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
                      "window_chunks": 3, "target_fps": args.fps, "seconds": seconds,
                      "context_frames": context, "memory_frames": memory,
                      "threads": args.threads, "smoke": smoke, "world": args.world,
-                     "compiled": not (args.no_compile or smoke)},
+                     "compiled": compiled},
         "details": figures["details"]}, argv)
     if not args.no_save:
         lat = payload["details"]["one_session"]["action_to_frame_ms"]
