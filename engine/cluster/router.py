@@ -160,6 +160,11 @@ class RayEngine:
 
                 need = (self.max_replicas + 1) * max(self._resources["num_cpus"], 1)
                 kwargs["num_cpus"] = int(max(os.cpu_count() or 1, need))
+                # NOTE: Ray starts its workers at nice 15 (``worker_niceness``) to keep its own
+                # daemons responsive; a replica is a real-time server, and at nice 15 beside
+                # two busy processes one took over 400 s to load (the SIGKILL failover test)
+                # instead of 10. A cluster started elsewhere needs RAY_worker_niceness=0.
+                kwargs["_system_config"] = {"worker_niceness": 0}
             ray.init(address=self._address, **kwargs)
             self._own_ray = True
         # NOTE: commands run in the default concurrency group, one thread: Ray executes one
