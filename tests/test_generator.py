@@ -111,6 +111,29 @@ def test_cached_generation_equals_dense_block_causal_forward(window, sink, noise
         assert torch.allclose(a.latents, b.latents, atol=1e-5)
 
 
+def test_a_key_from_rest_moves_the_first_frame_by_the_nearest_pixel():
+    """The stream's frames are windows at whole pixels of the camera path: at the nearest
+    pixel (the path starts half a pixel in), so the first frame after a key from rest shows
+    the simulator's first step of 0.94 px (a window at the floor of a path starting at 0 did
+    not move until the second frame)."""
+    gen = tiny_generator()
+    exact_camera(gen.model.camera)
+    state = gen.new_state("a green meadow", seed=3)
+    right = 5
+    assert action_to_direction(right) == (1, 0)
+    (res,) = gen.generate([ChunkJob(state, [right] * F, steps=1, seed=0)])
+    gen.finish()  # the deferred cache fill appends the chunk to the history
+    assert res.error is None
+    start = state.history[0].origins[-1]
+    x, v, expected = 0.0, 0.0, []
+    for _ in range(F):  # the simulator's camera, by hand
+        v = (v + ACCEL) * FRICTION
+        x += v
+        expected.append(int(np.floor(x + 0.5)))
+    assert expected[0] == 1
+    assert (state.history[-1].origins - start).tolist() == [[e, 0] for e in expected]
+
+
 def test_spatial_pages_bring_back_the_overlapping_past():
     """With ``spatial_pages`` a chunk attends, beyond its window, the older pages whose camera
     window overlaps its view most: after a loop out and back those are the first frames."""
