@@ -84,6 +84,13 @@ def register(sub) -> None:
         help="chunks from a prompt switch that restyle the view (default: the streaming default)",
     )
     p.add_argument(
+        "--residual-deadzone",
+        type=float,
+        default=None,
+        help="levels under which the model's change to a remembered pixel is dropped "
+        "(soft threshold; 0 = off; default: the world's streaming default)",
+    )
+    p.add_argument(
         "--no-recache", action="store_true", help="do not recache the window after a prompt switch"
     )
     p.add_argument(
@@ -138,6 +145,7 @@ def run(args) -> int:
         "guidance_chunks": args.guidance_chunks,
         "restyle_chunks": args.restyle_chunks,
         "action_guidance": args.action_guidance,
+        "residual_deadzone": args.residual_deadzone,
         "recache": False if args.no_recache else None,
     }
     kwargs = {k: v for k, v in settings.items() if v is not None}

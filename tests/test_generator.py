@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from worldstream.engine.backends.builtin import BuiltinBackend, BuiltinConfig
+from worldstream.engine.backends.builtin import BuiltinBackend, BuiltinConfig, shrink_change
 from worldstream.engine.core.backend import ChunkJob
 from worldstream.engine.models.builtin.attention import DenseContext, expand_frame_mask
 from worldstream.engine.models.builtin.autoencoder import build_autoencoder
+from worldstream.engine.models.builtin.spatial_memory import centre_box
 from worldstream.engine.models.builtin.world_dit import WorldDiT
 from worldstream.engine.worlds.actions import action_to_direction
 from worldstream.engine.worlds.simulator import ACCEL, FRICTION
@@ -132,6 +133,33 @@ def test_a_key_from_rest_moves_the_first_frame_by_the_nearest_pixel():
         expected.append(int(np.floor(x + 0.5)))
     assert expected[0] == 1
     assert (state.history[-1].origins - start).tolist() == [[e, 0] for e in expected]
+
+
+def test_shrink_change_hand_worked():
+    change = np.array([[10, -4, 2], [-5, 3, 0], [300, 0, -300]], np.int16)
+    # largest channel 10 -> 10 - 6 = 4: scale 0.4; 5 -> 0; 300 -> 294: scale 0.98
+    assert shrink_change(change, 6).tolist() == [[4, -2, 1], [0, 0, 0], [294, 0, -294]]
+    assert shrink_change(change, 0).tolist() == change.tolist()
+
+
+def test_residual_deadzone_keeps_remembered_pixels_under_it():
+    """A still camera: memory holds the start frame (but the centre box). Under a dead zone
+    larger than any change, every remembered pixel is shown as remembered; without it the
+    random model's changes show."""
+    start = np.random.default_rng(0).integers(0, 256, (F, 128, 128, 3), dtype=np.uint8)
+    keep = ~centre_box(128, 13)
+    frames = {}
+    for tau in (0.0, 254.0):
+        gen = tiny_generator(residual_deadzone=tau)
+        state = gen.new_state("a green meadow", seed=3, start_frames=start)
+        (res,) = gen.generate([ChunkJob(state, [4] * F, steps=1, seed=0)])  # idle
+        assert res.error is None
+        frames[tau] = res.frames
+    for frame in frames[254.0]:
+        np.testing.assert_array_equal(frame[keep], start[0][keep])  # write-once: the first
+    assert np.abs(frames[0.0][:, keep].astype(int) - start[0][keep]).mean() > 2
+    with pytest.raises(ValueError, match="residual_deadzone"):
+        BuiltinConfig(residual_deadzone=255)
 
 
 def test_spatial_pages_bring_back_the_overlapping_past():

@@ -84,10 +84,17 @@ class BuiltinConfig(StreamConfig):
     remembered pixels plus the model's change to them (``memory + decode(x0) - decode(base)``)
     instead of ``decode(x0)``: remembered ground keeps its full sharpness instead of the
     autoencoder's, and the model's changes (water, clouds, creatures) still show; costs one
-    more decode per frame. ``restyle_chunks``: after a prompt switch, this many chunks each
-    start a new memory epoch, so everything in view reads as stale and is restyled again (at
-    least 1: the switch itself); the model restyles in one frame what the simulator
-    cross-fades over 12, and a second or third pass finishes what the first left half done.
+    more decode per frame. ``residual_deadzone``: with the pixel residual, the model's change
+    to a remembered pixel is soft-thresholded by this many levels (of 255, on the largest of
+    its three channels; 0 = off): ``c · max(|c| - τ, 0) / |c|`` (wavelet shrinkage, Donoho &
+    Johnstone, "Ideal spatial adaptation by wavelet shrinkage", 1994). A few-step sample
+    leaves a low-amplitude texture on what should stay as remembered (the avatar's still
+    background and face, from the first generated frame on); changes larger than it (a head
+    turn, a mouth) still show, less ``τ``. ``restyle_chunks``: after a prompt switch, this
+    many chunks each start a new memory epoch, so everything in view reads as stale and is
+    restyled again (at least 1: the switch itself); the model restyles in one frame what the
+    simulator cross-fades over 12, and a second or third pass finishes what the first left
+    half done.
     ``guidance``: classifier-free guidance scale on the prompt (Ho & Salimans, "Classifier-Free
     Diffusion Guidance", 2022: ``u + guidance * (c - u)`` from the denoiser's predictions
     without and with the text embedding, which training drops 10 % of the time; 1 = off),
@@ -124,6 +131,7 @@ class BuiltinConfig(StreamConfig):
     spatial_pages: int = 0
     memory_tiles: int = 256
     pixel_residual: bool = True
+    residual_deadzone: float = 0.0
     restyle_chunks: int = 3
     guidance: float = 2.0
     guidance_chunks: int | None = 30
@@ -146,6 +154,8 @@ class BuiltinConfig(StreamConfig):
             raise ValueError("guidance and guidance_chunks must be >= 0")
         if self.action_guidance < 0:
             raise ValueError("action_guidance must be >= 0")
+        if not 0 <= self.residual_deadzone < 255:
+            raise ValueError(f"residual_deadzone must be in [0, 255), got {self.residual_deadzone}")
         if self.action_guidance != 1 and self.neutral_action is None:
             raise ValueError("action_guidance needs the world's neutral_action id")
 
@@ -573,10 +583,21 @@ class BuiltinBackend(PagedRunner):
             rgb = self.decode_latents(flat)
         else:
             model = self.decode_latents(flat.float().cpu()).astype(np.int16)
-            decoded_base = self._decoded_bases(views)
-            shown = np.clip(views.pictures + (model - decoded_base), 0, 255).astype(np.uint8)
+            change = model - self._decoded_bases(views)
+            if self.config.residual_deadzone > 0:
+                change = shrink_change(change, self.config.residual_deadzone)
+            shown = np.clip(views.pictures + change, 0, 255).astype(np.uint8)
             rgb = np.where(views.current[..., None], shown, model.astype(np.uint8))
         return list(rgb.reshape(len(states), self.chunk_frames, self.height, self.width, 3))
+
+
+def shrink_change(change: np.ndarray, tau: float) -> np.ndarray:
+    """Soft-threshold a change to pictures, ``(..., 3)`` int16 levels, by ``tau`` levels on
+    each pixel's largest channel, keeping its hue: ``c · max(|c| - τ, 0) / |c|``, rounded
+    (see ``BuiltinConfig.residual_deadzone``)."""
+    mag = np.abs(change).max(axis=-1, keepdims=True).astype(np.float32)
+    scale = np.maximum(mag - tau, 0.0) / np.maximum(mag, 1.0)
+    return np.rint(change * scale).astype(np.int16)
 
 
 def load_builtin_backend(path: str | Path = BUILTIN_DIR, **kwargs) -> BuiltinBackend:
