@@ -32,7 +32,7 @@ ACTION_GUIDANCE = 2.0
 #: the avatar world's ``BuiltinConfig.residual_deadzone`` (levels): two-step samples left a
 #: mottled texture on the still background and face from the first generated frame; dropping
 #: changes under 16 levels took head turns read right from 0.55 to 0.78 on the first three
-#: scripted evaluation episodes (6: 0.71, 10: 0.76), expressions unchanged (0.94)
+#: scripted evaluation episodes (6: 0.71, 10: 0.76, 24: 0.67), expressions unchanged (0.94)
 RESIDUAL_DEADZONE = 16.0
 
 
