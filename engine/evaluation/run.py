@@ -156,7 +156,8 @@ def action_hits(frames: np.ndarray, camera: np.ndarray, f: int) -> list[bool]:
     simulator itself, started at another phase (``record(subpixel=...)``), scores 0.89-0.94 on
     the strict reading of 12 held-out episodes. Given positions, the motion of either pixel
     step is a hit, per axis; a still picture still fails wherever the camera moves a pixel or
-    more (the first frame after a key from rest moves 0.94 px)."""
+    more. The first frame after a key from rest moves 0.94 px, so only the strict reading asks
+    it to show a step (the built-in stream's nearest-pixel camera does)."""
     hits = []
     for c in range(1, len(frames) // f):
         a, b = c * f - 1, (c + 1) * f - 1
