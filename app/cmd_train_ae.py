@@ -35,6 +35,10 @@ def register(sub) -> None:
     )
     p.add_argument("--init-from", type=Path, default=None,
                    help="warm-start a fresh run from a saved autoencoder folder")
+    p.add_argument("--loss", choices=("l1+mse", "mse"), default="l1+mse",
+                   help="reconstruction loss (mse: the objective PSNR measures)")
+    p.add_argument("--ema", type=float, default=None, metavar="DECAY",
+                   help="evaluate and save an EMA of the weights with this decay (e.g. 0.999)")
     p.set_defaults(func=run)
 
 
@@ -57,6 +61,8 @@ def run(args) -> int:
         decoder_only=args.decoder_only,
         max_minutes=args.max_minutes,
         init_from=args.init_from,
+        loss=args.loss,
+        ema_decay=args.ema,
     )
     print(json.dumps(result))
     return 0

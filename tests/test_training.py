@@ -2,12 +2,16 @@
 sampler against an oracle."""
 
 import numpy as np
+import pytest
 import torch
 
 from worldstream.engine.backends.sampler import denoise
+from worldstream.engine.models.builtin.autoencoder import build_autoencoder
+from worldstream.engine.models.builtin.loading import load_autoencoder
 from worldstream.engine.models.builtin.spatial_memory import centre_box
 from worldstream.engine.models.builtin.world_dit import CameraDynamics, WorldDiT
 from worldstream.engine.training.latents import VIEW_BOX, LatentDataset, memory_bases
+from worldstream.engine.training.train_ae import train_ae
 from worldstream.engine.training.train_world import (
     change_map,
     degrade_bases,
@@ -15,7 +19,7 @@ from worldstream.engine.training.train_world import (
     sample_chunk_sigmas,
     train_world,
 )
-from worldstream.engine.worlds.recorder import record_episode
+from worldstream.engine.worlds.recorder import record_episode, record_shard
 
 
 def test_chunk_sigmas_mix_diffusion_forcing_and_clean_context():
@@ -124,3 +128,24 @@ def test_change_map_weights_only_what_changed_against_the_base():
     assert m.sum().item() == 64.0
     assert change_map(z, zb).max().item() == 10.0  # capped
     assert torch.count_nonzero(change_map(zb, zb)) == 0  # no change, no extra weight
+
+
+def test_decoder_only_ema_run_keeps_the_encoder_resumes_and_rejects_bad_settings(tmp_path):
+    shard = record_shard(tmp_path / "shard", [0, 1], 6)
+    held = record_shard(tmp_path / "held", [2], 6)
+    start = build_autoencoder(width=8)
+    start.save_pretrained(tmp_path / "vae")
+    kw = dict(batch=2, decoder_only=True, loss="mse", ema_decay=0.9, eval_every=1)
+    first = train_ae([shard], held, tmp_path / "vae", tmp_path / "run", steps=2, **kw)
+    again = train_ae([shard], held, tmp_path / "vae", tmp_path / "run", steps=3, **kw)
+    assert first["steps"] == 2 and again["steps"] == 3
+    ck = torch.load(tmp_path / "run" / "ae_checkpoint.pt", weights_only=False)
+    assert ck["ema"]["optimization_step"] == 3  # the EMA was resumed, not restarted
+    saved = load_autoencoder(tmp_path / "vae")
+    for a, b in zip(saved.encoder.parameters(), start.encoder.parameters()):
+        assert torch.equal(a, b)  # the latents a world model was trained on stay valid
+    for bad in (dict(loss="l2"), dict(ema_decay=1.0)):
+        with pytest.raises(ValueError):
+            train_ae([shard], held, tmp_path / "vae", tmp_path / "bad", steps=1,
+                     **{**kw, **bad})
+    assert not (tmp_path / "bad").exists()  # refused before anything was written

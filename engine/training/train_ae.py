@@ -1,9 +1,11 @@
 """Train the built-in autoencoder on simulator frames (``worldstream train-ae``).
 
 Loss: L1 + MSE on ``decoder(encoder(x))`` (no perceptual network is available offline; GameNGen
-tuned its decoder with MSE alone). bf16 autocast, AdamW with warmup + cosine decay
-(``diffusers.optimization``), resumable checkpoints in ``run_dir``; the weights with the best
-held-out PSNR go to ``out_dir`` in diffusers ``save_pretrained`` layout.
+tuned its decoder with MSE alone), or MSE alone (``loss="mse"``: the objective PSNR measures).
+bf16 autocast, AdamW with warmup + cosine decay (``diffusers.optimization``), optionally an EMA
+of the weights (diffusers ``EMAModel``; held out and saved are then the EMA weights), resumable
+checkpoints in ``run_dir``; the weights with the best held-out PSNR go to ``out_dir`` in
+diffusers ``save_pretrained`` layout.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from diffusers.optimization import get_cosine_schedule_with_warmup
+from diffusers.training_utils import EMAModel
 from tqdm import tqdm
 
 from worldstream.engine.models.builtin.autoencoder import (
@@ -30,6 +33,8 @@ from worldstream.engine.training.common import (
     seed_everything,
 )
 from worldstream.engine.worlds.recorder import load_shard
+
+LOSSES = ("l1+mse", "mse")
 
 
 def _all_frames(shard_dirs: list[Path]) -> list[np.ndarray]:
@@ -69,6 +74,8 @@ def train_ae(
     decoder_only: bool = False,
     max_minutes: float | None = None,
     init_from: Path | None = None,
+    loss: str = "l1+mse",
+    ema_decay: float | None = None,
 ) -> dict:
     """Train (or resume) and return ``{"steps", "heldout_psnr_db", "wall_s"}``; stop after
     ``steps`` steps or ``max_minutes`` of wall time in this call.
@@ -76,7 +83,15 @@ def train_ae(
     ``decoder_only``: start from the weights in ``out_dir`` and tune only the decoder, so the
     latents a world model was trained on stay valid (GameNGen tuned its decoder the same way).
     ``init_from``: warm-start a fresh run from a saved autoencoder (another world's).
+    ``loss``: ``"l1+mse"`` or ``"mse"``. ``ema_decay``: keep an EMA of the trained weights with
+    this decay (e.g. 0.999) and evaluate and save those.
+
+    Raises ``ValueError`` for an unknown ``loss`` or an ``ema_decay`` outside (0, 1).
     """
+    if loss not in LOSSES:
+        raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
+    if ema_decay is not None and not 0.0 < ema_decay < 1.0:
+        raise ValueError(f"ema_decay must be in (0, 1), got {ema_decay}")
     device = pick_device()
     seed_everything(seed)
     if decoder_only:
@@ -94,6 +109,7 @@ def train_ae(
         params = list(ae.parameters())
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     sched = get_cosine_schedule_with_warmup(opt, 100, steps)
+    ema = EMAModel(params, decay=ema_decay) if ema_decay is not None else None
     ckpt_path = run_dir / "ae_checkpoint.pt"
     step, best, wall = 0, -1.0, 0.0
     rng = np.random.default_rng(seed)
@@ -102,6 +118,8 @@ def train_ae(
         opt.load_state_dict(ck["opt"])
         sched.load_state_dict(ck["sched"])
         step, best, wall = ck["step"], ck["best"], ck["wall"]
+        if ema is not None:
+            ema.load_state_dict(ck["ema"])
         rng = np.random.default_rng([seed, step])
     frames = _all_frames(data_dirs)
     held = np.asarray(load_shard(heldout_dir)["frames"][:, ::8].reshape(-1, 128, 128, 3))
@@ -120,27 +138,37 @@ def train_ae(
                 y = ae.decoder(z).float()
             else:
                 y = ae.decoder(ae.encoder(x)).float()
-        loss = (y - x).abs().mean() + ((y - x) ** 2).mean()
+        err = ((y - x) ** 2).mean()
+        if loss == "l1+mse":
+            err = err + (y - x).abs().mean()
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        err.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         sched.step()
+        if ema is not None:
+            ema.step(params)
         step += 1
         bar.update(1)
-        bar.set_postfix(loss=f"{loss.item():.4f}")
+        bar.set_postfix(loss=f"{err.item():.4f}")
         timeout = max_minutes is not None and time.perf_counter() - t0 > 60 * max_minutes
         if step % eval_every == 0 or step == steps or timeout:
+            if ema is not None:  # held out and saved: the EMA weights
+                ema.store(params)
+                ema.copy_to(params)
             psnr = heldout_psnr(ae, held, device)
             bar.write(f"step {step}: held-out PSNR {psnr:.2f} dB")
             if psnr > best:
                 best = psnr
                 ae.save_pretrained(out_dir)
+            if ema is not None:
+                ema.restore(params)
             save_checkpoint(
                 ckpt_path,
                 model=ae.state_dict(),
                 opt=opt.state_dict(),
                 sched=sched.state_dict(),
+                ema=ema.state_dict() if ema is not None else None,
                 step=step,
                 best=best,
                 wall=wall + time.perf_counter() - t0,
