@@ -91,6 +91,12 @@ def register(sub) -> None:
         "(soft threshold; 0 = off; default: the world's streaming default)",
     )
     p.add_argument(
+        "--decode-refining",
+        action="store_true",
+        default=None,
+        help="show the model's decode, not memory plus change, on new ground being refined",
+    )
+    p.add_argument(
         "--no-recache", action="store_true", help="do not recache the window after a prompt switch"
     )
     p.add_argument(
@@ -146,6 +152,7 @@ def run(args) -> int:
         "restyle_chunks": args.restyle_chunks,
         "action_guidance": args.action_guidance,
         "residual_deadzone": args.residual_deadzone,
+        "decode_refining": args.decode_refining,
         "recache": False if args.no_recache else None,
     }
     kwargs = {k: v for k, v in settings.items() if v is not None}

@@ -162,6 +162,36 @@ def test_residual_deadzone_keeps_remembered_pixels_under_it():
         BuiltinConfig(residual_deadzone=255)
 
 
+def test_decode_refining_shows_the_models_decode_on_new_ground_being_refined():
+    """Moving right after the start frames: where a frame rewrites memory's not yet settled
+    pixels, ``decode_refining`` shows the decoded latents; everywhere else both settings show
+    the same frame (remembered pixels plus the model's change, or the decode on unknown
+    ground), from the same latents."""
+    start = np.random.default_rng(0).integers(0, 256, (F, 128, 128, 3), dtype=np.uint8)
+    runs = {}
+    for on in (False, True):
+        gen = tiny_generator(decode_refining=on)
+        exact_camera(gen.model.camera)
+        state = gen.new_state("a green meadow", seed=3, start_frames=start)
+        gen.generate([ChunkJob(state, [4] * F, steps=1, seed=0)])  # idle: nothing refined
+        gen.finish()
+        before = state.memory.fork()  # memory as the next chunk reads it
+        (res,) = gen.generate([ChunkJob(state, [5] * F, steps=1, seed=1)])  # right
+        gen.finish()
+        assert res.error is None
+        rec = state.history[-1]
+        runs[on] = (res.frames, gen.decode_latents(rec.latents), rec.origins, before)
+    (plain, dec, origins, before), (shown, dec_on, origins_on, _) = runs[False], runs[True]
+    np.testing.assert_array_equal(origins, origins_on)
+    assert np.abs(dec.astype(int) - dec_on).max() <= 1  # the same latents (float noise)
+    for i, (x0, y0) in enumerate(origins):
+        refining = before.read(x0, y0, 128).refining
+        assert refining.sum() > 100  # new ground on its way in from the right border
+        np.testing.assert_array_equal(shown[i][refining], dec_on[i][refining])
+        assert np.abs(plain[i][refining].astype(int) - dec[i][refining]).mean() > 2
+        np.testing.assert_allclose(shown[i][~refining], plain[i][~refining], atol=1)
+
+
 def test_spatial_pages_bring_back_the_overlapping_past():
     """With ``spatial_pages`` a chunk attends, beyond its window, the older pages whose camera
     window overlaps its view most: after a loop out and back those are the first frames."""

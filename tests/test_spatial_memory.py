@@ -66,6 +66,31 @@ def test_a_revisit_reads_the_same_content():
     assert np.array_equal(back[settled], left[settled])
 
 
+def test_refining_marks_exactly_what_a_frame_at_the_window_would_rewrite():
+    mem = SpatialMemory(settle_px=16)
+    mem.write(0, 0, frame(1))
+    assert not mem.read(0, 0, 128).refining.any()  # the same view again rewrites nothing
+    read = mem.read(3, 0, 128)  # the camera 3 px to the right
+    # hand-worked: column j of this window is world column j + 3, stored with the view
+    # min(j + 4, 128 - (j + 3), 16) (rows: all >= 16 away except the 16 rows at each edge);
+    # it is refined where the new view min(j + 1, 128 - j, 16) is larger
+    col = np.arange(128)
+    old = np.minimum(np.minimum(col + 4, 125 - col), 16)
+    new = np.minimum(np.minimum(col + 1, 128 - col), 16)
+    expect = (new > old) & (col < 125)  # columns 125-127 are unknown: not current
+    assert np.array_equal(read.refining[64], expect)
+    # the 15 columns the first frame saw within 16 px of its right border (j = 110..124),
+    # each now seen 3 px farther in
+    assert np.flatnonzero(expect).tolist() == list(range(110, 125))
+    # what write() then overwrites is exactly that (plus the unknown columns)
+    before = mem.read(3, 0, 128).rgb.copy()
+    b = frame(2)
+    mem.write(3, 0, b)
+    after = mem.read(3, 0, 128)
+    changed = (after.rgb != before).any(-1)
+    assert np.array_equal(changed[16:-16] & read.current[16:-16], read.refining[16:-16])
+
+
 def test_best_view_settles_each_pixel():
     mem = SpatialMemory(settle_px=16)
     a, b, c = frame(1), frame(2), frame(3)

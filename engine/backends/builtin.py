@@ -90,7 +90,12 @@ class BuiltinConfig(StreamConfig):
     Johnstone, "Ideal spatial adaptation by wavelet shrinkage", 1994). A few-step sample
     leaves a low-amplitude texture on what should stay as remembered (the avatar's still
     background and face, from the first generated frame on); changes larger than it (a head
-    turn, a mouth) still show, less ``τ``. ``restyle_chunks``: after a prompt switch, this
+    turn, a mouth) still show, less ``τ``. ``decode_refining``: with the pixel residual, show
+    the model's decode instead of memory plus change where the frame rewrites memory's pixel
+    (new ground still being refined on its way in from the border, ``MemoryRead.refining``):
+    without it each such pixel carries the sum of the changes of up to ``settle_px`` frames
+    (speckle and streaks along the motion); with it, the model's last view of it (softer).
+    ``restyle_chunks``: after a prompt switch, this
     many chunks each start a new memory epoch, so everything in view reads as stale and is
     restyled again (at least 1: the switch itself); the model restyles in one frame what the
     simulator cross-fades over 12, and a second or third pass finishes what the first left
@@ -132,6 +137,7 @@ class BuiltinConfig(StreamConfig):
     memory_tiles: int = 256
     pixel_residual: bool = True
     residual_deadzone: float = 0.0
+    decode_refining: bool = False
     restyle_chunks: int = 3
     guidance: float = 2.0
     guidance_chunks: int | None = 30
@@ -183,7 +189,9 @@ class _ChunkRecord:
 @dataclass
 class _MemoryViews:
     """What memory showed the frames of a chunk being generated, flattened over the batch:
-    ``pictures (N, H, W, 3)`` uint8, ``current (N, H, W)`` bool, ``base (N, C, h, w)`` their
+    ``pictures (N, H, W, 3)`` uint8, ``current (N, H, W)`` bool (where the pixel residual
+    shows them: current content, less what is being refined with ``decode_refining``),
+    ``base (N, C, h, w)`` their
     clean model-space latents, ``keys`` their content hashes (the base cache's keys)."""
 
     pictures: np.ndarray
@@ -411,7 +419,8 @@ class BuiltinBackend(PagedRunner):
                 read = state.memory.read(x0, y0, size)
                 rgb, planes = model_inputs(read, self.downsample)
                 pictures.append(rgb)
-                current.append(read.current)
+                current.append(read.current & ~read.refining if cfg.decode_refining
+                               else read.current)
                 known.append(torch.as_tensor(planes))
             records.append(
                 _ChunkRecord(

@@ -118,7 +118,7 @@ def train_ae(
         opt.load_state_dict(ck["opt"])
         sched.load_state_dict(ck["sched"])
         step, best, wall = ck["step"], ck["best"], ck["wall"]
-        if ema is not None:
+        if ema is not None and ck.get("ema") is not None:  # a run started without one: fresh
             ema.load_state_dict(ck["ema"])
         rng = np.random.default_rng([seed, step])
     frames = _all_frames(data_dirs)

@@ -42,11 +42,14 @@ class _Tile:
 @dataclass
 class MemoryRead:
     """A window read from memory: ``rgb (S, S, 3)`` uint8 (0 where unknown), ``current`` and
-    ``stale`` ``(S, S)`` bool masks (written in this epoch / in an earlier one)."""
+    ``stale`` ``(S, S)`` bool masks (written in this epoch / in an earlier one), and
+    ``refining (S, S)`` bool: current pixels a frame at this window would rewrite (it sees them
+    farther from its border than any frame before: new ground not yet settled)."""
 
     rgb: np.ndarray
     current: np.ndarray
     stale: np.ndarray
+    refining: np.ndarray
 
 
 @dataclass
@@ -97,6 +100,7 @@ class SpatialMemory:
         """The ``size × size`` window with top-left corner at world ``(x0, y0)``."""
         rgb = np.zeros((size, size, 3), np.uint8)
         epoch = np.full((size, size), UNKNOWN, np.int32)
+        view = np.zeros((size, size), np.int16)
         self._tick += 1
         for key, local, window in self._spans(int(x0), int(y0), size, size):
             tile = self._tiles.get(key)
@@ -105,8 +109,10 @@ class SpatialMemory:
             self._used[key] = self._tick
             rgb[window] = tile.rgb[local]
             epoch[window] = tile.epoch[local]
+            view[window] = tile.view[local]
         current = epoch == self.epoch
-        return MemoryRead(rgb, current, (epoch != UNKNOWN) & ~current)
+        refining = current & (view < self._view(size))  # what write() would overwrite
+        return MemoryRead(rgb, current, (epoch != UNKNOWN) & ~current, refining)
 
     # -- writing --------------------------------------------------------------------------
     def _writable(self, key: tuple[int, int]) -> _Tile:
