@@ -97,6 +97,13 @@ def register(sub) -> None:
         help="show the model's decode, not memory plus change, on new ground being refined",
     )
     p.add_argument(
+        "--world-noise",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="initial noise read from a field fixed in world coordinates (default: the world's "
+        "streaming default); --no-world-noise draws it afresh every chunk",
+    )
+    p.add_argument(
         "--no-recache", action="store_true", help="do not recache the window after a prompt switch"
     )
     p.add_argument(
@@ -153,6 +160,7 @@ def run(args) -> int:
         "action_guidance": args.action_guidance,
         "residual_deadzone": args.residual_deadzone,
         "decode_refining": args.decode_refining,
+        "world_noise": args.world_noise,
         "recache": False if args.no_recache else None,
     }
     kwargs = {k: v for k, v in settings.items() if v is not None}

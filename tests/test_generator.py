@@ -12,6 +12,7 @@ from worldstream.engine.models.builtin.attention import DenseContext, expand_fra
 from worldstream.engine.models.builtin.autoencoder import build_autoencoder
 from worldstream.engine.models.builtin.spatial_memory import centre_box
 from worldstream.engine.models.builtin.world_dit import WorldDiT
+from worldstream.engine.models.builtin.world_noise import window_noise
 from worldstream.engine.worlds.actions import action_to_direction
 from worldstream.engine.worlds.simulator import ACCEL, FRICTION
 
@@ -43,6 +44,18 @@ def exact_camera(camera) -> None:
         camera.linear.weight.copy_(w)
 
 
+def seeded_noise(gen: BuiltinBackend, seed: int, origins: np.ndarray) -> torch.Tensor:
+    """The initial noise ``(F, C, h, w)`` of a chunk generated with ``ChunkJob(seed=seed)``
+    whose frames' windows sit at ``origins``: the seed's world field read at each window's
+    latent pixel (``world_noise``), else one draw of a generator seeded ``seed``."""
+    mc = gen.model.config
+    g, c = mc.latent_size, mc.latent_channels
+    if not gen.config.world_noise:
+        return torch.randn((F, c, g, g), generator=torch.Generator().manual_seed(seed))
+    d = gen.downsample
+    return torch.stack([window_noise(seed, int(x) // d, int(y) // d, c, g) for x, y in origins])
+
+
 def window_mask(num_chunks: int, window: int, sink: bool) -> torch.Tensor:
     """Chunk i attends chunk j iff i - window <= j <= i (or j == 0 with a sink)."""
     i = torch.arange(num_chunks)[:, None]
@@ -54,13 +67,15 @@ def window_mask(num_chunks: int, window: int, sink: bool) -> torch.Tensor:
 
 
 @pytest.mark.parametrize(
-    "window,sink,noise", [(2, False, False), (2, True, True), (8, False, False)]
+    "window,sink,noise,world_noise",
+    [(2, False, False, True), (2, True, True, False), (8, False, False, True)],
 )
-def test_cached_generation_equals_dense_block_causal_forward(window, sink, noise):
+def test_cached_generation_equals_dense_block_causal_forward(window, sink, noise, world_noise):
     """The streaming path (paged KV cache, cache fill, spatial memory feeding every frame its
-    base) computes what one dense block-causal forward over the whole stream computes."""
+    base) computes what one dense block-causal forward over the whole stream computes; the
+    initial noise is the job seed's world field at each frame's window, or fresh noise."""
     gen = tiny_generator(window_chunks=window, sink=sink, memory_chunks=max(window, 3),
-                         ctx_noise=noise)
+                         ctx_noise=noise, world_noise=world_noise)
     state = gen.new_state("a green meadow", seed=3)
     rng = np.random.default_rng(0)
     actions = [list(rng.integers(0, 9, F)) for _ in range(6)]
@@ -70,9 +85,9 @@ def test_cached_generation_equals_dense_block_causal_forward(window, sink, noise
     gen.finish()  # the last chunk's cache fill runs after delivery
     records = list(state.history)  # bounded: older chunks were evicted
     m = gen.model
-    mc = m.config
     # the same stream with unbounded memory keeps every chunk's inputs for the reference
-    gen2 = tiny_generator(window_chunks=window, sink=sink, memory_chunks=16, ctx_noise=noise)
+    gen2 = tiny_generator(window_chunks=window, sink=sink, memory_chunks=16, ctx_noise=noise,
+                          world_noise=world_noise)
     st2 = gen2.new_state("a green meadow", seed=3)
     for n, act in enumerate(actions):
         gen2.generate([ChunkJob(st2, [int(a) for a in act], steps=1, seed=100 + n)])
@@ -84,11 +99,8 @@ def test_cached_generation_equals_dense_block_causal_forward(window, sink, noise
     n_chunks = len(recs)
     text = torch.as_tensor(st2.text)[None, None].expand(1, n_chunks * F, -1)
     mask = expand_frame_mask(window_mask(n_chunks, window, sink), m.tokens_per_frame)
-    g = mc.latent_size
     for last in range(1, n_chunks):
-        noise = torch.randn(
-            (F, mc.latent_channels, g, g), generator=torch.Generator().manual_seed(100 + last - 1)
-        )
+        noise = seeded_noise(gen, 100 + last - 1, recs[last].origins)
         seq = torch.cat([r.context for r in recs[:last]] + [noise])[None]
         k = (last + 1) * F
         sigma = torch.full((1, k), gen.config.ctx_sigma)
@@ -357,10 +369,9 @@ def _dense_last_chunk(gen, recs, last, text, actions=None, window=8):
     """The dense block-causal forward's prediction for chunk ``last`` of ``recs`` (one
     denoising step from its seeded noise, no sink, ``text (1, frames, 384)`` per frame,
     ``actions`` per frame or the records')."""
-    m, mc = gen.model, gen.model.config
+    m = gen.model
     k = (last + 1) * F
-    noise = torch.randn((F, mc.latent_channels, mc.latent_size, mc.latent_size),
-                        generator=torch.Generator().manual_seed(100 + last - 1))
+    noise = seeded_noise(gen, 100 + last - 1, recs[last].origins)
     seq = torch.cat([r.context for r in recs[:last]] + [noise])[None]
     sigma = torch.full((1, k), gen.config.ctx_sigma)
     sigma[:, -F:] = 1.0
@@ -567,3 +578,38 @@ def test_a_forward_that_raises_gives_its_pages_back():
     with pytest.raises(RuntimeError, match="forward failed"):
         gen.finish()
     assert gen.allocator.num_free() == free
+
+
+def test_world_noise_follows_the_ground_and_forks_read_the_same_world():
+    """With ``world_noise`` each frame's initial noise is pinned to the world: unchanged while
+    the camera rests, shifted by whole latent pixels with it as it moves (the overlap of two
+    frames' noise agrees), the same for a fork at the same place; without it every chunk
+    draws afresh."""
+    seen = {}
+    for on in (True, False):
+        gen = tiny_generator(world_noise=on)
+        exact_camera(gen.model.camera)
+        log = seen[on] = []
+        inner = gen._chunk_noise
+        gen._chunk_noise = lambda job, st, rec: log.append(
+            (rec.origins.copy(), inner(job, st, rec))) or log[-1][1]
+        state = gen.new_state("a green meadow", seed=3)
+        for acts in ([4] * F, [4] * F, [5] * F, [5] * F, [5] * F):
+            (res,) = gen.generate([ChunkJob(state, acts, steps=1)])
+            assert res.error is None
+        branch = gen.fork(state)
+        for st in (state, branch):  # the same chunk from the same place
+            gen.generate([ChunkJob(st, [4] * F, steps=1)])
+        gen.finish()
+    (o_a, n_a), (o_b, n_b) = seen[True][0], seen[True][1]
+    np.testing.assert_array_equal(o_a, o_b)
+    torch.testing.assert_close(n_a, n_b, rtol=0, atol=0)  # at rest: the same noise
+    (o_r, n_r) = seen[True][4]
+    d = gen.downsample
+    shift = o_r[-1] // d - o_a[0] // d  # whole latent pixels moved (x, y)
+    assert shift[0] >= 1 and shift[1] == 0  # the camera went right
+    k = int(shift[0])
+    torch.testing.assert_close(n_r[-1][:, :, :-k], n_a[0][:, :, k:], rtol=0, atol=0)
+    assert (n_r[-1] - n_a[0]).abs().mean() > 0.5  # and the noise did move with it
+    torch.testing.assert_close(seen[True][5][1], seen[True][6][1], rtol=0, atol=0)  # fork
+    assert (seen[False][0][1] - seen[False][1][1]).abs().mean() > 0.5  # fresh at rest too

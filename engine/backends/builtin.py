@@ -64,6 +64,7 @@ from worldstream.engine.models.builtin.spatial_memory import (
     select_by_overlap,
 )
 from worldstream.engine.models.builtin.world_dit import WorldDiT
+from worldstream.engine.models.builtin.world_noise import chunk_noise
 from worldstream.engine.training.common import cpu_has_fast_bf16
 from worldstream.engine.worlds.actions import IDLE, keys_to_action
 from worldstream.engine.worlds.simulator import WorldSimulator
@@ -95,7 +96,12 @@ class BuiltinConfig(StreamConfig):
     (new ground still being refined on its way in from the border, ``MemoryRead.refining``):
     without it each such pixel carries the sum of the changes of up to ``settle_px`` frames
     (speckle and streaks along the motion); with it, the model's last view of it (softer).
-    ``restyle_chunks``: after a prompt switch, this
+    ``world_noise``: each frame's initial denoising noise is read from a Gaussian field fixed
+    in world coordinates at the frame's camera window (``engine.models.builtin.world_noise``;
+    the field's seed is the stream's seed, or a job's ``seed``), instead of drawn afresh: the
+    frames that generate the same new ground on its way in from the border start from the same
+    noise there and refine one sample of it, instead of each drawing its own and memory
+    keeping their mix. ``restyle_chunks``: after a prompt switch, this
     many chunks each start a new memory epoch, so everything in view reads as stale and is
     restyled again (at least 1: the switch itself); the model restyles in one frame what the
     simulator cross-fades over 12, and a second or third pass finishes what the first left
@@ -138,6 +144,7 @@ class BuiltinConfig(StreamConfig):
     pixel_residual: bool = True
     residual_deadzone: float = 0.0
     decode_refining: bool = False
+    world_noise: bool = True
     restyle_chunks: int = 3
     guidance: float = 2.0
     guidance_chunks: int | None = 30
@@ -209,6 +216,7 @@ class BuiltinState(RunnerState):
     start_frames: np.ndarray | None = None  # (F, H, W, 3) uint8, pending prefill
     restyle_left: int = 0  # chunks that still start a new memory epoch (after a prompt switch)
     guide_left: int = 0  # chunks still denoised with prompt guidance (after a prompt switch)
+    noise_seed: int = 0  # the world-anchored noise field's seed (forks read the same world)
 
     @property
     def camera(self) -> tuple[np.ndarray, torch.Tensor]:
@@ -338,7 +346,7 @@ class BuiltinBackend(PagedRunner):
     def _make_state(self, table, prompt, text, rng, start_frames=None) -> BuiltinState:
         return BuiltinState(table, prompt, text, rng,
                             memory=SpatialMemory(max_tiles=self.config.memory_tiles),
-                            start_frames=start_frames)
+                            start_frames=start_frames, noise_seed=rng.initial_seed())
 
     def _fork_state(self, state: BuiltinState, table, rng) -> BuiltinState:
         return BuiltinState(
@@ -346,6 +354,7 @@ class BuiltinBackend(PagedRunner):
             deque(replace(r, undo=list(r.undo)) for r in state.history),
             state.needs_recache, memory=state.memory.fork(), start_frames=state.start_frames,
             restyle_left=state.restyle_left, guide_left=state.guide_left,
+            noise_seed=state.noise_seed,
         )
 
     def _undo_extra(self, state: BuiltinState, record: _ChunkRecord) -> None:
@@ -387,6 +396,17 @@ class BuiltinBackend(PagedRunner):
         mc = self.model.config
         return torch.randn((self.chunk_frames, mc.latent_channels, mc.latent_size,
                             mc.latent_size), generator=generator)
+
+    def _chunk_noise(self, job: ChunkJob, state: BuiltinState, record: _ChunkRecord
+                     ) -> torch.Tensor:
+        """With ``world_noise``: the field of ``job.seed`` (else the stream's) read at each
+        frame's camera window, ``(F, C, h, w)`` float32; else fresh noise."""
+        if not self.config.world_noise:
+            return super()._chunk_noise(job, state, record)
+        mc = self.model.config
+        seed = job.seed if job.seed is not None else state.noise_seed
+        return chunk_noise(seed, record.origins, self.downsample, mc.latent_channels,
+                           mc.latent_size)
 
     def _plan(
         self, states: list[BuiltinState], actions: list[list[int]], move: bool = True

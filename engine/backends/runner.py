@@ -280,6 +280,13 @@ class PagedRunner(ABC):
     def _noise(self, generator: torch.Generator) -> torch.Tensor:
         """Standard normal noise of one chunk drawn from ``generator``."""
 
+    def _chunk_noise(self, job: ChunkJob, state: RunnerState, record: Any) -> torch.Tensor:
+        """The initial noise of ``job``'s chunk (``record``: the family's plan of it): drawn
+        from a generator seeded by ``job.seed``, else from the state's own; a family whose
+        noise follows its world (the built-in camera) overrides this."""
+        return self._noise(torch.Generator().manual_seed(job.seed)
+                           if job.seed is not None else state.rng)
+
     @abstractmethod
     def _show(self, states: list[RunnerState], records: list, x0: torch.Tensor,
               plan: Any) -> list[np.ndarray]:
@@ -547,9 +554,7 @@ class PagedRunner(ABC):
                       for s, c in zip(states, contexts)] if self.topk_pages else None
         cond = self._conditioning(states, records)
         noise = torch.stack([
-            self._noise(torch.Generator().manual_seed(jobs[i].seed)
-                        if jobs[i].seed is not None else s.rng)
-            for i, s in zip(live, states)
+            self._chunk_noise(jobs[i], s, r) for i, s, r in zip(live, states, records)
         ]).to(self.device)
         ctx = self._context(pages, contexts, candidates, states[0].attention)
 

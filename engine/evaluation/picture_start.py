@@ -44,8 +44,8 @@ def picture_rollout(gen, picture_bytes: bytes, prompt: str, actions: list[int], 
     out = []
     try:
         for c in range(len(actions) // f):
-            (res,) = gen.generate([ChunkJob(state, actions[c * f:(c + 1) * f], steps,
-                                            seed=seed + c)])
+            # the stream's own noise, as a live stream draws it
+            (res,) = gen.generate([ChunkJob(state, actions[c * f:(c + 1) * f], steps)])
             if res.error:
                 raise res.error
             out.append(res.frames)

@@ -186,7 +186,9 @@ def streamed_rollout(
         for c, acts in tqdm(list(_chunks(ep, f)), desc="rollout", unit="chunk", leave=False):
             if switches and c in switches:
                 gen.set_prompt(state, switches[c])
-            (res,) = gen.generate([ChunkJob(state, acts, steps, seed=seed + c)])
+            # the stream's own noise, as a live stream draws it (world-anchored on the
+            # built-in model: per-chunk seeds would give every chunk its own noise field)
+            (res,) = gen.generate([ChunkJob(state, acts, steps)])
             if res.error:
                 raise res.error
             for i, frame in enumerate(res.frames):

@@ -377,6 +377,7 @@ def _export_builtin(gen, state) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
             "needs_recache": state.needs_recache,
             "restyle_left": state.restyle_left,
             "guide_left": state.guide_left,
+            "noise_seed": state.noise_seed,
             "table": {"num_chunks": state.table.num_chunks,
                       "sink_pages": len(state.table.sink_pages()), "pages": len(pages)},
             "history": history,
@@ -460,7 +461,8 @@ def _import_builtin(gen, arrays: dict[str, np.ndarray], scalars: dict[str, Any])
                                 memory=memory,
                                 start_frames=None if start is None else start.copy(),
                                 restyle_left=int(scalars["restyle_left"]),
-                                guide_left=int(scalars.get("guide_left", 0)))
+                                guide_left=int(scalars.get("guide_left", 0)),
+                                noise_seed=int(scalars.get("noise_seed", 0)))
         except BaseException:
             held = set(table.all_pages())
             table.free()
