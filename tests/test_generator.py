@@ -590,9 +590,12 @@ def test_world_noise_follows_the_ground_and_forks_read_the_same_world():
         gen = tiny_generator(world_noise=on)
         exact_camera(gen.model.camera)
         log = seen[on] = []
-        inner = gen._chunk_noise
-        gen._chunk_noise = lambda job, st, rec: log.append(
-            (rec.origins.copy(), inner(job, st, rec))) or log[-1][1]
+
+        def spy(job, st, rec, inner=gen._chunk_noise, log=log):
+            log.append((rec.origins.copy(), inner(job, st, rec)))
+            return log[-1][1]
+
+        gen._chunk_noise = spy
         state = gen.new_state("a green meadow", seed=3)
         for acts in ([4] * F, [4] * F, [5] * F, [5] * F, [5] * F):
             (res,) = gen.generate([ChunkJob(state, acts, steps=1)])
