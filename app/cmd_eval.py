@@ -104,6 +104,13 @@ def register(sub) -> None:
         "streaming default); --no-world-noise draws it afresh every chunk",
     )
     p.add_argument(
+        "--world-noise-period",
+        type=int,
+        default=None,
+        help="frames over which the world noise field drifts (0 = fixed in time; default: the "
+        "streaming default)",
+    )
+    p.add_argument(
         "--no-recache", action="store_true", help="do not recache the window after a prompt switch"
     )
     p.add_argument(
@@ -161,6 +168,7 @@ def run(args) -> int:
         "residual_deadzone": args.residual_deadzone,
         "decode_refining": args.decode_refining,
         "world_noise": args.world_noise,
+        "world_noise_period": args.world_noise_period,
         "recache": False if args.no_recache else None,
     }
     kwargs = {k: v for k, v in settings.items() if v is not None}

@@ -12,7 +12,7 @@ from worldstream.engine.models.builtin.attention import DenseContext, expand_fra
 from worldstream.engine.models.builtin.autoencoder import build_autoencoder
 from worldstream.engine.models.builtin.spatial_memory import centre_box
 from worldstream.engine.models.builtin.world_dit import WorldDiT
-from worldstream.engine.models.builtin.world_noise import window_noise
+from worldstream.engine.models.builtin.world_noise import chunk_noise
 from worldstream.engine.worlds.actions import action_to_direction
 from worldstream.engine.worlds.simulator import ACCEL, FRICTION
 
@@ -44,16 +44,18 @@ def exact_camera(camera) -> None:
         camera.linear.weight.copy_(w)
 
 
-def seeded_noise(gen: BuiltinBackend, seed: int, origins: np.ndarray) -> torch.Tensor:
+def seeded_noise(gen: BuiltinBackend, seed: int, record) -> torch.Tensor:
     """The initial noise ``(F, C, h, w)`` of a chunk generated with ``ChunkJob(seed=seed)``
-    whose frames' windows sit at ``origins``: the seed's world field read at each window's
-    latent pixel (``world_noise``), else one draw of a generator seeded ``seed``."""
+    whose frames' windows sit at ``record.origins`` from stream frame ``record.position``: the
+    seed's world field read at each window's latent pixel and frame (``world_noise``), else one
+    draw of a generator seeded ``seed``."""
     mc = gen.model.config
     g, c = mc.latent_size, mc.latent_channels
     if not gen.config.world_noise:
         return torch.randn((F, c, g, g), generator=torch.Generator().manual_seed(seed))
-    d = gen.downsample
-    return torch.stack([window_noise(seed, int(x) // d, int(y) // d, c, g) for x, y in origins])
+    times = range(record.position, record.position + F)
+    return chunk_noise(seed, record.origins, times, gen.downsample, c, g,
+                       gen.config.world_noise_period)
 
 
 def window_mask(num_chunks: int, window: int, sink: bool) -> torch.Tensor:
@@ -100,7 +102,7 @@ def test_cached_generation_equals_dense_block_causal_forward(window, sink, noise
     text = torch.as_tensor(st2.text)[None, None].expand(1, n_chunks * F, -1)
     mask = expand_frame_mask(window_mask(n_chunks, window, sink), m.tokens_per_frame)
     for last in range(1, n_chunks):
-        noise = seeded_noise(gen, 100 + last - 1, recs[last].origins)
+        noise = seeded_noise(gen, 100 + last - 1, recs[last])
         seq = torch.cat([r.context for r in recs[:last]] + [noise])[None]
         k = (last + 1) * F
         sigma = torch.full((1, k), gen.config.ctx_sigma)
@@ -371,7 +373,7 @@ def _dense_last_chunk(gen, recs, last, text, actions=None, window=8):
     ``actions`` per frame or the records')."""
     m = gen.model
     k = (last + 1) * F
-    noise = seeded_noise(gen, 100 + last - 1, recs[last].origins)
+    noise = seeded_noise(gen, 100 + last - 1, recs[last])
     seq = torch.cat([r.context for r in recs[:last]] + [noise])[None]
     sigma = torch.full((1, k), gen.config.ctx_sigma)
     sigma[:, -F:] = 1.0
@@ -581,13 +583,13 @@ def test_a_forward_that_raises_gives_its_pages_back():
 
 
 def test_world_noise_follows_the_ground_and_forks_read_the_same_world():
-    """With ``world_noise`` each frame's initial noise is pinned to the world: unchanged while
-    the camera rests, shifted by whole latent pixels with it as it moves (the overlap of two
-    frames' noise agrees), the same for a fork at the same place; without it every chunk
-    draws afresh."""
+    """With ``world_noise`` (fixed in time here) each frame's initial noise is pinned to the
+    world: unchanged while the camera rests, shifted by whole latent pixels with it as it moves
+    (the overlap of two frames' noise agrees), the same for a fork at the same place; without
+    it every chunk draws afresh."""
     seen = {}
     for on in (True, False):
-        gen = tiny_generator(world_noise=on)
+        gen = tiny_generator(world_noise=on, world_noise_period=0)
         exact_camera(gen.model.camera)
         log = seen[on] = []
 
@@ -616,3 +618,29 @@ def test_world_noise_follows_the_ground_and_forks_read_the_same_world():
     assert (n_r[-1] - n_a[0]).abs().mean() > 0.5  # and the noise did move with it
     torch.testing.assert_close(seen[True][5][1], seen[True][6][1], rtol=0, atol=0)  # fork
     assert (seen[False][0][1] - seen[False][1][1]).abs().mean() > 0.5  # fresh at rest too
+
+
+def test_world_noise_drifts_in_time_at_rest():
+    """With the default period the field at a resting camera changes a little every frame
+    (correlation ``cos(π/2T)`` per frame) and is new after ``2T`` frames."""
+    gen = tiny_generator()
+    period = gen.config.world_noise_period
+    assert period > 0
+    log = []
+
+    def spy(job, st, rec, inner=gen._chunk_noise):
+        log.append(inner(job, st, rec))
+        return log[-1]
+
+    gen._chunk_noise = spy
+    state = gen.new_state("a green meadow", seed=3)
+    for _ in range(2 * period // F + 1):
+        (res,) = gen.generate([ChunkJob(state, [4] * F, steps=1)])
+        assert res.error is None
+    gen.finish()
+    first, next_, later = log[0][0], log[0][1], log[2 * period // F][0]
+    step = np.corrcoef(first.flatten(), next_.flatten())[0, 1]
+    assert abs(step - np.cos(np.pi / (2 * period))) < 0.02
+    assert abs(np.corrcoef(first.flatten(), later.flatten())[0, 1]) < 0.1
+    with pytest.raises(ValueError, match="world_noise_period"):
+        BuiltinConfig(world_noise_period=-1)

@@ -44,11 +44,32 @@ def test_the_field_is_white_standard_normal_noise_of_its_seed():
 
 def test_chunk_noise_reads_each_frame_at_the_latent_pixel_of_its_origin():
     origins = np.array([[0, 0], [3, 0], [4, 0], [9, -1]])  # world image px, 4 px a latent px
-    got = chunk_noise(5, origins, 4, 4, 32)
+    got = chunk_noise(5, origins, [10, 11, 12, 13], 4, 4, 32)  # fixed in time
     assert got.shape == (4, 4, 32, 32)
     torch.testing.assert_close(got[0], got[1], rtol=0, atol=0)  # same latent pixel
     torch.testing.assert_close(got[2][:, :, :-1], got[0][:, :, 1:], rtol=0, atol=0)
     torch.testing.assert_close(got[3], window_noise(5, 2, -1, 4, 32), rtol=0, atol=0)
+
+
+def test_in_time_the_field_drifts_to_an_independent_one_over_its_period():
+    """Frame ``t`` reads ``cos θ · slice k + sin θ · slice k+1`` (``k, r = divmod(t, T)``,
+    ``θ = π/2 · r/T``): hand-worked at the slice boundaries and half way, standard normal
+    throughout, one frame to the next correlated ``cos(π/2T)``, ``T`` apart ``sin(2θ)/2``
+    (one slice shared), independent ``2T`` apart."""
+    T, at = 8, np.zeros((1, 2))
+    a = [window_noise(2, 0, 0, 4, 32, k) for k in range(3)]
+    noise = {t: chunk_noise(2, at, [t], 4, 4, 32, period=T)[0] for t in range(0, 3 * T)}
+    torch.testing.assert_close(noise[0], a[0])
+    torch.testing.assert_close(noise[T], a[1])  # continuous across the boundary:
+    torch.testing.assert_close(noise[2 * T], a[2])
+    torch.testing.assert_close(noise[T // 2], (a[0] + a[1]) / 2**0.5)  # θ = π/4
+    for t in (0, 3, T + 5):
+        assert abs(noise[t].std().item() - 1) < 0.03
+    corr = np.corrcoef(noise[3].flatten(), noise[4].flatten())[0, 1]
+    assert abs(corr - np.cos(np.pi / (2 * T))) < 0.02
+    shared = np.corrcoef(noise[2].flatten(), noise[T + 2].flatten())[0, 1]
+    assert abs(shared - np.sin(2 * np.pi / 2 * 2 / T) / 2) < 0.05
+    assert abs(np.corrcoef(noise[2].flatten(), noise[2 * T + 2].flatten())[0, 1]) < 0.05
 
 
 def test_bad_sizes_are_refused():
@@ -56,3 +77,5 @@ def test_bad_sizes_are_refused():
         window_noise(0, 0, 0, 0, 8)
     with pytest.raises(ValueError, match="channels and size"):
         window_noise(0, 0, 0, 4, 0)
+    with pytest.raises(ValueError, match="period"):
+        chunk_noise(0, np.zeros((1, 2)), [0], 4, 4, 8, period=-1)

@@ -101,7 +101,10 @@ class BuiltinConfig(StreamConfig):
     the field's seed is the stream's seed, or a job's ``seed``), instead of drawn afresh: the
     frames that generate the same new ground on its way in from the border start from the same
     noise there and refine one sample of it, instead of each drawing its own and memory
-    keeping their mix. ``restyle_chunks``: after a prompt switch, this
+    keeping their mix. ``world_noise_period``: frames over which that field drifts halfway to
+    an independent one (independent two periods apart; 0: fixed in time): a resting camera
+    must not get the same noise every frame, or the model's bias there never averages out.
+    ``restyle_chunks``: after a prompt switch, this
     many chunks each start a new memory epoch, so everything in view reads as stale and is
     restyled again (at least 1: the switch itself); the model restyles in one frame what the
     simulator cross-fades over 12, and a second or third pass finishes what the first left
@@ -145,6 +148,7 @@ class BuiltinConfig(StreamConfig):
     residual_deadzone: float = 0.0
     decode_refining: bool = False
     world_noise: bool = True
+    world_noise_period: int = 32
     restyle_chunks: int = 3
     guidance: float = 2.0
     guidance_chunks: int | None = 30
@@ -167,6 +171,8 @@ class BuiltinConfig(StreamConfig):
             raise ValueError("guidance and guidance_chunks must be >= 0")
         if self.action_guidance < 0:
             raise ValueError("action_guidance must be >= 0")
+        if self.world_noise_period < 0:
+            raise ValueError(f"world_noise_period must be >= 0, got {self.world_noise_period}")
         if not 0 <= self.residual_deadzone < 255:
             raise ValueError(f"residual_deadzone must be in [0, 255), got {self.residual_deadzone}")
         if self.action_guidance != 1 and self.neutral_action is None:
@@ -400,13 +406,14 @@ class BuiltinBackend(PagedRunner):
     def _chunk_noise(self, job: ChunkJob, state: BuiltinState, record: _ChunkRecord
                      ) -> torch.Tensor:
         """With ``world_noise``: the field of ``job.seed`` (else the stream's) read at each
-        frame's camera window, ``(F, C, h, w)`` float32; else fresh noise."""
+        frame's camera window and time, ``(F, C, h, w)`` float32; else fresh noise."""
         if not self.config.world_noise:
             return super()._chunk_noise(job, state, record)
         mc = self.model.config
         seed = job.seed if job.seed is not None else state.noise_seed
-        return chunk_noise(seed, record.origins, self.downsample, mc.latent_channels,
-                           mc.latent_size)
+        times = range(record.position, record.position + len(record.origins))
+        return chunk_noise(seed, record.origins, times, self.downsample, mc.latent_channels,
+                           mc.latent_size, self.config.world_noise_period)
 
     def _plan(
         self, states: list[BuiltinState], actions: list[list[int]], move: bool = True

@@ -14,30 +14,42 @@ at the window's position (nearest latent pixel: the camera moves in image pixels
 lives on the latent grid, ``downsample`` image pixels a latent pixel).
 
 The field is stateless: tile ``(tx, ty)`` of a field is drawn from a generator seeded by a
-hash of ``(seed, tx, ty)``, so any window of any size is reproducible from the seed alone,
-nothing is stored, and forks of a stream read the same world.
+hash of ``(seed, slice, tx, ty)``, so any window of any size is reproducible from the seed
+alone, nothing is stored, and forks of a stream read the same world.
+
+In time the field drifts slowly (``period`` frames): frame ``t`` reads
+``cos(θ)·field_k + sin(θ)·field_(k+1)`` with ``k, r = divmod(t, period)`` and ``θ = π/2 · r /
+period`` — still standard normal at every pixel, one frame to the next correlated by
+``cos(π / (2·period))``, independent ``2·period`` frames apart. A field fixed in time would give a
+resting camera the same noise every frame, so the model's bias there never averages out (a
+night world left idle for 3,000 frames brightened by 11 levels where fresh noise gave 7).
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 
 import torch
 
 TILE = 16  # latent pixels a side per generated tile of the field
 
 
-def _tile(seed: int, tx: int, ty: int, channels: int) -> torch.Tensor:
-    """Tile ``(tx, ty)`` of field ``seed``: ``(channels, TILE, TILE)`` float32 standard normal."""
-    key = b"".join(v.to_bytes(16, "little", signed=True) for v in (seed, tx, ty, channels))
+def _tile(seed: int, tx: int, ty: int, channels: int, time_slice: int = 0) -> torch.Tensor:
+    """Tile ``(tx, ty)`` of field ``seed`` at ``time_slice``: ``(channels, TILE, TILE)``
+    float32 standard normal."""
+    key = b"".join(v.to_bytes(16, "little", signed=True)
+                   for v in (seed, time_slice, tx, ty, channels))
     tile_seed = int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1
     return torch.randn((channels, TILE, TILE), generator=torch.Generator().manual_seed(tile_seed))
 
 
-def window_noise(seed: int, x: int, y: int, channels: int, size: int) -> torch.Tensor:
-    """The field ``seed`` read at latent pixel ``(x, y)`` (top-left, world latent coordinates,
-    any sign): ``(channels, size, size)`` float32, standard normal at every pixel and
-    independent between pixels; two windows of one seed agree wherever they overlap.
+def window_noise(seed: int, x: int, y: int, channels: int, size: int,
+                 time_slice: int = 0) -> torch.Tensor:
+    """The field ``seed`` at ``time_slice`` read at latent pixel ``(x, y)`` (top-left, world
+    latent coordinates, any sign): ``(channels, size, size)`` float32, standard normal at every
+    pixel and independent between pixels and slices; two windows of one seed and slice agree
+    wherever they overlap.
 
     >>> a = window_noise(7, 10, -3, 4, 32)
     >>> torch.equal(a[:, 1:, 2:], window_noise(7, 12, -2, 4, 32)[:, :-1, :-2])
@@ -51,18 +63,29 @@ def window_noise(seed: int, x: int, y: int, channels: int, size: int) -> torch.T
             # the overlap of tile (tx, ty) with the window, in world latent pixels
             x0, x1 = max(tx * TILE, x), min((tx + 1) * TILE, x + size)
             y0, y1 = max(ty * TILE, y), min((ty + 1) * TILE, y + size)
-            out[:, y0 - y : y1 - y, x0 - x : x1 - x] = _tile(seed, tx, ty, channels)[
+            out[:, y0 - y : y1 - y, x0 - x : x1 - x] = _tile(seed, tx, ty, channels, time_slice)[
                 :, y0 - ty * TILE : y1 - ty * TILE, x0 - tx * TILE : x1 - tx * TILE
             ]
     return out
 
 
-def chunk_noise(seed: int, origins, downsample: int, channels: int, size: int) -> torch.Tensor:
+def chunk_noise(seed: int, origins, times, downsample: int, channels: int, size: int,
+                period: int = 0) -> torch.Tensor:
     """Initial noise of a chunk whose frames' camera windows sit at ``origins`` (``(F, 2)``
-    world image px, top-left ``(x, y)``): ``(F, channels, size, size)`` float32, each frame
-    the field read at the latent pixel containing its origin (floor division by
-    ``downsample``)."""
-    return torch.stack([
-        window_noise(seed, int(ox) // downsample, int(oy) // downsample, channels, size)
-        for ox, oy in origins
-    ])
+    world image px, top-left ``(x, y)``) at stream frames ``times`` (``F`` ints): ``(F,
+    channels, size, size)`` float32, each frame the field read at the latent pixel containing
+    its origin (floor division by ``downsample``), drifting in time over ``period`` frames (0:
+    fixed in time). ValueError for a negative period."""
+    if period < 0:
+        raise ValueError(f"period must be >= 0 frames, got {period}")
+    frames = []
+    for (ox, oy), t in zip(origins, times):
+        x, y = int(ox) // downsample, int(oy) // downsample
+        if period == 0:
+            frames.append(window_noise(seed, x, y, channels, size))
+            continue
+        k, r = divmod(int(t), period)
+        theta = 0.5 * math.pi * r / period
+        frames.append(math.cos(theta) * window_noise(seed, x, y, channels, size, k)
+                      + math.sin(theta) * window_noise(seed, x, y, channels, size, k + 1))
+    return torch.stack(frames)
