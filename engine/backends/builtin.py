@@ -103,8 +103,9 @@ class BuiltinConfig(StreamConfig):
     noise there and refine one sample of it, instead of each drawing its own and memory
     keeping their mix. ``world_noise_period``: frames over which that field drifts halfway to
     an independent one (independent two periods apart; 0: fixed in time): a resting camera
-    must not get the same noise every frame, or the model's bias there never averages out.
-    ``restyle_chunks``: after a prompt switch, this
+    must not get the same noise every frame, or the model's bias there never averages out; off
+    by default: at 32 frames the full evaluation lost the revisit gain and one moving world
+    collapsed (assets/builtin/MODEL_CARD.md). ``restyle_chunks``: after a prompt switch, this
     many chunks each start a new memory epoch, so everything in view reads as stale and is
     restyled again (at least 1: the switch itself); the model restyles in one frame what the
     simulator cross-fades over 12, and a second or third pass finishes what the first left
@@ -148,7 +149,7 @@ class BuiltinConfig(StreamConfig):
     residual_deadzone: float = 0.0
     decode_refining: bool = False
     world_noise: bool = True
-    world_noise_period: int = 32
+    world_noise_period: int = 0
     restyle_chunks: int = 3
     guidance: float = 2.0
     guidance_chunks: int | None = 30
