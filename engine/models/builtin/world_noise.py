@@ -17,12 +17,14 @@ The field is stateless: tile ``(tx, ty)`` of a field is drawn from a generator s
 hash of ``(seed, slice, tx, ty)``, so any window of any size is reproducible from the seed
 alone, nothing is stored, and forks of a stream read the same world.
 
-In time the field drifts slowly (``period`` frames): frame ``t`` reads
+Optionally (``period`` > 0 frames; the streaming default is 0, fixed in time) the field
+drifts slowly: frame ``t`` reads
 ``cos(θ)·field_k + sin(θ)·field_(k+1)`` with ``k, r = divmod(t, period)`` and ``θ = π/2 · r /
 period`` — still standard normal at every pixel, one frame to the next correlated by
-``cos(π / (2·period))``, independent ``2·period`` frames apart. A field fixed in time would give a
+``cos(π / (2·period))``, independent ``2·period`` frames apart. A field fixed in time gives a
 resting camera the same noise every frame, so the model's bias there never averages out (a
-night world left idle for 3,000 frames brightened by 11 levels where fresh noise gave 7).
+night world left idle for 3,000 frames brightened by 11 levels where fresh noise gave 7); a
+drifting one loses the revisit gain instead (assets/builtin/MODEL_CARD.md).
 """
 
 from __future__ import annotations
