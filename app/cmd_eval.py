@@ -107,8 +107,15 @@ def register(sub) -> None:
         "--world-noise-period",
         type=int,
         default=None,
-        help="frames over which the world noise field drifts (0 = fixed in time; default: the "
-        "streaming default)",
+        help="frames at rest over which the world noise field drifts, once the camera has "
+        "rested longer than the hold (0 = fixed in time; default: the streaming default)",
+    )
+    p.add_argument(
+        "--world-noise-hold",
+        type=int,
+        default=None,
+        help="frames in a row a resting camera keeps the world noise field fixed before it "
+        "drifts (default: the streaming default)",
     )
     p.add_argument(
         "--no-recache", action="store_true", help="do not recache the window after a prompt switch"
@@ -169,6 +176,7 @@ def run(args) -> int:
         "decode_refining": args.decode_refining,
         "world_noise": args.world_noise,
         "world_noise_period": args.world_noise_period,
+        "world_noise_hold": args.world_noise_hold,
         "recache": False if args.no_recache else None,
     }
     kwargs = {k: v for k, v in settings.items() if v is not None}

@@ -46,15 +46,14 @@ def exact_camera(camera) -> None:
 
 def seeded_noise(gen: BuiltinBackend, seed: int, record) -> torch.Tensor:
     """The initial noise ``(F, C, h, w)`` of a chunk generated with ``ChunkJob(seed=seed)``
-    whose frames' windows sit at ``record.origins`` from stream frame ``record.position``: the
-    seed's world field read at each window's latent pixel and frame (``world_noise``), else one
-    draw of a generator seeded ``seed``."""
+    whose frames' windows sit at ``record.origins`` at field times ``record.field_times``: the
+    seed's world field read at each window's latent pixel (``world_noise``), else one draw of
+    a generator seeded ``seed``."""
     mc = gen.model.config
     g, c = mc.latent_size, mc.latent_channels
     if not gen.config.world_noise:
         return torch.randn((F, c, g, g), generator=torch.Generator().manual_seed(seed))
-    times = range(record.position, record.position + F)
-    return chunk_noise(seed, record.origins, times, gen.downsample, c, g,
+    return chunk_noise(seed, record.origins, record.field_times, gen.downsample, c, g,
                        gen.config.world_noise_period)
 
 
@@ -620,26 +619,54 @@ def test_world_noise_follows_the_ground_and_forks_read_the_same_world():
     assert (seen[False][0][1] - seen[False][1][1]).abs().mean() > 0.5  # fresh at rest too
 
 
-def test_world_noise_drifts_in_time_at_rest():
-    """With a period the field at a resting camera changes a little every frame (correlation
-    ``cos(π/2T)`` per frame) and is new after ``2T`` frames."""
-    period = 32
-    gen = tiny_generator(world_noise_period=period)
+def test_world_noise_holds_at_short_rests_then_drifts_and_stands_still_while_moving():
+    """With a period, the field's time advances one step per frame only once the camera has
+    rested longer than the hold: a resting camera's noise is the fixed field for ``hold``
+    frames, then changes a little every frame (correlation ``cos(π/2T)``) and is new after
+    ``2T`` steps; while the camera moves, and over a pause shorter than the hold, it stays."""
+    period, hold = 8, 3
+    gen = tiny_generator(world_noise_period=period, world_noise_hold=hold)
+    exact_camera(gen.model.camera)
     log = []
 
     def spy(job, st, rec, inner=gen._chunk_noise):
-        log.append(inner(job, st, rec))
-        return log[-1]
+        log.append((rec.origins.copy(), rec.field_times.copy(), inner(job, st, rec)))
+        return log[-1][2]
 
     gen._chunk_noise = spy
     state = gen.new_state("a green meadow", seed=3)
-    for _ in range(2 * period // F + 1):
-        (res,) = gen.generate([ChunkJob(state, [4] * F, steps=1)])
+    rest, right = [4] * F, [5] * F
+    script = [rest] * 12 + [right] * 3 + [rest] * 8
+    for acts in script:
+        (res,) = gen.generate([ChunkJob(state, acts, steps=1)])
         assert res.error is None
     gen.finish()
-    first, next_, later = log[0][0], log[0][1], log[2 * period // F][0]
-    step = np.corrcoef(first.flatten(), next_.flatten())[0, 1]
-    assert abs(step - np.cos(np.pi / (2 * period))) < 0.02
-    assert abs(np.corrcoef(first.flatten(), later.flatten())[0, 1]) < 0.1
+    origins = np.concatenate([o for o, _, _ in log])
+    times = np.concatenate([t for _, t, _ in log])
+    noise = torch.cat([n for _, _, n in log])
+    # hand-worked: the start chunk's F frames rest too (its first frame begins the run), so
+    # generated frame i is at rest run F + i and field time max(0, F + i - hold)
+    resting = 12 * F
+    np.testing.assert_array_equal(times[:resting], np.maximum(0, F + np.arange(resting) - hold))
+    fixed = chunk_noise(state.noise_seed, origins[:1], [0], gen.downsample,
+                        noise.shape[1], noise.shape[2])
+    for i in range(hold - F + 1):  # within the hold: exactly the fixed field
+        torch.testing.assert_close(noise[i], fixed[0], rtol=0, atol=0)
+    a, b = noise[hold - F + 1].flatten(), noise[hold - F + 2].flatten()
+    step = np.corrcoef(a, b)[0, 1]
+    assert abs(step - np.cos(np.pi / (2 * period))) < 0.03
+    later = noise[hold - F + 1 + 2 * period].flatten()
+    assert abs(np.corrcoef(a, later)[0, 1]) < 0.1
+    # moving, then resting again: time never advances on a frame whose window moved, nor on
+    # the first ``hold`` frames of the new rest; afterwards one step a frame
+    moved = np.r_[False, (origins[1:] != origins[:-1]).any(axis=1)]
+    assert moved[resting:resting + 3 * F].sum() >= 3 * F - 2  # the camera did move
+    advanced = np.diff(times, prepend=times[0]) > 0
+    assert not (advanced & moved).any()
+    last_move = int(np.flatnonzero(moved)[-1])
+    np.testing.assert_array_equal(times[last_move: last_move + hold + 1], times[last_move])
+    np.testing.assert_array_equal(np.diff(times[last_move + hold:]), 1)
     with pytest.raises(ValueError, match="world_noise_period"):
         BuiltinConfig(world_noise_period=-1)
+    with pytest.raises(ValueError, match="world_noise_hold"):
+        BuiltinConfig(world_noise_hold=-1)

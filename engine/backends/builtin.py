@@ -101,11 +101,14 @@ class BuiltinConfig(StreamConfig):
     the field's seed is the stream's seed, or a job's ``seed``), instead of drawn afresh: the
     frames that generate the same new ground on its way in from the border start from the same
     noise there and refine one sample of it, instead of each drawing its own and memory
-    keeping their mix. ``world_noise_period``: frames over which that field drifts halfway to
-    an independent one (independent two periods apart; 0: fixed in time): a resting camera
-    must not get the same noise every frame, or the model's bias there never averages out; off
-    by default: at 32 frames the full evaluation lost the revisit gain and one moving world
-    collapsed (assets/builtin/MODEL_CARD.md). ``restyle_chunks``: after a prompt switch, this
+    keeping their mix. ``world_noise_period``: frames *at rest* over which that field drifts
+    halfway to an independent one (independent two periods apart; 0: fixed in time), once the
+    camera has rested longer than ``world_noise_hold`` frames in a row: a camera resting for
+    minutes must not get the same noise every frame, or the model's bias there never averages
+    out (the night world idle 3,000 frames brightened +11 to +14 levels), while a moving
+    camera, and one pausing for less than the hold, keeps the field fixed (a revisit reads the
+    noise of the way out; drifting in stream time instead lost that and collapsed one moving
+    world: assets/builtin/MODEL_CARD.md). ``restyle_chunks``: after a prompt switch, this
     many chunks each start a new memory epoch, so everything in view reads as stale and is
     restyled again (at least 1: the switch itself); the model restyles in one frame what the
     simulator cross-fades over 12, and a second or third pass finishes what the first left
@@ -150,6 +153,7 @@ class BuiltinConfig(StreamConfig):
     decode_refining: bool = False
     world_noise: bool = True
     world_noise_period: int = 0
+    world_noise_hold: int = 64
     restyle_chunks: int = 3
     guidance: float = 2.0
     guidance_chunks: int | None = 30
@@ -172,8 +176,9 @@ class BuiltinConfig(StreamConfig):
             raise ValueError("guidance and guidance_chunks must be >= 0")
         if self.action_guidance < 0:
             raise ValueError("action_guidance must be >= 0")
-        if self.world_noise_period < 0:
-            raise ValueError(f"world_noise_period must be >= 0, got {self.world_noise_period}")
+        if self.world_noise_period < 0 or self.world_noise_hold < 0:
+            raise ValueError("world_noise_period and world_noise_hold must be >= 0 frames, got "
+                             f"{self.world_noise_period}, {self.world_noise_hold}")
         if not 0 <= self.residual_deadzone < 255:
             raise ValueError(f"residual_deadzone must be in [0, 255), got {self.residual_deadzone}")
         if self.action_guidance != 1 and self.neutral_action is None:
@@ -194,6 +199,10 @@ class _ChunkRecord:
     context: torch.Tensor | None = None  # (F, C, h, w) what the cache fill consumed
     undo: list[UndoRecord] = field(default_factory=list)  # memory writes, oldest first
     guided: bool = False  # denoised with classifier-free guidance on the prompt
+    # (F,) int64 each frame's time in the world noise field: frames so far that rested longer
+    # than world_noise_hold in a row (the field stands still while the camera moves)
+    field_times: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    rest_run: int = 0  # frames in a row, up to its last, whose window did not move
 
     @property
     def num_frames(self) -> int:
@@ -407,13 +416,14 @@ class BuiltinBackend(PagedRunner):
     def _chunk_noise(self, job: ChunkJob, state: BuiltinState, record: _ChunkRecord
                      ) -> torch.Tensor:
         """With ``world_noise``: the field of ``job.seed`` (else the stream's) read at each
-        frame's camera window and time, ``(F, C, h, w)`` float32; else fresh noise."""
+        frame's camera window and field time (``_field_clock``), ``(F, C, h, w)`` float32;
+        else fresh noise."""
         if not self.config.world_noise:
             return super()._chunk_noise(job, state, record)
         mc = self.model.config
         seed = job.seed if job.seed is not None else state.noise_seed
-        times = range(record.position, record.position + len(record.origins))
-        return chunk_noise(seed, record.origins, times, self.downsample, mc.latent_channels,
+        return chunk_noise(seed, record.origins, record.field_times, self.downsample,
+                           mc.latent_channels,
                            mc.latent_size, self.config.world_noise_period)
 
     def _plan(
@@ -442,6 +452,7 @@ class BuiltinBackend(PagedRunner):
             else:
                 path = np.repeat(pos[None], len(acts), axis=0)
             origins = np.floor(path).astype(np.int64)
+            field_times, rest_run = self._field_clock(state, origins)
             known = []
             for x0, y0 in origins:
                 read = state.memory.read(x0, y0, size)
@@ -460,6 +471,8 @@ class BuiltinBackend(PagedRunner):
                     origins,
                     (path[-1], vel.float().cpu()),
                     guided=guided,
+                    field_times=field_times,
+                    rest_run=rest_run,
                 )
             )
         keys = [hashlib.blake2b(p.tobytes(), digest_size=16).digest() for p in pictures]
@@ -472,6 +485,25 @@ class BuiltinBackend(PagedRunner):
                 eps = torch.randn(rec.base.shape, generator=state.rng)
                 rec.base = (1 - cfg.ctx_sigma) * rec.base + cfg.ctx_sigma * eps
         return records, views
+
+    def _field_clock(self, state: BuiltinState, origins: np.ndarray) -> tuple[np.ndarray, int]:
+        """The world noise field's time ``(F,)`` int64 at each of a chunk's frames (windows at
+        ``origins``, ``(F, 2)``) after the state's last chunk, and the frames in a row at rest
+        up to its last: a frame rests when its window is the previous frame's; the field's
+        time advances one frame for each resting frame beyond ``world_noise_hold`` in a row."""
+        hold = self.config.world_noise_hold
+        if state.history:
+            last = state.history[-1]
+            prev, run = last.origins[-1], last.rest_run
+            clock = int(last.field_times[-1]) if len(last.field_times) else 0
+        else:
+            prev, run, clock = None, 0, 0
+        times = np.empty(len(origins), np.int64)
+        for i, origin in enumerate(origins):
+            run = run + 1 if prev is not None and np.array_equal(origin, prev) else 0
+            clock += run > hold
+            times[i], prev = clock, origin
+        return times, run
 
     def _commit_extra(self, state: BuiltinState, rec: _ChunkRecord, frames: np.ndarray) -> None:
         """Write a chunk's frames ``(F, H, W, 3)`` uint8 into the state's spatial memory."""

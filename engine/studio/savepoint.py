@@ -347,6 +347,7 @@ def _export_builtin(gen, state) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
                 if value is not None:
                     arrays[f"h{i}.{name}"] = _t2n(value)
             arrays[f"h{i}.origins"] = rec.origins
+            arrays[f"h{i}.field_times"] = rec.field_times
             arrays[f"h{i}.cam_pos"] = np.asarray(rec.camera[0], np.float64)
             arrays[f"h{i}.cam_vel"] = _t2n(rec.camera[1])
             undo = []
@@ -359,6 +360,7 @@ def _export_builtin(gen, state) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
                     parts.append([list(key), [ys.start, ys.stop], [xs.start, xs.stop]])
                 undo.append(parts)
             history.append({"actions": list(rec.actions), "position": rec.position,
+                            "rest_run": rec.rest_run,
                             "has": [n for n in ("latents", "context")
                                     if getattr(rec, n) is not None], "undo": undo})
         # NOTE: the spatial memory's tiles are private to it; a save point is the one place
@@ -439,7 +441,9 @@ def _import_builtin(gen, arrays: dict[str, np.ndarray], scalars: dict[str, Any])
                     get("known"), [int(a) for a in h["actions"]], int(h["position"]),
                     arrays[f"h{i}.origins"].astype(np.int64),
                     (arrays[f"h{i}.cam_pos"].astype(np.float64), get("cam_vel")),
-                    get("context") if "context" in h["has"] else None, undo))
+                    get("context") if "context" in h["has"] else None, undo,
+                    field_times=arrays[f"h{i}.field_times"].astype(np.int64),
+                    rest_run=int(h["rest_run"])))
             m = scalars["memory"]
             memory = SpatialMemory(int(m["tile"]), int(m["max_tiles"]), int(m["settle_px"]))
             memory.epoch, memory._tick = int(m["epoch"]), int(m["tick"])

@@ -17,14 +17,16 @@ The field is stateless: tile ``(tx, ty)`` of a field is drawn from a generator s
 hash of ``(seed, slice, tx, ty)``, so any window of any size is reproducible from the seed
 alone, nothing is stored, and forks of a stream read the same world.
 
-Optionally (``period`` > 0 frames; the streaming default is 0, fixed in time) the field
-drifts slowly: frame ``t`` reads
-``cos(θ)·field_k + sin(θ)·field_(k+1)`` with ``k, r = divmod(t, period)`` and ``θ = π/2 · r /
-period`` — still standard normal at every pixel, one frame to the next correlated by
-``cos(π / (2·period))``, independent ``2·period`` frames apart. A field fixed in time gives a
-resting camera the same noise every frame, so the model's bias there never averages out (a
-night world left idle for 3,000 frames brightened by 11 levels where fresh noise gave 7); a
-drifting one loses the revisit gain instead (assets/builtin/MODEL_CARD.md).
+Optionally (``period`` > 0) the field drifts slowly in its own time: a frame at field time
+``t`` reads ``cos(θ)·field_k + sin(θ)·field_(k+1)`` with ``k, r = divmod(t, period)`` and
+``θ = π/2 · r / period`` — still standard normal at every pixel, one time step to the next
+correlated by ``cos(π / (2·period))``, independent ``2·period`` steps apart, and at ``t = 0``
+exactly the fixed field. A field fixed in time gives a resting camera the same noise every
+frame, so the model's bias there never averages out (a night world left idle for 3,000 frames
+brightened by 11 levels where fresh noise gave 7); drifting in stream time loses the revisit
+gain instead, so the built-in backend advances the field's time only while the camera has
+rested for long (``engine.backends.builtin.BuiltinBackend._field_clock``;
+assets/builtin/MODEL_CARD.md).
 """
 
 from __future__ import annotations
@@ -74,10 +76,10 @@ def window_noise(seed: int, x: int, y: int, channels: int, size: int,
 def chunk_noise(seed: int, origins, times, downsample: int, channels: int, size: int,
                 period: int = 0) -> torch.Tensor:
     """Initial noise of a chunk whose frames' camera windows sit at ``origins`` (``(F, 2)``
-    world image px, top-left ``(x, y)``) at stream frames ``times`` (``F`` ints): ``(F,
+    world image px, top-left ``(x, y)``) at field times ``times`` (``F`` ints >= 0): ``(F,
     channels, size, size)`` float32, each frame the field read at the latent pixel containing
-    its origin (floor division by ``downsample``), drifting in time over ``period`` frames (0:
-    fixed in time). ValueError for a negative period."""
+    its origin (floor division by ``downsample``), drifting over ``period`` time steps (0:
+    fixed in time, ``times`` unused). ValueError for a negative period."""
     if period < 0:
         raise ValueError(f"period must be >= 0 frames, got {period}")
     frames = []
