@@ -582,13 +582,13 @@ def test_a_forward_that_raises_gives_its_pages_back():
 
 
 def test_world_noise_follows_the_ground_and_forks_read_the_same_world():
-    """With ``world_noise`` (fixed in time, the default) each frame's initial noise is pinned to the
-    world: unchanged while the camera rests, shifted by whole latent pixels with it as it moves
+    """With ``world_noise`` each frame's initial noise is pinned to the world: unchanged while
+    the camera rests (for less than the hold), shifted by whole latent pixels with it as it moves
     (the overlap of two frames' noise agrees), the same for a fork at the same place; without
     it every chunk draws afresh."""
     seen = {}
     for on in (True, False):
-        gen = tiny_generator(world_noise=on)  # fixed in time (the default)
+        gen = tiny_generator(world_noise=on)  # 14 frames: all within the default hold
         exact_camera(gen.model.camera)
         log = seen[on] = []
 
