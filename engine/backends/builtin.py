@@ -109,7 +109,7 @@ class BuiltinConfig(StreamConfig):
     revisit reads the noise of the way out; drifting in stream time instead lost that and
     collapsed one moving world). Off by default: the night world idle for 3,000 frames
     brightened +11 to +14 levels with the fixed field and +5 to +6 drifting on an AVX-512 Xeon
-    (bf16 autoencoder), but on an AVX2 EPYC (fp32) +1.5 to +8.2 fixed against +1.8 to +9.0
+    (bf16 autoencoder), but on an AVX2 EPYC (fp32) +1.5 to +8.2 fixed against +1.8 to +12.1
     drifting over the same six worlds (assets/builtin/MODEL_CARD.md). ``restyle_chunks``: after a prompt switch, this
     many chunks each start a new memory epoch, so everything in view reads as stale and is
     restyled again (at least 1: the switch itself); the model restyles in one frame what the
