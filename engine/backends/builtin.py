@@ -107,14 +107,14 @@ class BuiltinConfig(StreamConfig):
     minutes gets the same noise every frame, so the model's bias there cannot average out,
     while a moving camera, and one pausing for less than the hold, keeps the field fixed (a
     revisit reads the noise of the way out; drifting in stream time instead lost that and
-    collapsed one moving world). Off by default: the night world idle for 3,000 frames
-    brightened +11 to +14 levels with the fixed field and +5 to +6 drifting on an AVX-512 Xeon
-    (bf16 autoencoder), but on an AVX2 EPYC (fp32) +1.5 to +8.2 fixed against +1.8 to +12.1
-    drifting over the same six worlds (assets/builtin/MODEL_CARD.md). ``restyle_chunks``: after a prompt switch, this
-    many chunks each start a new memory epoch, so everything in view reads as stale and is
-    restyled again (at least 1: the switch itself); the model restyles in one frame what the
-    simulator cross-fades over 12, and a second or third pass finishes what the first left
-    half done.
+    collapsed one moving world). Off by default: night worlds idle for 3,000 frames brightened
+    +11 to +14 levels with the fixed field and +5 to +6 drifting on an AVX-512 Xeon (bf16
+    autoencoder, three worlds), but +1.5 to +8.2 fixed against +1.8 to +12.1 drifting on an
+    AVX2 EPYC (fp32, six worlds; assets/builtin/MODEL_CARD.md). ``restyle_chunks``: after a
+    prompt switch, this many chunks each start a new memory epoch, so everything in view reads
+    as stale and is restyled again (at least 1: the switch itself); the model restyles in one
+    frame what the simulator cross-fades over 12, and a second or third pass finishes what the
+    first left half done.
     ``guidance``: classifier-free guidance scale on the prompt (Ho & Salimans, "Classifier-Free
     Diffusion Guidance", 2022: ``u + guidance * (c - u)`` from the denoiser's predictions
     without and with the text embedding, which training drops 10 % of the time; 1 = off),
