@@ -202,7 +202,8 @@ class _ChunkRecord:
     undo: list[UndoRecord] = field(default_factory=list)  # memory writes, oldest first
     guided: bool = False  # denoised with classifier-free guidance on the prompt
     # (F,) int64 each frame's time in the world noise field: frames so far that rested longer
-    # than world_noise_hold in a row (the field stands still while the camera moves)
+    # than world_noise_hold in a row (the field stands still while the camera moves); set by
+    # _plan (every record is planned) or a save point, never left empty
     field_times: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     rest_run: int = 0  # frames in a row, up to its last, whose window did not move
 
@@ -425,8 +426,7 @@ class BuiltinBackend(PagedRunner):
         mc = self.model.config
         seed = job.seed if job.seed is not None else state.noise_seed
         return chunk_noise(seed, record.origins, record.field_times, self.downsample,
-                           mc.latent_channels,
-                           mc.latent_size, self.config.world_noise_period)
+                           mc.latent_channels, mc.latent_size, self.config.world_noise_period)
 
     def _plan(
         self, states: list[BuiltinState], actions: list[list[int]], move: bool = True
@@ -497,7 +497,7 @@ class BuiltinBackend(PagedRunner):
         if state.history:
             last = state.history[-1]
             prev, run = last.origins[-1], last.rest_run
-            clock = int(last.field_times[-1]) if len(last.field_times) else 0
+            clock = int(last.field_times[-1])
         else:
             prev, run, clock = None, 0, 0
         times = np.empty(len(origins), np.int64)
