@@ -84,6 +84,18 @@ def register(sub) -> None:
         default=0.5,
         help="fraction of each batch drawn from the rollout pool",
     )
+    adv = p.add_argument_group(
+        "adversarial fine-tuning",
+        "fine-tune --init-from with a patch discriminator beside the recipe's squared error "
+        "(engine.training.adversarial; an experiment, see the model card)",
+    )
+    adv.add_argument(
+        "--adversarial",
+        type=float,
+        default=None,
+        metavar="WEIGHT",
+        help="weight of the generator's adversarial loss (needs --init-from)",
+    )
     p.set_defaults(func=run)
 
 
@@ -99,6 +111,11 @@ def run(args) -> int:
         raise ValueError("--onpolicy fine-tunes a trained model: give --init-from")
     if not 0.0 <= args.p_onpolicy <= 1.0:
         raise ValueError(f"--p-onpolicy must be in [0, 1], got {args.p_onpolicy}")
+    if args.adversarial is not None and (args.init_from is None or args.onpolicy):
+        raise ValueError("--adversarial fine-tunes a trained model: give --init-from "
+                         "(and not --onpolicy)")
+    if args.adversarial is not None and args.adversarial < 0:
+        raise ValueError(f"--adversarial must be >= 0, got {args.adversarial}")
     spec = world(args.world)
     if args.onpolicy and spec.name != "landscape":
         raise ValueError("--onpolicy is implemented for the landscape world only")
@@ -128,6 +145,27 @@ def run(args) -> int:
         )
         print(json.dumps(result))
         return 0
+    change_weight = spec.change_weight if args.change_weight is None else args.change_weight
+    if args.adversarial is not None:
+        from worldstream.engine.training.adversarial import finetune_adversarial
+
+        result = finetune_adversarial(
+            data,
+            args.init_from,
+            out,
+            args.run_dir,
+            steps=args.steps,
+            adv_weight=args.adversarial,
+            lr=args.lr,
+            batch=args.batch,
+            frames=args.frames,
+            ctx_sigma_max=args.ctx_sigma_max,
+            change_weight=change_weight,
+            seed=args.seed,
+            max_minutes=args.max_minutes,
+        )
+        print(json.dumps(result))
+        return 0
     result = train_world(
         data,
         out,
@@ -147,7 +185,7 @@ def run(args) -> int:
         view_box=spec.view_box,
         num_actions=spec.num_actions,
         action_factors=spec.action_factors,
-        change_weight=spec.change_weight if args.change_weight is None else args.change_weight,
+        change_weight=change_weight,
     )
     print(json.dumps(result))
     return 0

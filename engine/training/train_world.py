@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -118,7 +119,32 @@ def degrade_bases(zb: torch.Tensor, gen: torch.Generator, p: float) -> torch.Ten
     return torch.where(hit, blurred.reshape(zb.shape) + cast, zb)
 
 
-def world_loss(
+@dataclass
+class WorldPrediction:
+    """One training forward of :func:`world_prediction`, model space: ``pred``/``target``
+    ``(B, F, C, h, w)`` the predicted and the true clean latents, ``weight`` ``(B, F, 1, h, w)``
+    the squared error's weight, ``sigma (B, F)`` each frame's noise level, ``known (B, F, 2, h,
+    w)``, ``txt (B, F, 384)`` the text as fed (dropped rows zero)."""
+
+    pred: torch.Tensor
+    target: torch.Tensor
+    weight: torch.Tensor
+    sigma: torch.Tensor
+    known: torch.Tensor
+    txt: torch.Tensor
+
+    def loss(self) -> torch.Tensor:
+        """The weighted squared error (:func:`world_loss`)."""
+        return torch.sum(self.weight * (self.pred - self.target) ** 2) / torch.sum(
+            self.weight.expand_as(self.pred))
+
+
+def world_loss(*args, **kwargs) -> torch.Tensor:
+    """:func:`world_prediction`'s weighted squared error (the recipe's loss); same arguments."""
+    return world_prediction(*args, **kwargs).loss()
+
+
+def world_prediction(
     model: WorldDiT,
     lat: torch.Tensor,
     base: torch.Tensor,
@@ -134,13 +160,13 @@ def world_loss(
     new_weight: float = 4.0,
     p_degrade: float = 0.3,
     change_weight: float = 0.0,
-) -> torch.Tensor:
-    """Flow-matching x0 loss over a clip: ``lat``/``base (B, F, C, h, w)`` autoencoder latents
-    of the frames and of their memory bases, ``known (B, F, 2, h, w)``, ``actions (B, F)``,
-    ``txt (B, F, 384)``. Squared error weighted ``1 + new_weight`` where memory held nothing of
-    the current prompt (what the model must generate), 1 where it only copies, plus
-    ``change_weight`` times :func:`change_map` (where the frame differs from its base). A
-    fraction ``p_degrade`` of the bases is degraded first (:func:`degrade_bases`)."""
+) -> WorldPrediction:
+    """The forward of the flow-matching x0 loss over a clip: ``lat``/``base (B, F, C, h, w)``
+    autoencoder latents of the frames and of their memory bases, ``known (B, F, 2, h, w)``,
+    ``actions (B, F)``, ``txt (B, F, 384)``. Squared error weighted ``1 + new_weight`` where
+    memory held nothing of the current prompt (what the model must generate), 1 where it only
+    copies, plus ``change_weight`` times :func:`change_map` (where the frame differs from its
+    base). A fraction ``p_degrade`` of the bases is degraded first (:func:`degrade_bases`)."""
     b, f = actions.shape
     nc = f // chunk_frames
     z = model.normalize(lat.to(device))
@@ -166,7 +192,7 @@ def world_loss(
     weight = 1.0 + new_weight * (1.0 - known[:, :, :1])
     if change is not None:
         weight = weight + change_weight * change
-    return torch.sum(weight * (pred - z) ** 2) / torch.sum(weight.expand_as(pred))
+    return WorldPrediction(pred, z, weight, sig, known, txt)
 
 
 def change_map(z: torch.Tensor, zb: torch.Tensor, cap: float = 10.0) -> torch.Tensor:
