@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from worldstream.app import cli
 from worldstream.engine.models.builtin.world_dit import WorldDiT
 from worldstream.engine.training.adversarial import (
     PatchDiscriminator,
@@ -110,3 +111,14 @@ def test_adversarial_finetune_rejects_a_negative_weight(tmp_path):
         finetune_adversarial(_tiny_data(), tmp_path / "init", tmp_path / "out",
                              tmp_path / "run", steps=1, adv_weight=-1.0)
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("extra", [[], ["--init-from", "x", "--onpolicy"],
+                                   ["--init-from", "x", "--adversarial", "-1"]])
+def test_train_world_cli_refuses_bad_adversarial_settings_before_any_work(tmp_path, capsys,
+                                                                          extra):
+    argv = ["train-world", "--data", str(tmp_path / "data"), "--run-dir", str(tmp_path / "run")]
+    argv += extra if "--adversarial" in extra else ["--adversarial", "0.1", *extra]
+    assert cli.main(argv) == 2
+    assert "--adversarial" in capsys.readouterr().err
+    assert not (tmp_path / "data").exists() and not (tmp_path / "run").exists()

@@ -123,13 +123,31 @@ def test_drift_metrics_of_the_ground_truth_against_itself():
         stats = np.array([_frame_stats(f) for f in ep.frames])
         runs["runs"].append({"scene": "meadow", "moving": moving, "model": stats, "sim": stats})
     out = drift_metrics(runs)
-    assert out["rollout_sharpness_ratio"] == 1.0
+    assert out["rollout_sharpness_ratio"] == out["rollout_sharpness_ratio_max"] == 1.0
+    assert out["rollout_luma_drift_max_abs"] == 0.0
     assert out["rollout_anisotropy"] == out["rollout_anisotropy_ground_truth"] < 0.15
     assert out["drift_ratio_240"]["vs_sim"] == {"sharpness": 1.0, "colour": 1.0}
     assert out["luma_drift_max_abs"] == 0.0
     # a rollout that darkens by 20 levels reads as -20 luma drift
     runs["runs"][0]["model"] = runs["runs"][0]["model"] - [0, 0, 20, 0, 0, 0]
     assert drift_metrics(runs)["luma_drift"]["meadow_idle"] == -20.0
+
+
+def test_rollout_segments_see_an_early_change_of_scene_that_the_end_does_not():
+    """A moving rollout whose frames 80-119 are 30 levels brighter and twice as sharp (a dark
+    world turned into a bright one for one segment, then back): the segments' max sharpness
+    ratio and luma read it; the end of the rollout (luma_drift) and the min do not."""
+    ep = record(33, 240, "night")
+    stats = np.array([_frame_stats(f) for f in ep.frames])
+    model = stats.copy()
+    model[80:120, 0] *= 2.0
+    model[80:120, 2] += 30.0
+    runs = {"length": 240, "runs": [{"scene": "night", "moving": True, "model": model,
+                                     "sim": stats}]}
+    out = drift_metrics(runs)
+    assert out["rollout_sharpness_ratio_max"] == 2.0 and out["rollout_sharpness_ratio"] == 1.0
+    assert out["rollout_luma_drift_max_abs"] == 30.0
+    assert out["luma_drift_max_abs"] == 0.0
 
 
 @pytest.mark.parametrize("key,back", [(RIGHT, LEFT), (DOWN, UP), (LEFT, RIGHT), (UP, DOWN)])
