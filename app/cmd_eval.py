@@ -7,6 +7,19 @@ import json
 from pathlib import Path
 
 
+def _guidance_chunks(text: str) -> int | str:
+    """``--guidance-chunks``: a count of chunks >= 0, or ``all``."""
+    if text == "all":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a count or 'all', got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
 def register(sub) -> None:
     p = sub.add_parser("eval", help="evaluate the built-in model against the simulator")
     p.add_argument("--world", choices=("landscape", "avatar"), default="landscape",
@@ -66,9 +79,10 @@ def register(sub) -> None:
     )
     p.add_argument(
         "--guidance-chunks",
-        type=int,
+        type=_guidance_chunks,
         default=None,
-        help="chunks guided from a prompt switch (default: the model's streaming default)",
+        help="chunks guided from a prompt switch, or 'all' for every chunk (default: the "
+        "model's streaming default)",
     )
     p.add_argument(
         "--action-guidance",
@@ -180,6 +194,8 @@ def run(args) -> int:
         "recache": False if args.no_recache else None,
     }
     kwargs = {k: v for k, v in settings.items() if v is not None}
+    if args.guidance_chunks == "all":
+        kwargs["guidance_chunks"] = None  # BuiltinConfig: None guides every chunk
     if args.world == "avatar":
         return _run_avatar(args, kwargs, settings)
     if args.action_guidance is not None:
