@@ -124,24 +124,16 @@ def run(args) -> int:
     out = args.out or spec.assets / "transformer"
     data = encode_shards(ae, shards, args.chunk_frames, cache=args.run_dir / "latents.pt",
                          prompts=spec.prompts, view_box=spec.view_box)
+    # the settings every fine-tune of a trained model takes from the command line
+    tuning = dict(steps=args.steps, lr=args.lr, ctx_sigma_max=args.ctx_sigma_max,
+                  seed=args.seed, max_minutes=args.max_minutes)
     if args.onpolicy:
         from worldstream.engine.training.onpolicy import finetune_onpolicy
 
         result = finetune_onpolicy(
-            data,
-            ae,
-            shards,
-            args.init_from,
-            out,
-            args.run_dir,
-            steps=args.steps,
-            refresh_every=args.refresh_every,
-            pool_episodes=args.pool_episodes,
-            p_onpolicy=args.p_onpolicy,
-            lr=args.lr,
-            ctx_sigma_max=args.ctx_sigma_max,
-            seed=args.seed,
-            max_minutes=args.max_minutes,
+            data, ae, shards, args.init_from, out, args.run_dir,
+            refresh_every=args.refresh_every, pool_episodes=args.pool_episodes,
+            p_onpolicy=args.p_onpolicy, **tuning,
         )
         print(json.dumps(result))
         return 0
@@ -150,19 +142,8 @@ def run(args) -> int:
         from worldstream.engine.training.adversarial import finetune_adversarial
 
         result = finetune_adversarial(
-            data,
-            args.init_from,
-            out,
-            args.run_dir,
-            steps=args.steps,
-            adv_weight=args.adversarial,
-            lr=args.lr,
-            batch=args.batch,
-            frames=args.frames,
-            ctx_sigma_max=args.ctx_sigma_max,
-            change_weight=change_weight,
-            seed=args.seed,
-            max_minutes=args.max_minutes,
+            data, args.init_from, out, args.run_dir, adv_weight=args.adversarial,
+            batch=args.batch, frames=args.frames, change_weight=change_weight, **tuning,
         )
         print(json.dumps(result))
         return 0
