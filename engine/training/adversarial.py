@@ -37,16 +37,13 @@ from worldstream.engine.models.builtin.attention import (
     expand_frame_mask,
 )
 from worldstream.engine.models.builtin.world_dit import WorldDiT
-from worldstream.engine.training.common import (
-    load_checkpoint,
-    pick_device,
-    save_checkpoint,
-    seed_everything,
-)
+from worldstream.engine.training.common import load_checkpoint, pick_device, seed_everything
 from worldstream.engine.training.latents import LatentDataset
 from worldstream.engine.training.train_world import (
+    WorldPrediction,
     export_ema,
     resume_run,
+    save_run,
     world_prediction,
 )
 
@@ -91,7 +88,7 @@ def hinge_g_loss(fake: torch.Tensor) -> torch.Tensor:
     return -fake.mean()
 
 
-def judged_frames(pred, min_sigma: float):
+def judged_frames(pred: WorldPrediction, min_sigma: float):
     """The frames of a :class:`~engine.training.train_world.WorldPrediction` the discriminator
     judges: those denoised from ``sigma >= min_sigma`` (what the model generates; context
     frames at the context noise level are near copies of their input). Returns ``(fake,
@@ -159,10 +156,8 @@ def finetune_adversarial(
     t0 = time.perf_counter()
 
     def checkpoint() -> None:
-        save_checkpoint(ckpt_path, model=model.state_dict(), ema=ema.state_dict(),
-                        opt=opt.state_dict(), sched=sched.state_dict(), step=step,
-                        wall=wall + time.perf_counter() - t0, disc=disc.state_dict(),
-                        d_opt=d_opt.state_dict())
+        save_run(ckpt_path, model, ema, opt, sched, step, wall + time.perf_counter() - t0,
+                 disc=disc.state_dict(), d_opt=d_opt.state_dict())
 
     rows: list[tuple[float, float, float, float, float]] = []
     bar = tqdm(total=steps, initial=step, desc="train-world adversarial", unit="step")

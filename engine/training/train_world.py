@@ -233,10 +233,11 @@ def resume_run(model: WorldDiT, lr: float, warmup: int, ckpt_path: Path,
     return params, ema, opt, sched, step, wall
 
 
-def save_run(path: Path, model, ema, opt, sched, step: int, wall_s: float) -> None:
-    """The resume checkpoint of a world-model run (weights, EMA, optimiser, schedule)."""
+def save_run(path: Path, model, ema, opt, sched, step: int, wall_s: float, **extra) -> None:
+    """The resume checkpoint of a world-model run (weights, EMA, optimiser, schedule, and
+    ``extra`` entries a fine-tune keeps beside them)."""
     save_checkpoint(path, model=model.state_dict(), ema=ema.state_dict(), opt=opt.state_dict(),
-                    sched=sched.state_dict(), step=step, wall=wall_s)
+                    sched=sched.state_dict(), step=step, wall=wall_s, **extra)
 
 
 def export_ema(model: WorldDiT, ema: EMAModel, params: list, out_dir: Path) -> None:
