@@ -20,6 +20,19 @@ def _guidance_chunks(text: str) -> int | str:
     return value
 
 
+def _steady_sigma(text: str) -> float | str:
+    """``--steady-guidance-sigma``: a noise level in (0, 1], or ``off``."""
+    if text == "off":
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a noise level or 'off', got {text!r}") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {value}")
+    return value
+
+
 def register(sub) -> None:
     p = sub.add_parser("eval", help="evaluate the built-in model against the simulator")
     p.add_argument("--world", choices=("landscape", "avatar"), default="landscape",
@@ -83,6 +96,14 @@ def register(sub) -> None:
         default=None,
         help="chunks guided from a prompt switch, or 'all' for every chunk (default: the "
         "model's streaming default)",
+    )
+    p.add_argument(
+        "--steady-guidance-sigma",
+        type=_steady_sigma,
+        default=None,
+        help="outside the chunks guided after a switch, guide the prompt at the denoising "
+        "steps whose noise level is at least this, or 'off' (default: the world's streaming "
+        "default)",
     )
     p.add_argument(
         "--action-guidance",
@@ -184,6 +205,7 @@ def run(args) -> int:
         "spatial_pages": args.spatial_pages,
         "guidance": args.guidance,
         "guidance_chunks": args.guidance_chunks,
+        "steady_guidance_sigma": args.steady_guidance_sigma,
         "restyle_chunks": args.restyle_chunks,
         "action_guidance": args.action_guidance,
         "residual_deadzone": args.residual_deadzone,
@@ -196,6 +218,8 @@ def run(args) -> int:
     kwargs = {k: v for k, v in settings.items() if v is not None}
     if args.guidance_chunks == "all":
         kwargs["guidance_chunks"] = None  # BuiltinConfig: None guides every chunk
+    if args.steady_guidance_sigma == "off":
+        kwargs["steady_guidance_sigma"] = None  # BuiltinConfig: None is off
     if args.world == "avatar":
         return _run_avatar(args, kwargs, settings)
     if args.action_guidance is not None:

@@ -79,6 +79,10 @@ def register(sub) -> None:
         "--pool-episodes", type=int, default=96, help="recorded episodes rolled out per pool"
     )
     onp.add_argument(
+        "--rollout-steps", type=int, default=4,
+        help="denoising steps of the rollouts (1-4; the avatar's playground default is 2)",
+    )
+    onp.add_argument(
         "--p-onpolicy",
         type=float,
         default=0.5,
@@ -109,6 +113,8 @@ def run(args) -> int:
         raise ValueError("--steps and --batch must be >= 1")
     if args.onpolicy and args.init_from is None:
         raise ValueError("--onpolicy fine-tunes a trained model: give --init-from")
+    if not 1 <= args.rollout_steps <= 4:
+        raise ValueError(f"--rollout-steps must be in [1, 4], got {args.rollout_steps}")
     if not 0.0 <= args.p_onpolicy <= 1.0:
         raise ValueError(f"--p-onpolicy must be in [0, 1], got {args.p_onpolicy}")
     if args.adversarial is not None and (args.init_from is None or args.onpolicy):
@@ -117,8 +123,6 @@ def run(args) -> int:
     if args.adversarial is not None and args.adversarial < 0:
         raise ValueError(f"--adversarial must be >= 0, got {args.adversarial}")
     spec = world(args.world)
-    if args.onpolicy and spec.name != "landscape":
-        raise ValueError("--onpolicy is implemented for the landscape world only")
     shards, _ = spec.ensure_dataset(args.data)
     ae = load_autoencoder(args.vae or spec.assets / "vae")
     out = args.out or spec.assets / "transformer"
@@ -127,17 +131,19 @@ def run(args) -> int:
     # the settings every fine-tune of a trained model takes from the command line
     tuning = dict(steps=args.steps, lr=args.lr, ctx_sigma_max=args.ctx_sigma_max,
                   seed=args.seed, max_minutes=args.max_minutes)
+    change_weight = spec.change_weight if args.change_weight is None else args.change_weight
     if args.onpolicy:
         from worldstream.engine.training.onpolicy import finetune_onpolicy
 
         result = finetune_onpolicy(
             data, ae, shards, args.init_from, out, args.run_dir,
             refresh_every=args.refresh_every, pool_episodes=args.pool_episodes,
-            p_onpolicy=args.p_onpolicy, **tuning,
+            p_onpolicy=args.p_onpolicy, rollout_steps=args.rollout_steps,
+            prompts=spec.prompts, settings=_stream_settings(spec.name),
+            change_weight=change_weight, **tuning,
         )
         print(json.dumps(result))
         return 0
-    change_weight = spec.change_weight if args.change_weight is None else args.change_weight
     if args.adversarial is not None:
         from worldstream.engine.training.adversarial import finetune_adversarial
 
@@ -170,3 +176,14 @@ def run(args) -> int:
     )
     print(json.dumps(result))
     return 0
+
+
+def _stream_settings(name: str) -> dict:
+    """The world's streaming settings (``BuiltinConfig`` keyword arguments) its on-policy
+    rollouts run with, as the playground streams it: the avatar's guidance, dead zone and
+    fresh noise; the landscape's are the config's defaults."""
+    if name == "avatar":
+        from worldstream.engine.backends.avatar import avatar_settings
+
+        return avatar_settings()
+    return {}

@@ -12,6 +12,9 @@ by side in one run, each as a ratio (> 1: the engine's way is faster).
 * ``chunked_vs_frame_by_frame`` — chunks of 2 frames vs 1 frame at the same context length.
 * ``channels_last_vs_nchw`` — the autoencoder with channels-last (NHWC) weights, as the
   backend loads it, vs the default NCHW layout (same weights, same stream).
+* ``steady_guidance_vs_none`` — every chunk guided on the prompt at its high-noise steps
+  (``BuiltinConfig.steady_guidance_sigma``, the landscape's default) vs guided only after a
+  switch: what keeping new ground in the prompt's scene costs (a ratio under 1).
 
 All are measured below the engine thread (``bench.harness``: steady-state wall time per
 ``generate`` call after the memory is full), so scheduling cannot blur them.
@@ -134,6 +137,24 @@ def compiled_vs_eager(models: Models, *, steps: int, chunks: int = 4, rounds: in
             "rounds": rounds, "speed": eager / compiled}
 
 
+def steady_guidance_vs_none(models: Models, *, steps: int, chunks: int = 4, rounds: int = 4,
+                            sigma: float = 0.6, **config) -> dict:
+    """Per-chunk ms with ``steady_guidance_sigma=sigma`` vs None, in ``rounds`` alternating
+    rounds of ``chunks`` chunks (medians over every round's chunks). Both generators guide no
+    chunk after the stream's start (``guidance_chunks=0``), so they differ in the steady rule
+    alone."""
+    config = {"guidance_chunks": 0, **config}
+    steady = make_generator(models, max_states=1, steady_guidance_sigma=sigma, **config)
+    plain = make_generator(models, max_states=1, steady_guidance_sigma=None, **config)
+    times: dict[str, list[float]] = {"steady": [], "none": []}
+    for r in range(rounds):
+        for name, gen in (("steady", steady), ("none", plain))[:: 1 if r % 2 else -1]:
+            times[name] += time_stream(gen, steps=steps, chunks=chunks, seed=r)["chunk_ms_all"]
+    on, off = (statistics.median(times[k]) for k in ("steady", "none"))
+    return {"steady_chunk_ms": on, "none_chunk_ms": off, "sigma": sigma, "rounds": rounds,
+            "speed": off / on}
+
+
 def run(models: Models, *, steps: int, context_frames: int, memory_frames: int,
         chunks: int = 4, naive_repeats: int = 2) -> dict:
     """Every baseline of this module; ``ratios`` gathers the headline ratio of each."""
@@ -149,6 +170,7 @@ def run(models: Models, *, steps: int, context_frames: int, memory_frames: int,
                                                                chunks=chunks),
         "channels_last_vs_nchw": channels_last_vs_nchw(models, steps=steps, chunks=chunks),
         "compiled_vs_eager": compiled_vs_eager(models, steps=steps, chunks=chunks),
+        "steady_guidance_vs_none": steady_guidance_vs_none(models, steps=steps, chunks=chunks),
     }
     out["ratios"] = {
         f"KV cache vs recompute ({context_frames} frames)":
@@ -159,6 +181,7 @@ def run(models: Models, *, steps: int, context_frames: int, memory_frames: int,
         "chunks of 2 vs frame by frame": out["chunked_vs_frame_by_frame"]["speed"],
         "autoencoder channels-last vs NCHW": out["channels_last_vs_nchw"]["speed"],
         "world model compiled vs eager": out["compiled_vs_eager"]["speed"],
+        "steady prompt guidance vs none": out["steady_guidance_vs_none"]["speed"],
     }
     return out
 
@@ -169,7 +192,7 @@ def _markdown(payload: dict) -> str:
     r = payload["baselines"]
     kv, sp = r["kv_cache_vs_recompute"], r["sparse_vs_dense"]
     bf, bt, ch = r["bf16_vs_fp32"], r["batched_vs_one_by_one"], r["chunked_vs_frame_by_frame"]
-    cl, co = r["channels_last_vs_nchw"], r["compiled_vs_eager"]
+    cl, co, sg = r["channels_last_vs_nchw"], r["compiled_vs_eager"], r["steady_guidance_vs_none"]
     rows = [
         ["KV cache vs naive recompute", f"{kv['context_frames']} frames of context",
          f"{kv['cached_chunk_ms']:.0f} ms/chunk", f"{kv['naive_chunk_ms']:.0f} ms/chunk",
@@ -191,6 +214,9 @@ def _markdown(payload: dict) -> str:
         ["world model compiled vs eager", f"default window, compiled in {co['compile_s']:.0f} s",
          f"{co['compiled_chunk_ms']:.0f} ms/chunk", f"{co['eager_chunk_ms']:.0f} ms/chunk",
          co["speed"]],
+        ["steady prompt guidance vs none", f"guided at sigma >= {sg['sigma']}",
+         f"{sg['steady_chunk_ms']:.0f} ms/chunk", f"{sg['none_chunk_ms']:.0f} ms/chunk",
+         sg["speed"]],
     ]
     return ("# Baselines: the engine vs the alternatives\n\n" + context_md(payload) + "\n"
             + table(["comparison", "case", "engine", "alternative", "ratio (x)"], rows, 2))

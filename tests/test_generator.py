@@ -27,6 +27,8 @@ def tiny_generator(**cfg) -> BuiltinBackend:
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05)
     cfg.setdefault("attention_backend", "reference")
+    # the dense references below are unguided; steady prompt guidance has its own test
+    cfg.setdefault("steady_guidance_sigma", None)
     return BuiltinBackend(model, build_autoencoder(width=8), BuiltinConfig(**cfg))
 
 
@@ -670,3 +672,46 @@ def test_world_noise_holds_at_short_rests_then_drifts_and_stands_still_while_mov
         BuiltinConfig(world_noise_period=-1)
     with pytest.raises(ValueError, match="world_noise_hold"):
         BuiltinConfig(world_noise_hold=-1)
+
+
+def test_steady_guidance_guides_every_chunk_at_its_high_noise_steps_only():
+    """``steady_guidance_sigma``: outside the chunks after a switch, every chunk is guided on
+    the prompt at the steps whose noise level reaches it. One step (σ = 1) and threshold 0.9:
+    each chunk equals the dense reference ``c + (g - 1) (c - u)``; two steps (σ = 1, 0.5):
+    the text-free negative forward runs at σ = 1 only, once a chunk."""
+    g_scale = 2.5
+    gen = tiny_generator(window_chunks=8, sink=False, memory_chunks=8, ctx_noise=False,
+                         guidance=g_scale, guidance_chunks=0, restyle_chunks=1,
+                         steady_guidance_sigma=0.9)
+    state = gen.new_state("a green meadow", seed=3)
+    for n in range(3):
+        (res,) = gen.generate([ChunkJob(state, [2, 2], steps=1, seed=100 + n)])
+        assert res.error is None
+    gen.finish()
+    recs = list(state.history)
+    assert not any(r.guided for r in recs)  # no switch window: the steady rule alone
+    text = torch.as_tensor(state.text)[None, None]
+    for last in range(1, 4):
+        cond_text = text.expand(1, (last + 1) * F, -1).clone()
+        free_text = cond_text.clone()
+        free_text[:, -F:] = 0
+        c = _dense_last_chunk(gen, recs, last, cond_text)
+        u = _dense_last_chunk(gen, recs, last, free_text)
+        want = c + (g_scale - 1) * (c - u)
+        assert torch.allclose(want, recs[last].latents, atol=1e-4)
+        assert (c - recs[last].latents).abs().max() > 1e-2
+    seen = []
+    forward = gen._forward
+
+    def spy(x, sigma, cond, ctx):
+        seen.append((round(float(sigma), 3), bool((cond[4] == 0).all())))
+        return forward(x, sigma, cond, ctx)
+
+    gen._forward = spy
+    (res,) = gen.generate([ChunkJob(state, [2, 2], steps=2, seed=200)])
+    assert res.error is None
+    gen.finish()
+    denoise = [s for s in seen if s[0] > gen.config.ctx_sigma]  # the cache fill runs at ctx σ
+    assert denoise == [(1.0, True), (1.0, False), (0.5, False)]
+    with pytest.raises(ValueError, match="steady_guidance_sigma"):
+        BuiltinConfig(steady_guidance_sigma=0.0)

@@ -1,6 +1,7 @@
 """On-policy fine-tuning data (engine.training.onpolicy): tiny random models, CPU, fp32."""
 
 import numpy as np
+import pytest
 import torch
 
 from worldstream.engine.backends.builtin import BuiltinBackend, BuiltinConfig
@@ -120,3 +121,52 @@ def test_loss_is_finite_and_trains_every_block():
     assert torch.isfinite(loss) and loss > 0
     loss.backward()
     assert model.blocks[0].qkv.weight.grad.abs().sum() > 0
+
+
+class _ZeroModel:
+    """Stands in for a WorldDiT in :func:`onpolicy_loss`: identity normalisation, predicts 0,
+    so the loss is the weighted mean of the squared target."""
+
+    def normalize(self, x):
+        return x
+
+    def __call__(self, x, *args):
+        return torch.zeros_like(x)
+
+
+def test_change_weight_puts_the_loss_where_the_target_leaves_its_base():
+    """Hand-worked (the avatar's case: memory current everywhere, own base = true base): two
+    frames, the first context (k = 1 is the only choice), one channel, two pixels. The target
+    frame differs from its base by 3 on one pixel: change map = |diff| / batch mean =
+    [3, 0] / 0.75 = [4, 0]; with change_weight 2 the weights are [9, 1], the loss
+    (9·3² + 1·0²) / (9 + 1) = 8.1; without, (3² + 0²) / 2 = 4.5."""
+    lat = torch.zeros(1, 2, 1, 1, 2)
+    lat[0, 1, 0, 0, 0] = 3.0
+    base = torch.zeros_like(lat)
+    known = torch.zeros(1, 2, 2, 1, 2)
+    known[:, :, 0] = 1.0
+    args = (lat, lat.clone(), base, base.clone(), known, torch.zeros(1, 2, dtype=torch.long),
+            torch.zeros(1, 2, 384))
+    rest = (1, 0.3, None, torch.device("cpu"))
+    for weight, want in ((2.0, 8.1), (0.0, 4.5)):
+        loss = onpolicy_loss(_ZeroModel(), *args, torch.Generator().manual_seed(0), *rest,
+                             change_weight=weight)
+        assert loss.item() == pytest.approx(want)
+
+
+def test_rollouts_start_and_switch_with_the_worlds_own_prompt_table():
+    """Prompt indices point into the table passed (the avatar's looks), not the landscape's."""
+    from worldstream.engine.worlds.avatar.looks import PROMPTS as LOOK_PROMPTS
+
+    gen = tiny_generator(1)
+    eps = episodes([3], 6, 1)
+    eps.prompt[:] = 5
+    eps.prompt[0, 3:] = 17
+    eps.switch[:] = False
+    eps.switch[0, 3] = True
+    seen = []
+    new_state, set_prompt = gen.new_state, gen.set_prompt
+    gen.new_state = lambda prompt, *a, **k: seen.append(prompt) or new_state(prompt, *a, **k)
+    gen.set_prompt = lambda state, prompt: seen.append(prompt) or set_prompt(state, prompt)
+    collect_rollouts(gen, eps, steps=1, prompts=LOOK_PROMPTS)
+    assert seen == [LOOK_PROMPTS[5], LOOK_PROMPTS[17]]

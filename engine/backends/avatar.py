@@ -39,8 +39,9 @@ RESIDUAL_DEADZONE = 16.0
 def avatar_settings(**kwargs) -> dict:
     """:class:`BuiltinConfig` settings for the avatar world: its neutral action (no key, neutral
     expression, silence), the factor kept as asked (the head direction),
-    :data:`ACTION_GUIDANCE`, :data:`RESIDUAL_DEADZONE` and fresh noise every chunk, unless
-    ``kwargs`` name them.
+    :data:`ACTION_GUIDANCE`, :data:`RESIDUAL_DEADZONE`, fresh noise every chunk and no
+    steady prompt guidance (the look is held by the memory picture; the landscape's
+    ``steady_guidance_sigma`` was measured on new ground only), unless ``kwargs`` name them.
 
     NOTE: no world-anchored noise here: the avatar's camera never moves, so the field would
     give every frame the same noise, which pulls each sample towards the last one where a head
@@ -48,7 +49,7 @@ def avatar_settings(**kwargs) -> dict:
     0.43 with it against 0.72 without)."""
     return {"neutral_action": encode_action(), "kept_factors": (0,),
             "action_guidance": ACTION_GUIDANCE, "residual_deadzone": RESIDUAL_DEADZONE,
-            "world_noise": False, **kwargs}
+            "world_noise": False, "steady_guidance_sigma": None, **kwargs}
 
 
 class AvatarModelBackend(AvatarControlsMixin):

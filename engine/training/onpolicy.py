@@ -7,11 +7,11 @@ colour error compounds in space (exposure bias; ``degrade_bases`` is only a prox
 module closes the gap:
 
 1. :func:`collect_rollouts` rolls the current model out with the real inference path
-   (:class:`engine.backends.builtin.BuiltinBackend`: memory read, denoise, cache fill, pixel
-   residual, memory write) on recorded training episodes: their first frame, actions, prompts and
-   scene switches. The camera is *forced* onto the simulator's recorded path
-   (:class:`ForcedCamera`), so every generated frame is aligned with a true frame; the model's
-   own camera path is kept alongside as a check.
+   (:class:`engine.backends.builtin.BuiltinBackend` with the world's streaming settings: memory
+   read, denoise, guidance, cache fill, pixel residual, memory write) on recorded training
+   episodes: their first frame, actions, prompts and scene switches. The camera is *forced*
+   onto the simulator's recorded path (:class:`ForcedCamera`), so every generated frame is
+   aligned with a true frame; the model's own camera path is kept alongside as a check.
 2. :func:`onpolicy_bases` replays the generated frames through the spatial memory exactly as
    :func:`~engine.training.latents.memory_bases` replays the reconstructions, and encodes the
    bases: what the generator read, frame for frame.
@@ -19,6 +19,12 @@ module closes the gap:
    context, supervised by the simulator's true latents; :func:`finetune_onpolicy` mixes such
    rows with the original recipe (:func:`engine.training.train_world.world_loss`) and refreshes
    the rollouts with the current weights every ``refresh_every`` steps.
+
+Any world with recorded shards works (``engine.worlds.catalog``): the landscape, whose memory
+holds the model's own drifted ground, and the avatar, whose memory is the stream's true first
+frame but whose temporal context is the model's own frames (teacher-forced on the simulator's
+frames its head turns read right on every frame of three held-out episodes, in its free
+rollouts on 0.72 of them: ``assets/avatar/MODEL_CARD.md``).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import copy
 import json
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,7 +56,13 @@ from worldstream.engine.training.common import (
     seed_everything,
 )
 from worldstream.engine.training.latents import LatentDataset, ae_encode, memory_bases
-from worldstream.engine.training.train_world import export_ema, resume_run, save_run, world_loss
+from worldstream.engine.training.train_world import (
+    change_map,
+    export_ema,
+    resume_run,
+    save_run,
+    world_loss,
+)
 from worldstream.engine.worlds.recorder import PROMPTS, load_shard
 
 
@@ -60,7 +73,8 @@ class EpisodeSpec:
     ``actions (E, L)`` int64, ``prompt (E, L)`` int64 index into ``PROMPTS`` (the prompt in
     force at each frame), ``switch (E, L)`` bool (a scene switch at that frame), ``camera
     (E, L, 2)`` int64 the simulator's crop origins (world px), ``index (E,)`` int64 each
-    episode's row in the :class:`LatentDataset`."""
+    episode's row in the :class:`LatentDataset`; ``prompt`` indexes the world's prompt table
+    (the landscape's ``recorder.PROMPTS``, the avatar's ``looks.PROMPTS``)."""
 
     first: np.ndarray
     actions: np.ndarray
@@ -147,13 +161,15 @@ class Rollouts:
 
 @torch.no_grad()
 def collect_rollouts(
-    gen: BuiltinBackend, eps: EpisodeSpec, steps: int = 4, seed: int = 0
+    gen: BuiltinBackend, eps: EpisodeSpec, steps: int = 4, seed: int = 0,
+    prompts: Sequence[str] = PROMPTS,
 ) -> Rollouts:
     """Roll ``gen`` out on all of ``eps`` at once (one batched ``generate`` per chunk; the
     generator's ``max_states`` must be >= E): start from the true first chunk under the
     episode's first prompt, then each chunk's actions, with ``set_prompt`` before a chunk
     holding a scene switch (as the stream does: recache + new memory epoch) and the camera
-    forced onto the recorded path. Seeds: ``seed * 100_003 + episode index``. ValueError when
+    forced onto the recorded path; ``prompts`` the table ``eps.prompt`` indexes. Seeds:
+    ``seed * 100_003 + episode index``. ValueError when
     ``gen`` restyles more than once per switch (the bases are replayed by ``memory_bases``,
     one memory epoch per switch)."""
     if gen.config.restyle_chunks != 1:
@@ -164,7 +180,7 @@ def collect_rollouts(
     n = n // f * f
     states = [
         gen.new_state(
-            PROMPTS[eps.prompt[i, 0]], seed * 100_003 + int(eps.index[i]), start_frames=eps.first[i]
+            prompts[eps.prompt[i, 0]], seed * 100_003 + int(eps.index[i]), start_frames=eps.first[i]
         )
         for i in range(e)
     ]
@@ -182,7 +198,7 @@ def collect_rollouts(
                 jobs = []
                 for i, state in enumerate(states):
                     if eps.switch[i, span].any():
-                        gen.set_prompt(state, PROMPTS[eps.prompt[i, span][-1]])
+                        gen.set_prompt(state, prompts[eps.prompt[i, span][-1]])
                     # the chunk's displacements from the last frame of the previous chunk
                     disp = np.diff(true_path[i, c * f - 1 : (c + 1) * f], axis=0)
                     cam.forced.append(torch.as_tensor(disp, dtype=torch.float32))
@@ -260,6 +276,7 @@ def onpolicy_loss(
     ctx: DenseContext,
     device: torch.device,
     new_weight: float = 4.0,
+    change_weight: float = 0.0,
 ) -> torch.Tensor:
     """Flow-matching x0 loss on on-policy clips, all rows inference-like. Raw autoencoder
     latents ``(B, F, C, h, w)``: ``lat`` the simulator's frames, ``own_lat`` the generator's
@@ -271,9 +288,11 @@ def onpolicy_loss(
     σ ~ U[0, ctx_sigma_max] and carry no loss (at inference the cache holds its own output,
     not the simulator's; the true neighbours of new ground must not leak in through the
     context); chunks from k on are the true latents at logit-normal σ, supervised with
-    :func:`onpolicy_target`, weighted ``1 + new_weight`` where memory held nothing current
-    (as :func:`~engine.training.train_world.world_loss`). Bases are noised at U[0,
-    ctx_sigma_max] as in the original recipe, never degraded (they already are)."""
+    :func:`onpolicy_target`, weighted ``1 + new_weight`` where memory held nothing current,
+    plus ``change_weight`` times :func:`~engine.training.train_world.change_map` of the
+    target against the generator's base (as :func:`~engine.training.train_world.world_loss`:
+    the avatar's head, face and mouth are a few percent of the pixels). Bases are noised at
+    U[0, ctx_sigma_max] as in the original recipe, never degraded (they already are)."""
     b, f = actions.shape
     nc = f // chunk_frames
     if nc < 2:
@@ -304,7 +323,10 @@ def onpolicy_loss(
     with autocast(device):
         pred = model(x, zb, base_sig, known, sig, actions.to(device), txt, pos, ctx)
     target = onpolicy_target(z, zb_own, zb_orig, known)
-    weight = (1.0 + new_weight * (1.0 - known[:, :, :1])) * (~ctx_frames).float()
+    weight = 1.0 + new_weight * (1.0 - known[:, :, :1])
+    if change_weight:
+        weight = weight + change_weight * change_map(target, zb_own)
+    weight = weight * (~ctx_frames).float()
     return torch.sum(weight * (pred.float() - target) ** 2) / torch.sum(
         weight.expand_as(pred)
     ).clamp_min(1.0)
@@ -354,25 +376,29 @@ def build_pool(
     batch: int = 16,
     steps: int = 4,
     device: torch.device | None = None,
+    prompts: Sequence[str] = PROMPTS,
+    settings: dict | None = None,
 ) -> OnPolicyPool:
-    """Roll a copy of ``model`` (eval mode, fp32) out on episodes ``index`` with the streaming
-    defaults (:class:`BuiltinConfig`), ``batch`` episodes at a time (batched forwards: the
-    rollouts need no bit-exact replay), and replay their bases."""
+    """Roll a copy of ``model`` (eval mode, fp32) out on episodes ``index`` with the world's
+    streaming ``settings`` (:class:`BuiltinConfig` keyword arguments; None: its defaults, the
+    landscape's) in ``steps`` denoising steps, ``batch`` episodes at a time (batched forwards:
+    the rollouts need no bit-exact replay), and replay their bases; ``prompts`` the table the
+    shards' prompt indices point into."""
     device = device or pick_device()
     gen = BuiltinBackend(
         copy.deepcopy(model).float(),
         copy.deepcopy(ae),
         # one restyle pass per switch: the bases are replayed by memory_bases, which starts
         # one memory epoch per scene switch (as the recorded training data does)
-        BuiltinConfig(max_states=batch, device=device.type, cpu_threads=None,
-                      batch_invariant=False, restyle_chunks=1),
+        BuiltinConfig(**{**(settings or {}), "max_states": batch, "device": device.type,
+                         "cpu_threads": None, "batch_invariant": False, "restyle_chunks": 1}),
     )
     ae_enc = ae.to(device).eval()
     chunk = model.config.chunk_frames
     bases, lats, errs = [], [], []
     for a in tqdm(range(0, len(index), batch), desc=f"on-policy round {round}", unit="batch"):
         eps = load_episodes(shard_dirs, index[a : a + batch], chunk)
-        rolls = collect_rollouts(gen, eps, steps, seed=round)
+        rolls = collect_rollouts(gen, eps, steps, seed=round, prompts=prompts)
         base, _ = onpolicy_bases(ae_enc, rolls, eps, chunk, device)
         bases.append(base)
         lats.append(model.denormalize(rolls.latents).half())
@@ -405,6 +431,10 @@ def finetune_onpolicy(
     export_every: int = 200,
     max_minutes: float | None = None,
     rollout_batch: int = 16,
+    rollout_steps: int = 4,
+    prompts: Sequence[str] = PROMPTS,
+    settings: dict | None = None,
+    change_weight: float = 0.0,
 ) -> dict:
     """Fine-tune a trained :class:`WorldDiT` (``init_from``) with on-policy rows; resumable
     from ``run_dir/onpolicy_checkpoint.pt`` (the pool in ``run_dir/onpolicy_pool.pt``).
@@ -413,8 +443,10 @@ def finetune_onpolicy(
     and the rest of the original recipe (:func:`world_loss`, degraded bases included), the two
     losses weighted by their row counts. The pool holds ``pool_episodes`` random training
     episodes rolled out by the current EMA weights (the ones exported); it is rebuilt every
-    ``refresh_every`` steps (0: built once, from ``init_from``). The camera dynamics stay
-    frozen. EMA weights exported to ``out_dir`` with ``save_pretrained``."""
+    ``refresh_every`` steps (0: built once, from ``init_from``), in ``rollout_steps`` denoising
+    steps with the world's streaming ``settings`` and ``prompts`` (:func:`build_pool`); both
+    losses add ``change_weight`` times the change map (the world's recipe). The camera
+    dynamics stay frozen. EMA weights exported to ``out_dir`` with ``save_pretrained``."""
     device = pick_device()
     seed_everything(seed)
     model = WorldDiT.from_pretrained(init_from).to(device)
@@ -446,7 +478,10 @@ def finetune_onpolicy(
             np.sort(pick),
             round=rnd,
             batch=rollout_batch,
+            steps=rollout_steps,
             device=device,
+            prompts=prompts,
+            settings=settings,
         )
         torch.save(pool.__dict__, pool_path)
         rec = {
@@ -492,7 +527,8 @@ def finetune_onpolicy(
         if batch - n_own > 0:
             lat, base, known, actions, txt, _ = data.sample(rng, batch - n_own, frames)
             lo = world_loss(
-                model, lat, base, known, actions, txt, gen, chunk, ctx_sigma_max, ctx, device
+                model, lat, base, known, actions, txt, gen, chunk, ctx_sigma_max, ctx, device,
+                change_weight=change_weight,
             )
             total = total + lo * (batch - n_own) / batch
             parts[0] = lo.item()
@@ -505,6 +541,7 @@ def finetune_onpolicy(
                 ctx_sigma_max,
                 ctx,
                 device,
+                change_weight=change_weight,
             )
             total = total + lo * n_own / batch
             parts[1] = lo.item()
