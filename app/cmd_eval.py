@@ -7,30 +7,30 @@ import json
 from pathlib import Path
 
 
-def _guidance_chunks(text: str) -> int | str:
-    """``--guidance-chunks``: a count of chunks >= 0, or ``all``."""
-    if text == "all":
-        return text
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a count or 'all', got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
+def _number_or(word: str, convert, valid, expected: str, bounds: str):
+    """An argparse type: ``word`` itself, or a number read by ``convert`` for which ``valid``
+    holds (``expected``/``bounds`` name them in the error); anything else is refused before a
+    model loads."""
+
+    def parse(text: str):
+        if text == word:
+            return text
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected {expected} or {word!r}, got {text!r}") from None
+        if not valid(value):
+            raise argparse.ArgumentTypeError(f"must be {bounds}, got {value}")
+        return value
+
+    return parse
 
 
-def _steady_sigma(text: str) -> float | str:
-    """``--steady-guidance-sigma``: a noise level in (0, 1], or ``off``."""
-    if text == "off":
-        return text
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a noise level or 'off', got {text!r}") from None
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {value}")
-    return value
+#: ``--guidance-chunks``: a count of chunks >= 0, or ``all``
+_guidance_chunks = _number_or("all", int, lambda v: v >= 0, "a count", ">= 0")
+#: ``--steady-guidance-sigma``: a noise level in (0, 1], or ``off``
+_steady_sigma = _number_or("off", float, lambda v: 0 < v <= 1, "a noise level", "in (0, 1]")
 
 
 def register(sub) -> None:
