@@ -84,3 +84,31 @@ def test_scripted_segments_hold_what_they_say():
     assert len({v for _, _, v in spoken}) > 3 and speech.stop == len(actions)
     track = A.track_openness(actions)
     assert track[: speech.start].max() == 0 and track[speech].max() == 1.0
+
+
+def test_teacher_forced_turns_generate_each_window_frame_from_the_true_frames_before_it(
+        monkeypatch):
+    """A generator that shows the simulator's own frame for the position it is asked (the
+    stream's position is how many frames it has observed): the teacher-forced frames are the
+    simulator's, frame for frame, and read as the ground truth does (1.0); every window frame
+    is generated once from a fork whose context holds exactly the frames before it."""
+    from tests.test_avatar_model import tiny_avatar_backend
+    from worldstream.engine.core.backend import ChunkResult
+
+    gen = tiny_avatar_backend().gen
+    sep = A.scripted_episode(900_601, "beach")
+    asked = []
+
+    def true_frame(jobs):
+        (job,) = jobs
+        asked.append(job.state.position)
+        return [ChunkResult(sep.episode.frames[job.state.position][None])]
+
+    monkeypatch.setattr(gen, "generate", true_frame)
+    out = A.teacher_forced_turns(gen, sep, 2, 900_601)
+    a, b = A.TURN_WINDOW
+    want = sorted(f + k for f, _ in sep.turn_keys for k in range(a, b))
+    assert asked == want and len(out) == want[-1] + 1
+    np.testing.assert_array_equal(out, sep.episode.frames[: len(out)])
+    read = A.TurnTemplates(900_601, "beach").read(out)
+    assert all(A.turn_hits({"direction": read}, sep.turn_keys))

@@ -15,7 +15,9 @@ Scripted episodes (one per held-out seed, looks in turn), three segments at 20 f
    +29) whose probed expression is the key's;
 2. head turns: the nine directions (idle included) in a random order, each held 16 frames,
    neutral, silent; ``head_turn_accuracy`` = fraction of frames +10 to +15 after a key read
-   as the held direction by :class:`TurnTemplates`;
+   as the held direction by :class:`TurnTemplates`; ``head_turn_accuracy_teacher_forced``
+   the same reading of frames each generated from the simulator's frames before it
+   (:func:`teacher_forced_turns`: a diagnosis, not a goal);
 3. speech: two sentences of held-out word order; ``lipsync_correlation`` = the peak of the
    cross-correlation between the probed mouth openness and the viseme track's openness
    (``visemes.VISEME_OPEN`` of each frame's viseme) over lags -6..6 frames, and
@@ -41,6 +43,7 @@ from torch import nn
 from tqdm import tqdm
 
 from worldstream.engine.backends.builtin import BuiltinBackend
+from worldstream.engine.core.backend import ChunkJob
 from worldstream.engine.evaluation.metrics import sharpness
 from worldstream.engine.evaluation.run import Episode, streamed_rollout
 from worldstream.engine.training.data import HELDOUT_SEED0
@@ -210,6 +213,42 @@ def rollout(gen: BuiltinBackend, ep: Episode, steps: int, seed: int) -> np.ndarr
     n = len(ep.actions) // gen.chunk_frames * gen.chunk_frames
     out = ep.frames[:n].copy()
     streamed_rollout(gen, ep, steps, seed, out.__setitem__)
+    return out
+
+
+def teacher_forced_turns(gen: BuiltinBackend, sep: ScriptedEpisode, steps: int,
+                         seed: int) -> np.ndarray:
+    """The episode's frames ``(L, H, W, 3)`` uint8 up to the end of the last turn window,
+    where each frame of a ``TURN_WINDOW`` after a direction key is the model's, generated one
+    chunk ahead of the simulator's frames before it (teacher forcing: the stream appends the
+    true frames to its context and memory with ``BuiltinBackend.observe``, a fork generates
+    the next frame and is freed); the simulator's frames elsewhere. Read beside the free
+    rollout it tells where head turns fail: misses here too are the one-step prediction's,
+    misses only in the free rollout compound from the model's own context (exposure bias).
+    ValueError for a model of chunks of more than one frame."""
+    if gen.chunk_frames != 1:
+        raise ValueError(f"teacher-forced turns step one frame, the model's chunks hold "
+                         f"{gen.chunk_frames}")
+    ep = sep.episode
+    want = {f + k for f, _ in sep.turn_keys for k in range(*TURN_WINDOW)}
+    end = max(want) + 1
+    out = ep.frames[:end].copy()
+    state = gen.new_state(ep.prompt, seed, start_frames=ep.frames[:1])
+    try:
+        for c in range(1, end):
+            if c in want:
+                branch = gen.fork(state)
+                try:
+                    (res,) = gen.generate([ChunkJob(branch, [ep.actions[c]], steps)])
+                    gen.finish()
+                    if res.error:
+                        raise res.error
+                    out[c] = res.frames[0]
+                finally:
+                    gen.free(branch)
+            gen.observe(state, ep.frames[c : c + 1], [ep.actions[c]])
+    finally:
+        gen.free(state)
     return out
 
 
@@ -421,7 +460,7 @@ def evaluate(gen: BuiltinBackend, quick: bool = True, steps: int = 4,
     probe = probe or load_probe()
     n_ep = 2 if quick else len(LOOK_NAMES)
     out: dict = {"quick": quick, "steps": steps, "episodes": n_ep, "fps": SPEECH_FPS}
-    got: dict[str, list] = {"expr": [], "turn": [], "mouth": [], "track": []}
+    got: dict[str, list] = {"expr": [], "turn": [], "mouth": [], "track": [], "turn_tf": []}
     truth: dict[str, list] = {"expr": [], "turn": [], "mouth": []}
     for i in tqdm(range(n_ep), desc="scripted episodes", unit="episode"):
         seed = HELDOUT_SEED0 + 600 + i
@@ -438,10 +477,13 @@ def evaluate(gen: BuiltinBackend, quick: bool = True, steps: int = 4,
             into["turn"] += turn_hits(read, sep.turn_keys)
             into["mouth"].append(read["mouth"][sep.speech.start : min(sep.speech.stop, n)])
         got["track"].append(track_openness(sep.episode.actions)[sep.speech.start : n])
+        forced = teacher_forced_turns(gen, sep, steps, seed)
+        got["turn_tf"] += turn_hits({"direction": turns.read(forced)}, sep.turn_keys)
     out["expression_accuracy"] = round(float(np.mean(got["expr"])), 3)
     out["expression_accuracy_ground_truth"] = round(float(np.mean(truth["expr"])), 3)
     out["head_turn_accuracy"] = round(float(np.mean(got["turn"])), 3)
     out["head_turn_accuracy_ground_truth"] = round(float(np.mean(truth["turn"])), 3)
+    out["head_turn_accuracy_teacher_forced"] = round(float(np.mean(got["turn_tf"])), 3)
     track = np.concatenate(got["track"])
     c, lag = lipsync(np.concatenate(got["mouth"]), track)
     ct, lagt = lipsync(np.concatenate(truth["mouth"]), track)
