@@ -170,3 +170,19 @@ def test_rollouts_start_and_switch_with_the_worlds_own_prompt_table():
     gen.set_prompt = lambda state, prompt: seen.append(prompt) or set_prompt(state, prompt)
     collect_rollouts(gen, eps, steps=1, prompts=LOOK_PROMPTS)
     assert seen == [LOOK_PROMPTS[5], LOOK_PROMPTS[17]]
+
+
+@pytest.mark.parametrize("extra,named", [
+    (["--onpolicy"], "--init-from"),
+    (["--onpolicy", "--init-from", "x", "--rollout-steps", "0"], "--rollout-steps"),
+    (["--onpolicy", "--init-from", "x", "--rollout-steps", "5"], "--rollout-steps")])
+def test_train_world_cli_refuses_bad_onpolicy_settings_before_any_work(tmp_path, capsys,
+                                                                     extra, named):
+    """Any world, the avatar here: bad on-policy settings are refused before recording."""
+    from worldstream.app import cli
+
+    argv = ["train-world", "--world", "avatar", "--data", str(tmp_path / "data"),
+            "--run-dir", str(tmp_path / "run"), *extra]
+    assert cli.main(argv) == 2
+    assert named in capsys.readouterr().err
+    assert not (tmp_path / "data").exists() and not (tmp_path / "run").exists()
