@@ -389,6 +389,17 @@ def _dense_last_chunk(gen, recs, last, text, actions=None, window=8):
                  DenseContext(mask))[0, -F:]
 
 
+def _prompt_guided_reference(gen, recs, last: int, text: torch.Tensor, g_scale: float):
+    """Chunk ``last``'s dense reference plain and prompt-guided: ``(c, c + (g - 1)(c - u))``,
+    u with the chunk's own text dropped (``text (1, 1, 384)``, every frame's)."""
+    cond_text = text.expand(1, (last + 1) * F, -1).clone()
+    free_text = cond_text.clone()
+    free_text[:, -F:] = 0
+    c = _dense_last_chunk(gen, recs, last, cond_text)
+    u = _dense_last_chunk(gen, recs, last, free_text)
+    return c, c + (g_scale - 1) * (c - u)
+
+
 def test_prompt_guidance_after_a_switch_equals_the_dense_reference():
     """The ``guidance_chunks`` chunks after a prompt switch are denoised with classifier-free
     guidance (``c + (g - 1) (c - u)``, u: the query chunk's own text dropped, its context as
@@ -407,12 +418,8 @@ def test_prompt_guidance_after_a_switch_equals_the_dense_reference():
     assert [r.guided for r in recs] == [False, False, False, True, True, False]
     text = torch.as_tensor(state.text)[None, None]  # the window was recached under it
     for last in range(3, 6):
-        cond_text = text.expand(1, (last + 1) * F, -1).clone()
-        free_text = cond_text.clone()
-        free_text[:, -F:] = 0
-        c = _dense_last_chunk(gen, recs, last, cond_text)
-        u = _dense_last_chunk(gen, recs, last, free_text)
-        want = c + (g_scale - 1) * (c - u) if recs[last].guided else c
+        c, guided = _prompt_guided_reference(gen, recs, last, text, g_scale)
+        want = guided if recs[last].guided else c
         got = recs[last].latents
         assert torch.allclose(want, got, atol=1e-4), (last, (want - got).abs().max())
         if recs[last].guided:  # and guidance changed the chunk
@@ -692,12 +699,7 @@ def test_steady_guidance_guides_every_chunk_at_its_high_noise_steps_only():
     assert not any(r.guided for r in recs)  # no switch window: the steady rule alone
     text = torch.as_tensor(state.text)[None, None]
     for last in range(1, 4):
-        cond_text = text.expand(1, (last + 1) * F, -1).clone()
-        free_text = cond_text.clone()
-        free_text[:, -F:] = 0
-        c = _dense_last_chunk(gen, recs, last, cond_text)
-        u = _dense_last_chunk(gen, recs, last, free_text)
-        want = c + (g_scale - 1) * (c - u)
+        c, want = _prompt_guided_reference(gen, recs, last, text, g_scale)
         assert torch.allclose(want, recs[last].latents, atol=1e-4)
         assert (c - recs[last].latents).abs().max() > 1e-2
     seen = []
