@@ -127,7 +127,8 @@ def run(args) -> int:
     ae = load_autoencoder(args.vae or spec.assets / "vae")
     out = args.out or spec.assets / "transformer"
     data = encode_shards(ae, shards, args.chunk_frames, cache=args.run_dir / "latents.pt",
-                         prompts=spec.prompts, view_box=spec.view_box)
+                         prompts=spec.prompts, view_box=spec.view_box,
+                         base_warp=spec.base_warp)
     # the settings every fine-tune of a trained model takes from the command line
     tuning = dict(steps=args.steps, lr=args.lr, ctx_sigma_max=args.ctx_sigma_max,
                   seed=args.seed, max_minutes=args.max_minutes)
@@ -173,6 +174,7 @@ def run(args) -> int:
         num_actions=spec.num_actions,
         action_factors=spec.action_factors,
         change_weight=change_weight,
+        base_warp=spec.base_warp,
     )
     print(json.dumps(result))
     return 0

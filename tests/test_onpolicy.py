@@ -186,3 +186,33 @@ def test_train_world_cli_refuses_bad_onpolicy_settings_before_any_work(tmp_path,
     assert cli.main(argv) == 2
     assert named in capsys.readouterr().err
     assert not (tmp_path / "data").exists() and not (tmp_path / "run").exists()
+
+
+def test_onpolicy_bases_read_memory_as_the_models_engine_does():
+    """The replayed bases use the model's view box and base warp (the avatar's: no box, the
+    head pose of its actions), not the landscape's defaults."""
+    from worldstream.engine.training.latents import ae_encode
+    from worldstream.engine.training.onpolicy import Rollouts, onpolicy_bases
+    from worldstream.engine.worlds.actions import direction_to_action
+    from worldstream.engine.worlds.avatar.actions import ACTION_FACTORS, NUM_ACTIONS
+    from worldstream.engine.worlds.avatar.actions import encode_action
+    from worldstream.engine.worlds.avatar.simulator import AvatarSimulator
+    from worldstream.engine.worlds.catalog import make_base_warp
+
+    model = WorldDiT(dim=32, depth=1, num_heads=2, num_actions=NUM_ACTIONS,
+                     action_factors=ACTION_FACTORS, view_box=0, base_warp="head")
+    ae = build_autoencoder(width=8).eval()
+    actions = np.array([encode_action(direction_to_action(1, -1), 0)] * 6)
+    sim = AvatarSimulator(4, "forest")
+    frames = np.stack([sim.step(int(a)) for a in actions])[None]
+    n = frames.shape[1]
+    rolls = Rollouts(frames, torch.zeros(1, n, 4, 16, 16), np.zeros((1, n, 2), np.int64),
+                     np.zeros((1, n, 2)))
+    eps = EpisodeSpec(frames[:, :1], actions[None], np.zeros((1, n), np.int64),
+                      np.zeros((1, n), bool), np.zeros((1, n, 2), np.int64), np.arange(1))
+    got, _ = onpolicy_bases(ae, rolls, eps, 1, torch.device("cpu"), model.config)
+    want, _ = memory_bases(frames[0], np.zeros((n, 2), np.int64), np.zeros(n, bool), 1, 0,
+                           make_base_warp("head", 128), actions)
+    torch.testing.assert_close(got[0], ae_encode(ae, want, torch.device("cpu")).half())
+    landscape, _ = memory_bases(frames[0], np.zeros((n, 2), np.int64), np.zeros(n, bool), 1)
+    assert not np.array_equal(landscape, want)  # the defaults would have read another base

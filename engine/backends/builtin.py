@@ -67,6 +67,7 @@ from worldstream.engine.models.builtin.world_dit import WorldDiT
 from worldstream.engine.models.builtin.world_noise import chunk_noise
 from worldstream.engine.training.common import cpu_has_fast_bf16
 from worldstream.engine.worlds.actions import IDLE, keys_to_action
+from worldstream.engine.worlds.catalog import make_base_warp
 from worldstream.engine.worlds.simulator import WorldSimulator
 
 log = logging.getLogger(__name__)
@@ -221,6 +222,8 @@ class _ChunkRecord:
     # _plan (every record is planned) or a save point, never left empty
     field_times: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     rest_run: int = 0  # frames in a row, up to its last, whose window did not move
+    # (2,) float64 the base warp's pose after its last frame (a model with ``base_warp``)
+    pose: np.ndarray = field(default_factory=lambda: np.zeros(2))
 
     @property
     def num_frames(self) -> int:
@@ -261,6 +264,10 @@ class BuiltinState(RunnerState):
             # (0.94 px) did not move, a frame late in every press (eval action accuracy)
             return np.full(2, 0.5), torch.zeros(2)
         return self.history[-1].camera
+
+    def pose(self, rest: np.ndarray) -> np.ndarray:
+        """The base warp's pose ``(2,)`` now (``rest`` before any chunk)."""
+        return self.history[-1].pose if self.history else rest
 
 
 def _to(module: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
@@ -322,6 +329,10 @@ class BuiltinBackend(PagedRunner):
         self.width = self.height = mc.image_size
         self.downsample = mc.image_size // mc.latent_size
         self._exclude = centre_box(mc.image_size, mc.view_box)
+        # the warp the model's memory bases were moved with in training (the avatar's head
+        # pose), applied to each memory picture before it is encoded
+        self.base_warp = (make_base_warp(mc.base_warp, mc.image_size) if mc.base_warp
+                          else None)
         # memory pictures already encoded (and decoded, for the pixel residual), by content:
         # a still camera reads the same picture frame after frame
         self._base_cache: OrderedDict[bytes, tuple[torch.Tensor, np.ndarray | None]] = (
@@ -470,10 +481,17 @@ class BuiltinBackend(PagedRunner):
                 path = np.repeat(pos[None], len(acts), axis=0)
             origins = np.floor(path).astype(np.int64)
             field_times, rest_run = self._field_clock(state, origins)
+            warp = self.base_warp
+            poses = None
+            if warp is not None:
+                pose = state.pose(warp.rest)
+                poses = warp.path(pose, acts) if move else np.repeat(pose[None], len(acts), 0)
             known = []
-            for x0, y0 in origins:
+            for i, (x0, y0) in enumerate(origins):
                 read = state.memory.read(x0, y0, size)
                 rgb, planes = model_inputs(read, self.downsample)
+                if poses is not None:
+                    rgb = warp.apply(rgb, poses[i])
                 pictures.append(rgb)
                 current.append(read.current & ~read.refining if cfg.decode_refining
                                else read.current)
@@ -490,6 +508,7 @@ class BuiltinBackend(PagedRunner):
                     guided=guided,
                     field_times=field_times,
                     rest_run=rest_run,
+                    pose=np.zeros(2) if poses is None else poses[-1],
                 )
             )
         keys = [hashlib.blake2b(p.tobytes(), digest_size=16).digest() for p in pictures]

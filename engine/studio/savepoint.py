@@ -350,6 +350,7 @@ def _export_builtin(gen, state) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
             arrays[f"h{i}.field_times"] = rec.field_times
             arrays[f"h{i}.cam_pos"] = np.asarray(rec.camera[0], np.float64)
             arrays[f"h{i}.cam_vel"] = _t2n(rec.camera[1])
+            arrays[f"h{i}.pose"] = np.asarray(rec.pose, np.float64)
             undo = []
             for j, record in enumerate(rec.undo):
                 parts = []
@@ -443,7 +444,10 @@ def _import_builtin(gen, arrays: dict[str, np.ndarray], scalars: dict[str, Any])
                     (arrays[f"h{i}.cam_pos"].astype(np.float64), get("cam_vel")),
                     get("context") if "context" in h["has"] else None, undo,
                     field_times=arrays[f"h{i}.field_times"].astype(np.int64),
-                    rest_run=int(h["rest_run"])))
+                    rest_run=int(h["rest_run"]),
+                    # save points from before the base warp hold no pose: at rest
+                    pose=(arrays[f"h{i}.pose"].astype(np.float64) if f"h{i}.pose" in arrays
+                          else np.zeros(2))))
             m = scalars["memory"]
             memory = SpatialMemory(int(m["tile"]), int(m["max_tiles"]), int(m["settle_px"]))
             memory.epoch, memory._tick = int(m["epoch"]), int(m["tick"])

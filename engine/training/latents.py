@@ -19,6 +19,7 @@ from worldstream.engine.models.builtin.autoencoder import (
 )
 from worldstream.engine.models.builtin.spatial_memory import SpatialMemory, centre_box, model_inputs
 from worldstream.engine.training.common import autocast, pick_device
+from worldstream.engine.worlds.catalog import make_base_warp
 from worldstream.engine.worlds.recorder import PROMPTS, load_shard
 from worldstream.engine.worlds.simulator import SIZE, SPRITE
 
@@ -63,7 +64,7 @@ class LatentDataset:
 
 def memory_bases(
     recon: np.ndarray, camera: np.ndarray, switch: np.ndarray, chunk_frames: int,
-    view_box: int = VIEW_BOX,
+    view_box: int = VIEW_BOX, warp=None, actions: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Replay one episode through a :class:`SpatialMemory` as the engine does: each chunk's
     frames read their base at their camera position from the memory as of the chunk's start,
@@ -71,9 +72,11 @@ def memory_bases(
 
     ``recon (L, S, S, 3)`` uint8 the frames as the engine would have written them (autoencoder
     reconstructions: in a stream memory holds decoded frames), ``camera (L, 2)`` crop origins,
-    ``switch (L,)`` bool, ``view_box`` the side of the centre square never written (px).
-    Returns base pictures ``(L, S, S, 3)`` uint8 and known planes
-    ``(L, 2, S/d, S/d)`` float32."""
+    ``switch (L,)`` bool, ``view_box`` the side of the centre square never written (px);
+    ``warp`` a base warp (``engine.worlds.catalog.make_base_warp``) that moves each picture to
+    the pose of the episode's avatar ``actions (L,)`` from its ``rest`` pose, as the engine
+    does (None: the pictures as read). Returns base pictures ``(L, S, S, 3)`` uint8 and known
+    planes ``(L, 2, S/d, S/d)`` float32."""
     memory = SpatialMemory()
     exclude = centre_box(recon.shape[1], view_box)
     bases, known = [], []
@@ -87,6 +90,9 @@ def memory_bases(
             known.append(planes)
         for i in span:
             memory.write(*camera[i], recon[i], exclude)
+    if warp is not None:
+        poses = warp.path(warp.rest, np.asarray(actions).tolist())
+        bases = [warp.apply(rgb, pose) for rgb, pose in zip(bases, poses)]
     return np.stack(bases), np.stack(known)
 
 
@@ -112,16 +118,19 @@ def ae_decode(ae, z: torch.Tensor, device: torch.device) -> np.ndarray:
 @torch.no_grad()
 def encode_shards(
     ae, shard_dirs: list[Path], chunk_frames: int = 1, cache: Path | None = None,
-    prompts: tuple[str, ...] = PROMPTS, view_box: int = VIEW_BOX,
+    prompts: tuple[str, ...] = PROMPTS, view_box: int = VIEW_BOX, base_warp: str | None = None,
 ) -> LatentDataset:
     """Encode every frame of the shards and its memory base (cached to ``cache`` as a .pt file
     when given); ``prompts`` is the table the shards' prompt indices point into (the world's
-    recorder's), ``view_box`` as in :func:`memory_bases`."""
+    recorder's), ``view_box`` as in :func:`memory_bases`, ``base_warp`` the name of the warp
+    (``engine.worlds.catalog.BASE_WARPS``) that moves each base picture to the pose of its
+    frame's actions before it is encoded, as the engine does (None: none)."""
     if cache is not None and cache.exists():
         return LatentDataset(**torch.load(cache))
     device = pick_device()
     ae = ae.to(device).eval()
     c, g = ae.config.latent_channels, SIZE // DOWNSAMPLE
+    warp = make_base_warp(base_warp, SIZE) if base_warp else None
     out: dict[str, list] = {k: [] for k in ("lat", "base", "known", "act", "prompt", "cam")}
 
     def encode(frames: np.ndarray) -> torch.Tensor:
@@ -142,7 +151,7 @@ def encode_shards(
             recon = decode(z)
             rgb, planes = memory_bases(
                 recon, np.asarray(shard["camera"][i]), np.asarray(shard["switch"][i]), chunk_frames,
-                view_box,
+                view_box, warp, np.asarray(shard["actions"][i]),
             )
             lat[i] = z.cpu()
             base[i] = encode(rgb).cpu()

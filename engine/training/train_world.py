@@ -278,12 +278,14 @@ def train_world(
     num_actions: int = 9,
     action_factors: tuple[int, ...] | None = None,
     change_weight: float = 0.0,
+    base_warp: str | None = None,
 ) -> dict:
     """Train or resume up to ``steps`` steps (or ``max_minutes`` of wall time this call).
 
     ``init_from``: a saved WorldDiT of the same shape to warm-start a fresh run from.
     ``change_weight``: see :func:`world_loss` (0 for the landscape recipe).
-    ``view_box``, ``num_actions``, ``action_factors``: the world's (``engine.worlds.catalog``).
+    ``view_box``, ``num_actions``, ``action_factors``, ``base_warp``: the world's
+    (``engine.worlds.catalog``; ``data``'s bases must have been encoded with that warp).
     """
     if frames % chunk_frames:
         raise ValueError(f"frames ({frames}) must be a multiple of chunk_frames ({chunk_frames})")
@@ -304,6 +306,7 @@ def train_world(
         view_box=view_box,
         num_actions=num_actions,
         action_factors=action_factors,
+        base_warp=base_warp,
     ).to(device)
     ckpt_path = run_dir / "world_checkpoint.pt"
     fresh = not ckpt_path.exists()

@@ -25,7 +25,9 @@ class WorldSpec:
     ``dataset_module``: where ``ensure_dataset`` lives; ``prompts_ref``: ``module:NAME`` of
     the prompt table the recorder's prompt indices point into; ``change_weight``: the training
     recipe's extra loss weight where a frame differs from its memory base
-    (``engine.training.train_world.change_map``)."""
+    (``engine.training.train_world.change_map``); ``base_warp``: the name in
+    :data:`BASE_WARPS` of the warp that moves each frame's memory picture before it is encoded
+    (None: the picture as read)."""
 
     name: str
     assets: Path
@@ -36,6 +38,7 @@ class WorldSpec:
     dataset_module: str
     prompts_ref: str
     change_weight: float = 0.0
+    base_warp: str | None = None
 
     def ensure_dataset(self, root: Path | None = None) -> tuple[list[Path], Path]:
         """Record missing shards; ``(training shard dirs, held-out shard dir)``."""
@@ -56,8 +59,24 @@ WORLDS: dict[str, WorldSpec] = {
     "avatar": WorldSpec("avatar", ASSETS / "avatar", Path("data_avatar"), 0, AVATAR_ACTIONS,
                         AVATAR_FACTORS,
                         "worldstream.engine.training.avatar_data",
-                        "worldstream.engine.worlds.avatar.looks:PROMPTS", change_weight=4.0),
+                        "worldstream.engine.worlds.avatar.looks:PROMPTS", change_weight=4.0,
+                        base_warp="head"),
 }
+
+
+#: base warps by name (``module:Class``): a class taking the frame size (px) whose instances
+#: have ``rest`` (the pose of a stream's first frames), ``path(pose, actions)`` (each frame's
+#: pose) and ``apply(picture, pose)`` (the memory picture moved to a pose)
+BASE_WARPS = {"head": "worldstream.engine.worlds.avatar.head_warp:HeadWarp"}
+
+
+def make_base_warp(name: str, size: int):
+    """A new base warp ``name`` (:data:`BASE_WARPS`) for frames of ``size`` px; ValueError
+    listing the names."""
+    if name not in BASE_WARPS:
+        raise ValueError(f"unknown base warp {name!r}; expected one of {tuple(BASE_WARPS)}")
+    module, cls = BASE_WARPS[name].split(":")
+    return getattr(importlib.import_module(module), cls)(size)
 
 
 def world(name: str) -> WorldSpec:

@@ -166,7 +166,9 @@ class WorldDiT(ModelMixin, ConfigMixin):
     the frame centre that is never written to memory: the player sprite; 0 = none),
     ``action_factors`` (None: ``num_actions`` independent ids; else the sizes of the factors
     an action id is made of, product ``num_actions``, each embedded separately: per-frame
-    conditioning such as expression and speech, see :class:`WorldDiTActionEmbedding`).
+    conditioning such as expression and speech, see :class:`WorldDiTActionEmbedding`),
+    ``base_warp`` (None, or the name of the warp its memory bases were moved with before they
+    were encoded, ``engine.worlds.catalog.BASE_WARPS``: the avatar's head pose).
     """
 
     def normalize(self, z: torch.Tensor) -> torch.Tensor:
@@ -202,9 +204,10 @@ class WorldDiT(ModelMixin, ConfigMixin):
         image_size: int = 128,
         view_box: int = 13,
         action_factors: tuple[int, ...] | None = None,
+        base_warp: str | None = None,
     ):
-        # chunk_frames, latent_mean/std, image_size, view_box: how the model was trained (the
-        # engine reads them); latents are normalised per channel as (z - mean) / std
+        # chunk_frames, latent_mean/std, image_size, view_box, base_warp: how the model was
+        # trained (the engine reads them); latents are normalised per channel as (z - mean) / std
         super().__init__()
         grid = latent_size // patch_size
         self.tokens_per_frame = grid * grid

@@ -23,6 +23,12 @@ from worldstream.engine.worlds.avatar.visemes import VISEME_OPEN, VISEME_WIDTH
 SIZE = 128
 #: per-frame easing rates (fraction of the gap to the target closed each frame)
 HEAD_RATE, FACE_RATE, MOUTH_RATE, GAZE_RATE = 0.25, 0.3, 0.7, 0.5
+#: the rig's geometry: the head's centre at rest (px), how far the head outline moves at full
+#: yaw / pitch (px per unit pose), and how much farther the face features move on the outline
+HEAD_CENTRE = (64.0, 52.0)
+HEAD_RADII = (24.0, 29.0)
+HEAD_SHIFT = (7.0, 5.0)
+FEATURE_SHIFT = (9.0, 6.0)
 BLINK_PROFILE = (0.5, 1.0, 1.0, 0.5)  # eyelid closure over a blink's frames
 BREATH_PERIOD = 70  # frames
 #: face parameters of each expression: brow raise, brow tilt (inner ends down), eye opening,
@@ -148,8 +154,9 @@ class AvatarSimulator:
         breath = 1.2 * np.sin(2 * np.pi * self.t / BREATH_PERIOD + self._phase[2])
         yaw, pitch = self.yaw, self.pitch
         brow_raise, brow_tilt, eye_open, curve, jaw, width = self.face
-        cx, cy = 64 + 7 * yaw, 52 + 5 * pitch + 0.4 * breath
-        rx, ry = 24 * app.face_width * (1 - 0.08 * abs(yaw)), 29.0
+        cx = HEAD_CENTRE[0] + HEAD_SHIFT[0] * yaw
+        cy = HEAD_CENTRE[1] + HEAD_SHIFT[1] * pitch + 0.4 * breath
+        rx, ry = HEAD_RADII[0] * app.face_width * (1 - 0.08 * abs(yaw)), HEAD_RADII[1]
         # 1. shoulders and neck
         _paint(rgb, _ellipse_alpha(xs, ys, 64 + 2 * yaw, 140 + breath, 54, 40), app.shirt)
         neck = (np.abs(xs - (64 + 3 * yaw)) < 9) & (ys > cy + 18) & (ys < 112 + breath)
@@ -167,7 +174,7 @@ class AvatarSimulator:
         fringe *= np.clip(cy - 13 + 3 * np.cos((xs - cx) / 5) - ys, 0, 1)
         _paint(rgb, fringe, app.hair)
         # 4. face features, shifted toward the turn (features move more than the outline)
-        fx, fy = cx + 9 * yaw, cy + 6 * pitch
+        fx, fy = cx + FEATURE_SHIFT[0] * yaw, cy + FEATURE_SHIFT[1] * pitch
         blink = BLINK_PROFILE[self._blink_frame] if self._blink_frame >= 0 else 0.0
         for side in (-1, 1):
             squash = 1 - 0.3 * yaw * side  # the eye on the far side of the turn narrows

@@ -1,0 +1,175 @@
+"""The avatar's head warp (engine.worlds.avatar.head_warp): poses from the keys against the
+simulator's own head pose, the warp's displacement on hand-placed dots, no fold, and the
+backend feeding a head-warped model the memory picture moved to each frame's pose (forks and
+rewinds included)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from worldstream.engine.backends.avatar import AvatarModelBackend
+from worldstream.engine.backends.avatar_sim import start_frames
+from worldstream.engine.backends.builtin import BuiltinBackend, BuiltinConfig
+from worldstream.engine.core.backend import ChunkJob
+from worldstream.engine.models.builtin.autoencoder import build_autoencoder
+from worldstream.engine.models.builtin.spatial_memory import model_inputs
+from worldstream.engine.models.builtin.world_dit import WorldDiT
+from worldstream.engine.training.latents import memory_bases
+from worldstream.engine.worlds.actions import IDLE, direction_to_action
+from worldstream.engine.worlds.avatar.actions import ACTION_FACTORS, NUM_ACTIONS, encode_action
+from worldstream.engine.worlds.avatar.head_warp import HeadWarp, displacement
+from worldstream.engine.worlds.avatar.simulator import AvatarSimulator
+from worldstream.engine.worlds.catalog import make_base_warp
+
+RIGHT, UP_LEFT = direction_to_action(1, 0), direction_to_action(-1, -1)
+
+
+def test_pose_path_follows_the_simulators_head():
+    keys = [RIGHT] * 20 + [IDLE] * 25 + [UP_LEFT] * 20 + [IDLE] * 40
+    actions = [encode_action(d, 0) for d in keys]
+    sim = AvatarSimulator(3, "office")
+    truth = []
+    for a in actions:
+        sim.step(a)
+        truth.append((sim.yaw, sim.pitch))
+    path = HeadWarp.path(HeadWarp.rest, actions)
+    # the simulator adds a sway of at most 0.04 yaw / 0.03 pitch
+    np.testing.assert_allclose(path, np.array(truth), atol=0.04)
+    assert path[0].tolist() == [0.25, 0.0]  # a quarter of the gap closed in one frame
+    assert path[1].tolist() == [0.4375, 0.0]
+    assert path[19, 0] > 0.99 and path[64, 1] < -0.99
+    # what the warp uses: a settled head at the asked pose, and back at rest exactly zero
+    # (so a still head reads one memory picture)
+    assert HeadWarp.quantise(path[19]) == (32, 0) and HeadWarp.quantise(path[64]) == (-32, -32)
+    assert HeadWarp.quantise(path[-1]) == (0, 0)
+    # a path continues from where the last one ended
+    np.testing.assert_array_equal(HeadWarp.path(path[29], actions[30:]), path[30:])
+    with pytest.raises(ValueError):
+        HeadWarp.path(HeadWarp.rest, [NUM_ACTIONS])
+
+
+def _dots(points: list[tuple[int, int]]) -> np.ndarray:
+    picture = np.full((128, 128, 3), 200, np.uint8)
+    for x, y in points:
+        picture[y - 1 : y + 2, x - 1 : x + 2] = 0
+    return picture
+
+
+def _centroid(picture: np.ndarray, box: tuple[slice, slice]) -> tuple[float, float]:
+    dark = (255 - picture[box].astype(np.float64).mean(axis=2)) ** 2
+    ys, xs = np.mgrid[box[0], box[1]]
+    return (dark * xs).sum() / dark.sum(), (dark * ys).sum() / dark.sum()
+
+
+def test_warp_moves_features_and_outline_by_the_rigs_shifts():
+    warp = HeadWarp()
+    # a dot between the eyes, one on the head's left outline (x = 64 - 23), one in a corner
+    picture = _dots([(64, 56), (41, 52), (8, 8)])
+    assert warp.apply(picture, np.zeros(2)) is picture  # at rest: the picture itself
+    turned = warp.apply(picture, np.array([1.0, 0.0]))
+    # features: HEAD_SHIFT + FEATURE_SHIFT = 7 + 9 px; the outline: HEAD_SHIFT = 7 px
+    fx, fy = _centroid(turned, (slice(50, 63), slice(72, 88)))
+    assert abs(fx - 80) < 0.6 and abs(fy - 56) < 0.6
+    ox, oy = _centroid(turned, (slice(46, 59), slice(42, 56)))
+    assert abs(ox - 48) < 1.0 and abs(oy - 52) < 0.6
+    np.testing.assert_array_equal(turned[:20, :20], picture[:20, :20])
+    down = warp.apply(picture, np.array([0.0, 1.0]))
+    fx, fy = _centroid(down, (slice(60, 74), slice(57, 72)))
+    assert abs(fx - 64) < 0.6 and abs(fy - 67) < 0.6  # 5 + 6 px down
+    with pytest.raises(ValueError):
+        warp.apply(picture[:64], np.array([1.0, 0.0]))
+
+
+@pytest.mark.parametrize("pose", [(1, 0), (-1, 0), (0, 1), (0, -1), (1, 1), (-1, -1), (1, -1),
+                                  (0.5, -0.25)])
+def test_warp_never_folds(pose):
+    """The map from output pixel to source pixel keeps its orientation everywhere (Jacobian
+    determinant > 0): no content is shown twice."""
+    d = displacement(np.array(pose, np.float64)).double().numpy()
+    dxx, dxy = np.gradient(d[0], axis=1), np.gradient(d[0], axis=0)
+    dyx, dyy = np.gradient(d[1], axis=1), np.gradient(d[1], axis=0)
+    assert ((1 - dxx) * (1 - dyy) - dxy * dyx).min() > 0
+
+
+def test_base_warp_names():
+    assert isinstance(make_base_warp("head", 128), HeadWarp)
+    with pytest.raises(ValueError, match="head"):
+        make_base_warp("tail", 128)
+
+
+def _warped_backend() -> AvatarModelBackend:
+    torch.manual_seed(0)
+    model = WorldDiT(dim=32, depth=1, num_heads=2, chunk_frames=1, num_actions=NUM_ACTIONS,
+                     action_factors=ACTION_FACTORS, view_box=0, base_warp="head")
+    return AvatarModelBackend(BuiltinBackend(model, build_autoencoder(width=8),
+                                             BuiltinConfig(attention_backend="reference",
+                                                           max_states=4)))
+
+
+def test_backend_feeds_the_memory_picture_moved_to_each_frames_pose(monkeypatch):
+    monkeypatch.setattr("worldstream.engine.backends.avatar.look_for_prompt", lambda p: "city")
+    backend = _warped_backend()
+    gen = backend.gen
+    fed = []
+    encode = gen._encode_bases
+    monkeypatch.setattr(gen, "_encode_bases",
+                        lambda pictures, keys: fed.extend(pictures) or encode(pictures, keys))
+    state = backend.new_state("city", 5)
+    actions = [encode_action(RIGHT, 0)] * 3 + [encode_action(IDLE, 0)] * 2
+    for a in actions:
+        (res,) = backend.generate([ChunkJob(state, [a], 2, seed=1)])
+        assert res.error is None
+    backend.finish()  # the last chunk's commit (the engine runs it after delivery)
+    inner = state.inner
+    assert len(fed) == 1 + len(actions)
+    picture, _ = model_inputs(inner.memory.read(0, 0, 128), gen.downsample)
+    poses = HeadWarp.path(HeadWarp.rest, actions)
+    warp = HeadWarp()
+    # fed[0] is the prefill's (empty) base; then one base per generated frame
+    for got, pose in zip(fed[1:], poses):
+        np.testing.assert_array_equal(got, warp.apply(picture, pose))
+    assert not np.array_equal(fed[1], fed[3])  # the head moved
+    np.testing.assert_array_equal(inner.pose(HeadWarp.rest), poses[-1])
+    fork = backend.fork(state)
+    np.testing.assert_array_equal(fork.inner.pose(HeadWarp.rest), poses[-1])
+    backend.rewind(state, 2)
+    np.testing.assert_array_equal(inner.pose(HeadWarp.rest), poses[2])
+    for s in (state, fork):
+        backend.free(s)
+
+
+def test_training_replays_the_bases_the_engine_fed(monkeypatch):
+    """``memory_bases`` with the warp (training data and on-policy rollouts) gives the bases
+    the engine read, frame for frame, from the frames it showed and the actions."""
+    monkeypatch.setattr("worldstream.engine.backends.avatar.look_for_prompt", lambda p: "beach")
+    backend = _warped_backend()
+    gen = backend.gen
+    fed = []
+    encode = gen._encode_bases
+    monkeypatch.setattr(gen, "_encode_bases",
+                        lambda pictures, keys: fed.extend(pictures) or encode(pictures, keys))
+    state = backend.new_state("beach", 2)
+    actions = [encode_action(d, 0) for d in [UP_LEFT] * 4 + [IDLE, RIGHT, RIGHT]]
+    shown = []
+    for a in actions:
+        (res,) = backend.generate([ChunkJob(state, [a], 2, seed=3)])
+        shown.append(res.frames[0])
+    backend.finish()
+    first = start_frames("beach", 2, 1)[0]
+    frames = np.stack([first, *shown])
+    rgb, _ = memory_bases(frames, np.zeros((len(frames), 2), np.int64),
+                          np.zeros(len(frames), bool), 1, view_box=0,
+                          warp=make_base_warp("head", 128),
+                          actions=np.array([encode_action(IDLE, 0), *actions]))
+    np.testing.assert_array_equal(np.stack(fed[1:]), rgb[1:])
+    backend.free(state)
+
+
+def test_a_model_without_a_base_warp_reads_the_picture_as_is():
+    model = WorldDiT(dim=32, depth=1, num_heads=2, chunk_frames=1)
+    assert model.config.base_warp is None
+    gen = BuiltinBackend(model, build_autoencoder(width=8),
+                         BuiltinConfig(attention_backend="reference"))
+    assert gen.base_warp is None
