@@ -108,14 +108,25 @@ def _warped_backend() -> AvatarModelBackend:
                                                            max_states=4)))
 
 
+def _spy_bases(monkeypatch, gen: BuiltinBackend) -> list[np.ndarray]:
+    """The base pictures the backend plans (and encodes for the model), in order."""
+    fed = []
+    plan = gen._plan
+
+    def spy(states, actions, move=True):
+        records, views = plan(states, actions, move)
+        fed.extend(views.pictures)
+        return records, views
+
+    monkeypatch.setattr(gen, "_plan", spy)
+    return fed
+
+
 def test_backend_feeds_the_memory_picture_moved_to_each_frames_pose(monkeypatch):
     monkeypatch.setattr("worldstream.engine.backends.avatar.look_for_prompt", lambda p: "city")
     backend = _warped_backend()
     gen = backend.gen
-    fed = []
-    encode = gen._encode_bases
-    monkeypatch.setattr(gen, "_encode_bases",
-                        lambda pictures, keys: fed.extend(pictures) or encode(pictures, keys))
+    fed = _spy_bases(monkeypatch, gen)
     state = backend.new_state("city", 5)
     actions = [encode_action(RIGHT, 0)] * 3 + [encode_action(IDLE, 0)] * 2
     for a in actions:
@@ -146,10 +157,7 @@ def test_training_replays_the_bases_the_engine_fed(monkeypatch):
     monkeypatch.setattr("worldstream.engine.backends.avatar.look_for_prompt", lambda p: "beach")
     backend = _warped_backend()
     gen = backend.gen
-    fed = []
-    encode = gen._encode_bases
-    monkeypatch.setattr(gen, "_encode_bases",
-                        lambda pictures, keys: fed.extend(pictures) or encode(pictures, keys))
+    fed = _spy_bases(monkeypatch, gen)
     state = backend.new_state("beach", 2)
     actions = [encode_action(d, 0) for d in [UP_LEFT] * 4 + [IDLE, RIGHT, RIGHT]]
     shown = []
