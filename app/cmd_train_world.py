@@ -53,6 +53,12 @@ def register(sub) -> None:
         "--seed", type=int, default=0, help="RNG seed of the initialisation and the batch order"
     )
     p.add_argument(
+        "--base-warp", default=None, metavar="NAME",
+        help="warp of the memory bases (engine.worlds.catalog.BASE_WARPS, or 'none'); default: "
+             "the world's (the avatar's head pose). Fine-tunes of a trained model "
+             "(--onpolicy, --adversarial) keep that model's",
+    )
+    p.add_argument(
         "--init-from",
         type=Path,
         default=None,
@@ -103,6 +109,26 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
+def _base_warp(args, spec) -> str | None:
+    """The run's base warp: ``--base-warp`` or the world's; ValueError for an unknown name, or
+    for a fine-tune (``--onpolicy``, ``--adversarial``) whose model reads its bases otherwise
+    (its weights keep their config)."""
+    from worldstream.engine.models.builtin.world_dit import WorldDiT
+    from worldstream.engine.worlds.catalog import BASE_WARPS
+
+    name = spec.base_warp if args.base_warp is None else args.base_warp
+    warp = None if name in (None, "none") else name
+    if warp is not None and warp not in BASE_WARPS:
+        raise ValueError(f"--base-warp must be 'none' or one of {tuple(BASE_WARPS)}, "
+                         f"got {name!r}")
+    if args.onpolicy or args.adversarial is not None:
+        has = WorldDiT.load_config(args.init_from).get("base_warp")
+        if has != warp:
+            raise ValueError(f"{args.init_from} reads its memory bases with base warp {has!r}, "
+                             f"this run with {warp!r}: give --base-warp {has or 'none'}")
+    return warp
+
+
 def run(args) -> int:
     from worldstream.engine.models.builtin.loading import load_autoencoder
     from worldstream.engine.training.latents import encode_shards
@@ -123,12 +149,13 @@ def run(args) -> int:
     if args.adversarial is not None and args.adversarial < 0:
         raise ValueError(f"--adversarial must be >= 0, got {args.adversarial}")
     spec = world(args.world)
+    warp = _base_warp(args, spec)
     shards, _ = spec.ensure_dataset(args.data)
     ae = load_autoencoder(args.vae or spec.assets / "vae")
     out = args.out or spec.assets / "transformer"
     data = encode_shards(ae, shards, args.chunk_frames, cache=args.run_dir / "latents.pt",
                          prompts=spec.prompts, view_box=spec.view_box,
-                         base_warp=spec.base_warp)
+                         base_warp=warp)
     # the settings every fine-tune of a trained model takes from the command line
     tuning = dict(steps=args.steps, lr=args.lr, ctx_sigma_max=args.ctx_sigma_max,
                   seed=args.seed, max_minutes=args.max_minutes)
@@ -174,7 +201,7 @@ def run(args) -> int:
         num_actions=spec.num_actions,
         action_factors=spec.action_factors,
         change_weight=change_weight,
-        base_warp=spec.base_warp,
+        base_warp=warp,
     )
     print(json.dumps(result))
     return 0

@@ -175,7 +175,8 @@ def test_rollouts_start_and_switch_with_the_worlds_own_prompt_table():
 @pytest.mark.parametrize("extra,named", [
     (["--onpolicy"], "--init-from"),
     (["--onpolicy", "--init-from", "x", "--rollout-steps", "0"], "--rollout-steps"),
-    (["--onpolicy", "--init-from", "x", "--rollout-steps", "5"], "--rollout-steps")])
+    (["--onpolicy", "--init-from", "x", "--rollout-steps", "5"], "--rollout-steps"),
+    (["--base-warp", "tail"], "--base-warp")])
 def test_train_world_cli_refuses_bad_onpolicy_settings_before_any_work(tmp_path, capsys,
                                                                      extra, named):
     """Any world, the avatar here: bad on-policy settings are refused before recording."""
@@ -185,6 +186,20 @@ def test_train_world_cli_refuses_bad_onpolicy_settings_before_any_work(tmp_path,
             "--run-dir", str(tmp_path / "run"), *extra]
     assert cli.main(argv) == 2
     assert named in capsys.readouterr().err
+    assert not (tmp_path / "data").exists() and not (tmp_path / "run").exists()
+
+
+def test_train_world_cli_keeps_a_fine_tuned_models_base_warp(tmp_path, capsys):
+    """An on-policy fine-tune reads bases as its model was trained to: a model without the
+    avatar's head warp is refused unless the run says none, before any recording."""
+    from worldstream.app import cli
+
+    WorldDiT(dim=32, depth=1, num_heads=2).save_pretrained(tmp_path / "model")
+    argv = ["train-world", "--world", "avatar", "--data", str(tmp_path / "data"),
+            "--run-dir", str(tmp_path / "run"), "--onpolicy", "--init-from",
+            str(tmp_path / "model")]
+    assert cli.main(argv) == 2
+    assert "--base-warp none" in capsys.readouterr().err
     assert not (tmp_path / "data").exists() and not (tmp_path / "run").exists()
 
 
