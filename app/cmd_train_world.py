@@ -54,9 +54,9 @@ def register(sub) -> None:
     )
     p.add_argument(
         "--base-warp", default=None, metavar="NAME",
-        help="warp of the memory bases (engine.worlds.catalog.BASE_WARPS, or 'none'); default: "
-             "the world's (the avatar's head pose). Fine-tunes of a trained model "
-             "(--onpolicy, --adversarial) keep that model's",
+        help="warp of the memory bases (engine.worlds.catalog.BASE_WARPS: 'head', the avatar's "
+             "head pose; or 'none'); default: the world's (none for both). Fine-tunes of a "
+             "trained model (--onpolicy, --adversarial) keep that model's",
     )
     p.add_argument(
         "--init-from",

@@ -190,16 +190,16 @@ def test_train_world_cli_refuses_bad_onpolicy_settings_before_any_work(tmp_path,
 
 
 def test_train_world_cli_keeps_a_fine_tuned_models_base_warp(tmp_path, capsys):
-    """An on-policy fine-tune reads bases as its model was trained to: a model without the
-    avatar's head warp is refused unless the run says none, before any recording."""
+    """An on-policy fine-tune reads bases as its model was trained to: a model trained with
+    the avatar's head warp is refused unless the run names it, before any recording."""
     from worldstream.app import cli
 
-    WorldDiT(dim=32, depth=1, num_heads=2).save_pretrained(tmp_path / "model")
+    WorldDiT(dim=32, depth=1, num_heads=2, base_warp="head").save_pretrained(tmp_path / "model")
     argv = ["train-world", "--world", "avatar", "--data", str(tmp_path / "data"),
             "--run-dir", str(tmp_path / "run"), "--onpolicy", "--init-from",
             str(tmp_path / "model")]
     assert cli.main(argv) == 2
-    assert "--base-warp none" in capsys.readouterr().err
+    assert "--base-warp head" in capsys.readouterr().err
     assert not (tmp_path / "data").exists() and not (tmp_path / "run").exists()
 
 

@@ -59,8 +59,7 @@ WORLDS: dict[str, WorldSpec] = {
     "avatar": WorldSpec("avatar", ASSETS / "avatar", Path("data_avatar"), 0, AVATAR_ACTIONS,
                         AVATAR_FACTORS,
                         "worldstream.engine.training.avatar_data",
-                        "worldstream.engine.worlds.avatar.looks:PROMPTS", change_weight=4.0,
-                        base_warp="head"),
+                        "worldstream.engine.worlds.avatar.looks:PROMPTS", change_weight=4.0),
 }
 
 
