@@ -209,8 +209,7 @@ def test_onpolicy_bases_read_memory_as_the_models_engine_does():
     from worldstream.engine.training.latents import ae_encode
     from worldstream.engine.training.onpolicy import Rollouts, onpolicy_bases
     from worldstream.engine.worlds.actions import direction_to_action
-    from worldstream.engine.worlds.avatar.actions import ACTION_FACTORS, NUM_ACTIONS
-    from worldstream.engine.worlds.avatar.actions import encode_action
+    from worldstream.engine.worlds.avatar.actions import ACTION_FACTORS, NUM_ACTIONS, encode_action
     from worldstream.engine.worlds.avatar.simulator import AvatarSimulator
     from worldstream.engine.worlds.catalog import make_base_warp
 

@@ -56,7 +56,6 @@ from worldstream.engine.training.common import (
     seed_everything,
 )
 from worldstream.engine.training.latents import LatentDataset, ae_encode, memory_bases
-from worldstream.engine.worlds.catalog import make_base_warp
 from worldstream.engine.training.train_world import (
     change_map,
     export_ema,
@@ -64,6 +63,7 @@ from worldstream.engine.training.train_world import (
     save_run,
     world_loss,
 )
+from worldstream.engine.worlds.catalog import make_base_warp
 from worldstream.engine.worlds.recorder import PROMPTS, load_shard
 
 
@@ -232,9 +232,10 @@ def onpolicy_bases(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Memory bases of the generated frames, replayed as ``memory_bases`` replays the
     reconstructions, with the view box and base warp of the model (``model_config``, a
-    :class:`WorldDiT` config) as the engine reads them: ``base (E, L, C, h, w)`` float16 raw autoencoder latents (encoded as the
-    training data was, :func:`ae_encode`) and ``known (E, L, 2, h, w)`` uint8 (fractions × 255;
-    equal to the original data's, since they depend only on the camera path and switches)."""
+    :class:`WorldDiT` config) as the engine reads them: ``base (E, L, C, h, w)`` float16 raw
+    autoencoder latents (encoded as the training data was, :func:`ae_encode`) and ``known (E,
+    L, 2, h, w)`` uint8 (fractions × 255; equal to the original data's, since they depend only
+    on the camera path and switches)."""
     bases, knowns = [], []
     n = rolls.frames.shape[1]
     mc = model_config
