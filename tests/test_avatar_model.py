@@ -173,3 +173,32 @@ def test_shipped_model_shows_the_expression_held_and_opens_the_mouth_to_speak():
     frames = rollout(len(track), say=text)
     darkness = -frames[:, 58:76, 50:78].astype(np.float32).mean(axis=(1, 2, 3))  # mouth box
     assert np.corrcoef(darkness, track)[0, 1] >= 0.6
+
+
+def test_shipped_model_switches_look_as_a_stream_of_that_look_starts():
+    """A prompt switch shows the new look's character (its simulator picture at rest is the
+    independent reference), with the expression held across it; before the look switch
+    started the new character from its first frame, the model restyled the old one into a
+    patchwork 50 levels (mean absolute) from the new look."""
+    from worldstream.engine.backends.avatar import load_avatar_backend
+    from worldstream.engine.evaluation.avatar import ExpressionTemplates
+    from worldstream.engine.worlds.avatar.actions import expression_index
+
+    seed = 900_604
+    backend = load_avatar_backend()
+    state = backend.new_state("a video call from the office", seed)
+    frames = []
+    for i in range(30):
+        if i == 6:
+            backend.set_prompt(state, "someone on a video call at the beach")
+            backend.apply_controls(state, expression="surprise")
+        (res,) = backend.generate([ChunkJob(state, [IDLE], 2, seed)])
+        frames.append(res.frames[0])
+    backend.free(state)
+    after = np.stack(frames[8:]).astype(np.int16)
+    beach = start_frames("beach", seed, 1)[0].astype(np.int16)
+    office = start_frames("office", seed, 1)[0].astype(np.int16)
+    assert np.abs(after - beach).mean(axis=(1, 2, 3)).max() < 8
+    assert np.abs(after - office).mean(axis=(1, 2, 3)).min() > 30
+    surprise = ExpressionTemplates(seed, "beach").read(np.stack(frames[16:]))
+    assert np.mean(surprise == expression_index("surprise")) > 0.5

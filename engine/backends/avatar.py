@@ -93,7 +93,21 @@ class AvatarModelBackend(AvatarControlsMixin):
 
     def set_prompt(self, state: AvatarState, text: str, blend_text: str | None = None,
                    blend_weight: float = 0.0) -> None:
-        self.gen.set_prompt(self._live(state).inner, text, blend_text, blend_weight)
+        """Switch to the look of ``text`` from the next chunk on, as a stream of that look
+        starts: the new character's first simulator frame (world seed of the stream, at rest)
+        is appended to the stream's context and becomes its memory picture (``observe``);
+        expression and speech carry on. ValueError for a bad prompt or weight, nothing changed.
+
+        NOTE: the generic prompt switch (a memory epoch per chunk for 3 chunks, the model
+        restyling what it remembers) turned the character into a patchwork of colours in the
+        page: the avatar's training data switch looks once in ~200 frames, too rarely for the
+        model to learn to redraw a whole character from a stale picture."""
+        inner = self._live(state).inner
+        look = look_for_prompt(text)
+        self.gen.set_prompt(inner, text, blend_text, blend_weight)
+        self.gen.observe(inner, start_frames(look, inner.noise_seed, self.chunk_frames),
+                         [encode_action()] * self.chunk_frames)
+        inner.restyle_left = 0  # the memory picture is the new look's, current
 
     def fork(self, state: AvatarState) -> AvatarState:
         self._live(state)
