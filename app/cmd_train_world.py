@@ -59,6 +59,12 @@ def register(sub) -> None:
              "trained model (--onpolicy, --adversarial) keep that model's",
     )
     p.add_argument(
+        "--prev-frame", action="store_true",
+        help="feed each frame the clean latent of the frame before its chunk beside its memory "
+             "base (WorldDiT prev_frame; --init-from a model without it starts with that input "
+             "at zero). Fine-tunes (--onpolicy, --adversarial) keep the trained model's",
+    )
+    p.add_argument(
         "--init-from",
         type=Path,
         default=None,
@@ -202,6 +208,7 @@ def run(args) -> int:
         action_factors=spec.action_factors,
         change_weight=change_weight,
         base_warp=warp,
+        prev_frame=args.prev_frame,
     )
     print(json.dumps(result))
     return 0

@@ -191,7 +191,8 @@ def naive_recompute_ms(models: Models, *, context_frames: int, chunk_frames: int
         seq = torch.cat([context[:, :context_frames], x], dim=1).to(dtype)
         sig = torch.cat([torch.full((1, context_frames), 0.05),
                          torch.full((1, chunk_frames), sigma)], dim=1)
-        return model(seq, base, base_sigma, known, sig, actions, text, pos, ctx)[:, context_frames:]
+        return model(seq, base, base_sigma, known, sig, actions, text, pos, ctx,
+                     prev=base if c.prev_frame else None)[:, context_frames:]
 
     totals, model_part = [], []
     for i in range(repeats + 1):  # the first run is warm-up

@@ -19,9 +19,9 @@ from worldstream.engine.worlds.simulator import ACCEL, FRICTION
 F = 2  # frames per chunk
 
 
-def tiny_generator(**cfg) -> BuiltinBackend:
+def tiny_generator(prev_frame: bool = False, **cfg) -> BuiltinBackend:
     torch.manual_seed(0)
-    model = WorldDiT(dim=64, depth=2, num_heads=2, chunk_frames=F)
+    model = WorldDiT(dim=64, depth=2, num_heads=2, chunk_frames=F, prev_frame=prev_frame)
     # adaLN-Zero starts as the identity; randomise it so that every path matters
     with torch.no_grad():
         for p in model.parameters():
@@ -70,14 +70,17 @@ def window_mask(num_chunks: int, window: int, sink: bool) -> torch.Tensor:
 
 
 @pytest.mark.parametrize(
-    "window,sink,noise,world_noise",
-    [(2, False, False, True), (2, True, True, False), (8, False, False, True)],
+    "window,sink,noise,world_noise,prev",
+    [(2, False, False, True, False), (2, True, True, False, False), (8, False, False, True, False),
+     (2, True, False, False, True), (2, False, True, True, True)],
 )
-def test_cached_generation_equals_dense_block_causal_forward(window, sink, noise, world_noise):
+def test_cached_generation_equals_dense_block_causal_forward(window, sink, noise, world_noise,
+                                                             prev):
     """The streaming path (paged KV cache, cache fill, spatial memory feeding every frame its
-    base) computes what one dense block-causal forward over the whole stream computes; the
-    initial noise is the job seed's world field at each frame's window, or fresh noise."""
-    gen = tiny_generator(window_chunks=window, sink=sink, memory_chunks=max(window, 3),
+    base; with ``prev_frame`` the frame before each chunk) computes what one dense
+    block-causal forward over the whole stream computes; the initial noise is the job seed's
+    world field at each frame's window, or fresh noise."""
+    gen = tiny_generator(prev, window_chunks=window, sink=sink, memory_chunks=max(window, 3),
                          ctx_noise=noise, world_noise=world_noise)
     state = gen.new_state("a green meadow", seed=3)
     rng = np.random.default_rng(0)
@@ -89,8 +92,8 @@ def test_cached_generation_equals_dense_block_causal_forward(window, sink, noise
     records = list(state.history)  # bounded: older chunks were evicted
     m = gen.model
     # the same stream with unbounded memory keeps every chunk's inputs for the reference
-    gen2 = tiny_generator(window_chunks=window, sink=sink, memory_chunks=16, ctx_noise=noise,
-                          world_noise=world_noise)
+    gen2 = tiny_generator(prev, window_chunks=window, sink=sink, memory_chunks=16,
+                          ctx_noise=noise, world_noise=world_noise)
     st2 = gen2.new_state("a green meadow", seed=3)
     for n, act in enumerate(actions):
         gen2.generate([ChunkJob(st2, [int(a) for a in act], steps=1, seed=100 + n)])
@@ -99,6 +102,12 @@ def test_cached_generation_equals_dense_block_causal_forward(window, sink, noise
     assert len(recs) == 7
     # memory is in play: after the start chunk every frame's base holds remembered ground
     assert all(r.known[:, 0].mean() > 0.5 for r in recs[1:])
+    if prev:  # every frame of a chunk is fed the last frame generated before it
+        for before, rec in zip(recs, recs[1:]):
+            want = before.latents[-1].expand_as(rec.prev)
+            tol = 2 * gen.config.ctx_sigma * 5 if noise else 1e-6  # noise: 0.05 · N(0, 1)
+            assert (rec.prev - want).abs().max() < tol
+            assert noise == (not torch.equal(rec.prev, want))
     n_chunks = len(recs)
     text = torch.as_tensor(st2.text)[None, None].expand(1, n_chunks * F, -1)
     mask = expand_frame_mask(window_mask(n_chunks, window, sink), m.tokens_per_frame)
@@ -119,6 +128,7 @@ def test_cached_generation_equals_dense_block_causal_forward(window, sink, noise
                 text[:, :k],
                 torch.arange(k)[None],
                 DenseContext(mask[: k * 64, : k * 64]),
+                prev=torch.cat([r.prev for r in recs[: last + 1]])[None] if prev else None,
             )
         got = recs[last].latents
         assert torch.allclose(out[0, -F:], got, atol=1e-4), (last, (out[0, -F:] - got).abs().max())

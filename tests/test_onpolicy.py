@@ -130,7 +130,7 @@ class _ZeroModel:
     def normalize(self, x):
         return x
 
-    def __call__(self, x, *args):
+    def __call__(self, x, *args, **kwargs):
         return torch.zeros_like(x)
 
 

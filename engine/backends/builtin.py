@@ -224,6 +224,9 @@ class _ChunkRecord:
     rest_run: int = 0  # frames in a row, up to its last, whose window did not move
     # (2,) float64 the base warp's pose after its last frame (a model with ``base_warp``)
     pose: np.ndarray = field(default_factory=lambda: np.zeros(2))
+    # (F, C, h, w) model-space latent of the frame before the chunk, as fed (context noise
+    # included), repeated per frame: a model with ``prev_frame``; None otherwise
+    prev: torch.Tensor | None = None
 
     @property
     def num_frames(self) -> int:
@@ -526,10 +529,23 @@ class BuiltinBackend(PagedRunner):
         f = len(actions[0])
         for n, (state, rec) in enumerate(zip(states, records)):
             rec.base = base[n * f : (n + 1) * f]
+            if self.model.config.prev_frame:
+                rec.prev = self._previous(state, rec.base).expand(f, -1, -1, -1)
             if cfg.ctx_noise and cfg.ctx_sigma > 0:
                 eps = torch.randn(rec.base.shape, generator=state.rng)
                 rec.base = (1 - cfg.ctx_sigma) * rec.base + cfg.ctx_sigma * eps
+                if rec.prev is not None:
+                    eps = torch.randn(rec.prev.shape[1:], generator=state.rng)
+                    rec.prev = (1 - cfg.ctx_sigma) * rec.prev + cfg.ctx_sigma * eps
         return records, views
+
+    @staticmethod
+    def _previous(state: BuiltinState, base: torch.Tensor) -> torch.Tensor:
+        """``(1, C, h, w)`` the clean latent of the state's last frame (a model with
+        ``prev_frame``); a stream's very first frame has none and gets its own memory base."""
+        if state.history and state.history[-1].latents is not None:
+            return state.history[-1].latents[-1:].float().cpu()
+        return base[:1]
 
     def _field_clock(self, state: BuiltinState, origins: np.ndarray) -> tuple[np.ndarray, int]:
         """The world noise field's time ``(F,)`` int64 at each of a chunk's frames (windows at
@@ -557,8 +573,9 @@ class BuiltinBackend(PagedRunner):
 
     def _conditioning(self, states: list[BuiltinState], records: list[_ChunkRecord]) -> tuple:
         """Conditioning tensors for a batch of chunks (one record per state): memory bases,
-        their noise level, current/stale planes, actions, text, frame positions and which
-        rows are guided (``(B,)`` bool)."""
+        their noise level, current/stale planes, actions, text, frame positions, which
+        rows are guided (``(B,)`` bool) and the previous frames (None for a model without
+        ``prev_frame``)."""
         f = self.chunk_frames
         dev, dt = self.device, self.config.dtype
         base = torch.stack([r.base for r in records]).to(dev, dt)
@@ -568,13 +585,15 @@ class BuiltinBackend(PagedRunner):
         txt = torch.stack([s.text for s in states]).to(dev)[:, None].expand(-1, f, -1)
         pos = torch.tensor([[r.position + i for i in range(f)] for r in records], device=dev)
         guided = torch.tensor([r.guided for r in records], device=dev)
-        return base, base_sigma, known, actions, txt, pos, guided
+        prev = (torch.stack([r.prev for r in records]).to(dev, dt)
+                if self.model.config.prev_frame else None)
+        return base, base_sigma, known, actions, txt, pos, guided, prev
 
     def _forward(self, x, sigma: float, cond: tuple, ctx: PagedAttentionContext) -> torch.Tensor:
-        base, base_sigma, known, actions, txt, pos, _ = cond
+        base, base_sigma, known, actions, txt, pos, _, prev = cond
         sig = torch.full(actions.shape, sigma, device=self.device)
         return self._net(x.to(self.config.dtype), base, base_sigma, known, sig, actions, txt,
-                         pos, ctx)
+                         pos, ctx, prev=prev)
 
     def _denoise_forward(self, x, sigma: float, cond: tuple,
                          ctx: PagedAttentionContext) -> torch.Tensor:
@@ -582,20 +601,21 @@ class BuiltinBackend(PagedRunner):
         a non-neutral action), see :class:`BuiltinConfig`. The negative forwards run first:
         every forward writes the chunk's keys/values into its pages, and the conditional ones
         must be what stays."""
-        base, base_sigma, known, actions, txt, pos, guided = cond
+        base, base_sigma, known, actions, txt, pos, guided, prev = cond
         cfg = self.config
         if cfg.steady_guidance_sigma is not None and sigma >= cfg.steady_guidance_sigma - 1e-6:
             guided = torch.ones_like(guided)
         terms = []  # (per-row scale - 1, negative condition)
         if cfg.guidance != 1 and bool(guided.any()):
             terms.append((torch.where(guided, cfg.guidance - 1.0, 0.0),
-                          (base, base_sigma, known, actions, torch.zeros_like(txt), pos, guided)))
+                          (base, base_sigma, known, actions, torch.zeros_like(txt), pos, guided,
+                           prev)))
         if cfg.action_guidance != 1:
             neutral = self._neutral_actions(actions)
             asked = (actions != neutral).any(dim=1)
             if bool(asked.any()):
                 terms.append((torch.where(asked, cfg.action_guidance - 1.0, 0.0),
-                               (base, base_sigma, known, neutral, txt, pos, guided)))
+                               (base, base_sigma, known, neutral, txt, pos, guided, prev)))
         negatives = [self._forward(x, sigma, negative, ctx) for _, negative in terms]
         out = self._forward(x, sigma, cond, ctx)
         guided_out = out

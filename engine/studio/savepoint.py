@@ -342,7 +342,7 @@ def _export_builtin(gen, state) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
                   "text": _t2n(state.text), "rng": state.rng.get_state().numpy()}
         history = []
         for i, rec in enumerate(state.history):
-            for name in ("latents", "base", "known", "context"):
+            for name in ("latents", "base", "known", "context", "prev"):
                 value = getattr(rec, name)
                 if value is not None:
                     arrays[f"h{i}.{name}"] = _t2n(value)
@@ -428,6 +428,10 @@ def _import_builtin(gen, arrays: dict[str, np.ndarray], scalars: dict[str, Any])
                 attention = kernels.resolve_backend(str(attention), gen.device)
             history = deque()
             for i, h in enumerate(scalars["history"]):
+                if gen.model.config.prev_frame and f"h{i}.prev" not in arrays:
+                    raise SavepointError("the save point was made by a model without the "
+                                         "previous-frame input; this one needs it")
+
                 def get(name, i=i):
                     return torch.from_numpy(arrays[f"h{i}.{name}"].copy())
 
@@ -447,7 +451,8 @@ def _import_builtin(gen, arrays: dict[str, np.ndarray], scalars: dict[str, Any])
                     rest_run=int(h["rest_run"]),
                     # save points from before the base warp hold no pose: at rest
                     pose=(arrays[f"h{i}.pose"].astype(np.float64) if f"h{i}.pose" in arrays
-                          else np.zeros(2))))
+                          else np.zeros(2)),
+                    prev=get("prev") if f"h{i}.prev" in arrays else None))
             m = scalars["memory"]
             memory = SpatialMemory(int(m["tile"]), int(m["max_tiles"]), int(m["settle_px"]))
             memory.epoch, memory._tick = int(m["epoch"]), int(m["tick"])

@@ -42,6 +42,7 @@ from worldstream.engine.training.latents import LatentDataset
 from worldstream.engine.training.train_world import (
     WorldPrediction,
     export_ema,
+    recipe_clips,
     resume_run,
     save_run,
     world_prediction,
@@ -165,9 +166,11 @@ def finetune_adversarial(
         if max_minutes is not None and time.perf_counter() - t0 > 60 * max_minutes:
             break
         model.train()
-        lat, base, known, actions, txt, _ = data.sample(rng, batch, frames)
+        lat, base, known, actions, txt, prev = recipe_clips(data, rng, batch, frames, chunk,
+                                                            model.config.prev_frame)
         pred = world_prediction(model, lat, base, known, actions, txt, gen, chunk,
-                                ctx_sigma_max, ctx, device, change_weight=change_weight)
+                                ctx_sigma_max, ctx, device, change_weight=change_weight,
+                                prev=prev)
         mse = pred.loss()
         fake, real, ftxt = judged_frames(pred, min_sigma)
         g_adv = torch.zeros((), device=device)

@@ -59,6 +59,9 @@ from worldstream.engine.training.latents import LatentDataset, ae_encode, memory
 from worldstream.engine.training.train_world import (
     change_map,
     export_ema,
+    noised_previous,
+    previous_frames,
+    recipe_clips,
     resume_run,
     save_run,
     world_loss,
@@ -284,6 +287,7 @@ def onpolicy_loss(
     device: torch.device,
     new_weight: float = 4.0,
     change_weight: float = 0.0,
+    prev: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Flow-matching x0 loss on on-policy clips, all rows inference-like. Raw autoencoder
     latents ``(B, F, C, h, w)``: ``lat`` the simulator's frames, ``own_lat`` the generator's
@@ -299,7 +303,9 @@ def onpolicy_loss(
     plus ``change_weight`` times :func:`~engine.training.train_world.change_map` of the
     target against the generator's base (as :func:`~engine.training.train_world.world_loss`:
     the avatar's head, face and mouth are a few percent of the pixels). Bases are noised at
-    U[0, ctx_sigma_max] as in the original recipe, never degraded (they already are)."""
+    U[0, ctx_sigma_max] as in the original recipe, never degraded (they already are); so is
+    ``prev (B, F, C, h, w)``, the generator's own frame before each frame's chunk (raw
+    latents; a model with ``prev_frame``, else None): in a stream that frame is its own."""
     b, f = actions.shape
     nc = f // chunk_frames
     if nc < 2:
@@ -327,8 +333,9 @@ def onpolicy_loss(
     s = sig[..., None, None, None]
     x = (1 - s) * clean + s * torch.randn(z.shape, generator=gen).to(device)
     known = known.to(device)
+    zp = noised_previous(model, prev, gen, ctx_sigma_max, 0.0, device)
     with autocast(device):
-        pred = model(x, zb, base_sig, known, sig, actions.to(device), txt, pos, ctx)
+        pred = model(x, zb, base_sig, known, sig, actions.to(device), txt, pos, ctx, prev=zp)
     target = onpolicy_target(z, zb_own, zb_orig, known)
     weight = 1.0 + new_weight * (1.0 - known[:, :, :1])
     if change_weight:
@@ -353,23 +360,30 @@ class OnPolicyPool:
     round: int
     camera_rms: float
 
-    def sample(self, data: LatentDataset, rng: np.random.Generator, batch: int, frames: int):
+    def sample(self, data: LatentDataset, rng: np.random.Generator, batch: int, frames: int,
+               chunk_frames: int = 1, prev_frame: bool = False):
         """Random on-policy clips: ``lat, own_lat, base_orig, base_own (B, F, C, h, w)``
         float32 raw latents, ``known (B, F, 2, h, w)`` float32 in [0, 1], ``actions (B, F)``,
-        ``txt (B, F, 384)``."""
+        ``txt (B, F, 384)`` and ``prev (B, F, C, h, w)``: the generator's own frame before
+        each frame's chunk (``prev_frame``; else None)."""
+        before = chunk_frames if prev_frame else 0
         n, length = self.base.shape[:2]
         j = torch.as_tensor(rng.integers(0, n, batch))
-        s = torch.as_tensor(rng.integers(0, length - frames + 1, batch))
-        idx = s[:, None] + torch.arange(frames)[None]
+        s = torch.as_tensor(rng.integers(0, length - frames - before + 1, batch))
+        idx = s[:, None] + torch.arange(frames + before)[None]
         rows, erows = j[:, None], self.index[j][:, None]
+        own = self.latents[rows, idx].float()
+        prev = previous_frames(own, chunk_frames) if prev_frame else None
+        idx = idx[:, before:]
         return (
             data.latents[erows, idx].float(),
-            self.latents[rows, idx].float(),
+            own[:, before:],
             data.base[erows, idx].float(),
             self.base[rows, idx].float(),
             data.known[erows, idx].float() / 255.0,
             data.actions[erows, idx],
             data.prompt_emb[data.prompt[erows, idx]],
+            prev,
         )
 
 
@@ -532,23 +546,26 @@ def finetune_onpolicy(
         model.train()
         total, parts = 0.0, [float("nan"), float("nan")]
         if batch - n_own > 0:
-            lat, base, known, actions, txt, _ = data.sample(rng, batch - n_own, frames)
+            lat, base, known, actions, txt, prev = recipe_clips(
+                data, rng, batch - n_own, frames, chunk, model.config.prev_frame)
             lo = world_loss(
                 model, lat, base, known, actions, txt, gen, chunk, ctx_sigma_max, ctx, device,
-                change_weight=change_weight,
+                change_weight=change_weight, prev=prev,
             )
             total = total + lo * (batch - n_own) / batch
             parts[0] = lo.item()
         if n_own > 0:
+            *clips, prev = pool.sample(data, rng, n_own, frames, chunk, model.config.prev_frame)
             lo = onpolicy_loss(
                 model,
-                *pool.sample(data, rng, n_own, frames),
+                *clips,
                 gen,
                 chunk,
                 ctx_sigma_max,
                 ctx,
                 device,
                 change_weight=change_weight,
+                prev=prev,
             )
             total = total + lo * n_own / batch
             parts[1] = lo.item()

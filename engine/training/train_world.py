@@ -34,7 +34,7 @@ from worldstream.engine.models.builtin.attention import (
     block_causal_frame_mask,
     expand_frame_mask,
 )
-from worldstream.engine.models.builtin.world_dit import CameraDynamics, WorldDiT
+from worldstream.engine.models.builtin.world_dit import CameraDynamics, WorldDiT, warm_start
 from worldstream.engine.training.common import (
     autocast,
     load_checkpoint,
@@ -119,6 +119,42 @@ def degrade_bases(zb: torch.Tensor, gen: torch.Generator, p: float) -> torch.Ten
     return torch.where(hit, blurred.reshape(zb.shape) + cast, zb)
 
 
+def previous_frames(lat: torch.Tensor, chunk_frames: int) -> torch.Tensor:
+    """``lat (B, F + c, ...)``, a clip with one chunk of ``c = chunk_frames`` frames before it,
+    -> ``(B, F, ...)`` for each of the clip's last F frames the last frame before its chunk
+    (what a model with ``prev_frame`` is fed: within a chunk generated at once, the frame
+    just before is not known yet)."""
+    last = lat[:, chunk_frames - 1 : -1 : chunk_frames]
+    return last.repeat_interleave(chunk_frames, dim=1)
+
+
+def recipe_clips(data: LatentDataset, rng: np.random.Generator, batch: int, frames: int,
+                 chunk_frames: int, prev_frame: bool) -> tuple:
+    """A batch of the recipe's clips: ``(lat, base, known, actions, txt, prev)`` as
+    :meth:`LatentDataset.sample` gives them, and ``prev (B, F, C, h, w)`` raw latents of the
+    frame before each frame's chunk (:func:`previous_frames`; None unless ``prev_frame``)."""
+    if not prev_frame:
+        lat, base, known, actions, txt, _ = data.sample(rng, batch, frames)
+        return lat, base, known, actions, txt, None
+    lat, base, known, actions, txt, _ = data.sample(rng, batch, frames + chunk_frames)
+    prev = previous_frames(lat, chunk_frames)
+    c = chunk_frames
+    return lat[:, c:], base[:, c:], known[:, c:], actions[:, c:], txt[:, c:], prev
+
+
+def noised_previous(model: WorldDiT, prev: torch.Tensor | None, gen: torch.Generator,
+                    ctx_sigma_max: float, p_degrade: float, device: torch.device):
+    """The previous-frame input as trained: raw latents ``prev (B, F, C, h, w)`` normalised,
+    degraded in a fraction ``p_degrade`` of the frames (:func:`degrade_bases`: in a stream the
+    previous frame is the model's own, blurrier and off in colour) and noised at
+    U[0, ctx_sigma_max] (context noise); None passes through."""
+    if prev is None:
+        return None
+    zp = degrade_bases(model.normalize(prev.to(device)), gen, p_degrade)
+    ps = (torch.rand(*zp.shape[:2], 1, 1, 1, generator=gen) * ctx_sigma_max).to(device)
+    return (1 - ps) * zp + ps * torch.randn(zp.shape, generator=gen).to(device)
+
+
 @dataclass
 class WorldPrediction:
     """One training forward of :func:`world_prediction`, model space: ``pred``/``target``
@@ -160,6 +196,7 @@ def world_prediction(
     new_weight: float = 4.0,
     p_degrade: float = 0.3,
     change_weight: float = 0.0,
+    prev: torch.Tensor | None = None,
 ) -> WorldPrediction:
     """The forward of the flow-matching x0 loss over a clip: ``lat``/``base (B, F, C, h, w)``
     autoencoder latents of the frames and of their memory bases, ``known (B, F, 2, h, w)``,
@@ -184,8 +221,9 @@ def world_prediction(
     s = sig[..., None, None, None]
     x = (1 - s) * z + s * torch.randn(z.shape, generator=gen).to(device)
     known = known.to(device)
+    zp = noised_previous(model, prev, gen, ctx_sigma_max, p_degrade, device)
     with autocast(device):
-        pred = model(x, zb, base_sig, known, sig, actions.to(device), txt, pos, ctx)
+        pred = model(x, zb, base_sig, known, sig, actions.to(device), txt, pos, ctx, prev=zp)
     # NOTE: most of a frame is remembered ground the model only has to copy; without weighting,
     # the few percent it must generate (new ground at the border, the sprite, restyled ground)
     # were a few percent of the loss, and at step 500 new ground came out in no scene's colours
@@ -279,10 +317,13 @@ def train_world(
     action_factors: tuple[int, ...] | None = None,
     change_weight: float = 0.0,
     base_warp: str | None = None,
+    prev_frame: bool = False,
 ) -> dict:
     """Train or resume up to ``steps`` steps (or ``max_minutes`` of wall time this call).
 
-    ``init_from``: a saved WorldDiT of the same shape to warm-start a fresh run from.
+    ``init_from``: a saved WorldDiT of the same shape to warm-start a fresh run from (one
+    without ``prev_frame`` may start one with it: :func:`warm_start`).
+    ``prev_frame``: feed each frame the one before its chunk (``WorldDiT``'s ``prev_frame``).
     ``change_weight``: see :func:`world_loss` (0 for the landscape recipe).
     ``view_box``, ``num_actions``, ``action_factors``, ``base_warp``: the world's
     (``engine.worlds.catalog``; ``data``'s bases must have been encoded with that warp).
@@ -307,11 +348,12 @@ def train_world(
         num_actions=num_actions,
         action_factors=action_factors,
         base_warp=base_warp,
+        prev_frame=prev_frame,
     ).to(device)
     ckpt_path = run_dir / "world_checkpoint.pt"
     fresh = not ckpt_path.exists()
     if init_from is not None and fresh:
-        model.load_state_dict(WorldDiT.from_pretrained(init_from).state_dict())
+        warm_start(model, WorldDiT.from_pretrained(init_from).state_dict())
     elif fresh:
         rms = fit_camera_dynamics(model.camera, data.camera, data.actions, camera_steps)
         tqdm.write(f"camera dynamics fitted: RMS position error {rms:.2f} px")
@@ -336,10 +378,11 @@ def train_world(
     while step < steps:
         if max_minutes is not None and time.perf_counter() - t0 > 60 * max_minutes:
             break
-        lat, base, known, actions, txt, _ = data.sample(rng, batch, frames)
+        lat, base, known, actions, txt, prev = recipe_clips(data, rng, batch, frames,
+                                                            chunk_frames, prev_frame)
         loss = world_loss(
             model, lat, base, known, actions, txt, gen, chunk_frames, ctx_sigma_max, ctx,
-            device, p_context, change_weight=change_weight,
+            device, p_context, change_weight=change_weight, prev=prev,
         )
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -168,7 +168,16 @@ class WorldDiT(ModelMixin, ConfigMixin):
     an action id is made of, product ``num_actions``, each embedded separately: per-frame
     conditioning such as expression and speech, see :class:`WorldDiTActionEmbedding`),
     ``base_warp`` (None, or the name of the warp its memory bases were moved with before they
-    were encoded, ``engine.worlds.catalog.BASE_WARPS``: the avatar's head pose).
+    were encoded, ``engine.worlds.catalog.BASE_WARPS``: the avatar's head pose),
+    ``prev_frame`` (False; True: each frame is also fed the clean latent of the last frame
+    before its chunk, see :meth:`forward`).
+
+    Why ``prev_frame``: the output is a residual on the memory base, and the base reaches each
+    token through a direct skip, while the frames before reach it only through attention over
+    16-px patches. For a still camera (the avatar) the base is the character at rest, so a
+    turning head had to be redrawn from attention alone, and even from true context the model
+    drew a blur of the head at rest and the turned one. The previous frame as an input plane
+    gives the stem the same direct, per-pixel view of where the head is now.
     """
 
     def normalize(self, z: torch.Tensor) -> torch.Tensor:
@@ -205,16 +214,17 @@ class WorldDiT(ModelMixin, ConfigMixin):
         view_box: int = 13,
         action_factors: tuple[int, ...] | None = None,
         base_warp: str | None = None,
+        prev_frame: bool = False,
     ):
         # chunk_frames, latent_mean/std, image_size, view_box, base_warp: how the model was
         # trained (the engine reads them); latents are normalised per channel as (z - mean) / std
         super().__init__()
         grid = latent_size // patch_size
         self.tokens_per_frame = grid * grid
-        # 1. patch stem over [noisy latent ; base ; base σ, current, stale planes]
-        #    (overlapping 2p × 2p patches)
+        # 1. patch stem over [noisy latent ; base ; base σ, current, stale planes (; previous
+        #    frame)] (overlapping 2p × 2p patches)
         self.stem = nn.Conv2d(
-            2 * latent_channels + 3,
+            (3 if prev_frame else 2) * latent_channels + 3,
             dim,
             kernel_size=2 * patch_size,
             stride=patch_size,
@@ -255,6 +265,7 @@ class WorldDiT(ModelMixin, ConfigMixin):
         text: torch.Tensor,
         positions: torch.Tensor,
         ctx: AttentionContext,
+        prev: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Predict clean latents.
 
@@ -271,6 +282,9 @@ class WorldDiT(ModelMixin, ConfigMixin):
             positions: ``(B, T)`` int64 absolute frame indices (rotary time positions).
             ctx: attention context (dense mask or paged KV cache), see
             ``engine.models.builtin.attention``.
+            prev: ``(B, T, C, h, w)`` normalised clean latent of the last frame before each
+                frame's chunk (with context noise), for a model with ``prev_frame`` (required
+                there, refused otherwise: ValueError).
         Returns:
             ``(B, T, C, h, w)`` float32 predicted x0: the base (scaled by its clean fraction)
             plus the network's output.
@@ -281,8 +295,14 @@ class WorldDiT(ModelMixin, ConfigMixin):
         # 1. patch stem
         dt = base.dtype
         plane = base_sigma.to(dt)[..., None, None, None].expand(b, t, 1, hh, ww)
-        x = torch.cat([latents.to(dt), base, plane, known.to(dt)], dim=2)
-        x = x.reshape(b * t, 2 * c + 3, hh, ww)
+        if (prev is not None) != bool(cfg.prev_frame):
+            raise ValueError(f"this model {'needs' if cfg.prev_frame else 'takes no'} the "
+                             "previous frame (prev)")
+        parts = [latents.to(dt), base, plane, known.to(dt)]
+        if prev is not None:
+            parts.append(prev.to(dt))
+        x = torch.cat(parts, dim=2)
+        x = x.reshape(b * t, x.shape[2], hh, ww)
         x = self.stem(x.to(self.stem.weight.dtype)).flatten(2).transpose(1, 2)  # (B*T, n, dim)
         x = x + self.pos + self.action_tok(actions).reshape(b * t, 1, -1)
         x = x.reshape(b, t, n, -1)
@@ -307,3 +327,20 @@ class WorldDiT(ModelMixin, ConfigMixin):
         x = x.reshape(b, t, g, g, p, p, c).permute(0, 1, 6, 2, 4, 3, 5)
         x = x.reshape(b, t, c, hh, ww)
         return x + (1 - base_sigma.float())[..., None, None, None] * base.float()
+
+
+def warm_start(model: WorldDiT, state: dict[str, torch.Tensor]) -> None:
+    """Load ``state`` (a trained :class:`WorldDiT`'s ``state_dict``) into ``model``; a model
+    with ``prev_frame`` warm-started from one without gets the stem's previous-frame input
+    channels at zero, so it starts as exactly the trained model (as ControlNet's zero
+    convolutions add a condition to a trained network). ValueError when the shapes differ
+    otherwise."""
+    stem = state.get("stem.weight")
+    own = model.stem.weight
+    if stem is not None and stem.shape != own.shape:
+        extra = own.shape[1] - stem.shape[1]
+        if not model.config.prev_frame or extra != model.config.latent_channels:
+            raise ValueError(f"stem {tuple(stem.shape)} does not fit {tuple(own.shape)}")
+        pad = torch.zeros(stem.shape[0], extra, *stem.shape[2:], dtype=stem.dtype)
+        state = {**state, "stem.weight": torch.cat([stem, pad], dim=1)}
+    model.load_state_dict(state)

@@ -1,0 +1,133 @@
+"""The previous-frame input of the world model (``WorldDiT(prev_frame=True)``): warm start,
+what training feeds it, what on-policy clips feed it, save points (tiny models, CPU, fp32)."""
+
+import numpy as np
+import pytest
+import torch
+
+from worldstream.engine.models.builtin.attention import (
+    DenseContext,
+    block_causal_frame_mask,
+    expand_frame_mask,
+)
+from worldstream.engine.models.builtin.world_dit import WorldDiT, warm_start
+from worldstream.engine.training.latents import LatentDataset
+from worldstream.engine.training.onpolicy import OnPolicyPool
+from worldstream.engine.training.train_world import previous_frames, recipe_clips, train_world
+
+
+def _inputs(b: int = 2, t: int = 3, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    return dict(
+        latents=torch.randn(b, t, 4, 32, 32, generator=g),
+        base=torch.randn(b, t, 4, 32, 32, generator=g),
+        base_sigma=torch.full((b, t), 0.05),
+        known=torch.rand(b, t, 2, 32, 32, generator=g),
+        sigma=torch.rand(b, t, generator=g),
+        actions=torch.randint(0, 9, (b, t), generator=g),
+        text=torch.randn(b, t, 384, generator=g),
+        positions=torch.arange(t)[None].repeat(b, 1),
+        ctx=DenseContext(expand_frame_mask(block_causal_frame_mask(t, 1), 64)),
+    )
+
+
+def _trained(prev_frame: bool = False) -> WorldDiT:
+    torch.manual_seed(0)
+    model = WorldDiT(dim=32, depth=1, num_heads=2, prev_frame=prev_frame).eval()
+    with torch.no_grad():  # adaLN-Zero starts as the identity; randomise so every path matters
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return model
+
+
+def test_warm_start_adds_the_previous_frame_at_zero_then_it_is_an_input():
+    trained = _trained()
+    model = WorldDiT(dim=32, depth=1, num_heads=2, prev_frame=True).eval()
+    warm_start(model, trained.state_dict())
+    x = _inputs()
+    prev = torch.randn(2, 3, 4, 32, 32)
+    with torch.no_grad():
+        want = trained(**x)
+        assert torch.equal(model(**x, prev=prev), want)  # exactly the trained model
+        assert torch.equal(model(**x, prev=torch.zeros_like(prev)), want)
+        model.stem.weight[:, -4:].normal_(0, 0.05)  # once trained, the frame matters
+        assert not torch.allclose(model(**x, prev=prev), want, atol=1e-3)
+
+
+def test_previous_frame_is_required_by_a_model_with_it_and_refused_by_one_without():
+    x = _inputs()
+    with pytest.raises(ValueError, match="needs the previous frame"):
+        _trained(prev_frame=True)(**x)
+    with pytest.raises(ValueError, match="takes no"):
+        _trained()(**x, prev=torch.zeros(2, 3, 4, 32, 32))
+    other = WorldDiT(dim=48, depth=1, num_heads=2, prev_frame=True)
+    with pytest.raises(RuntimeError):  # another width: not a warm start
+        warm_start(other, _trained().state_dict())
+
+
+def test_previous_frames_are_the_last_frame_before_each_chunk_hand_worked():
+    lat = torch.arange(6.0)[None, :, None]  # frame i holds the value i
+    assert previous_frames(lat, 1)[0, :, 0].tolist() == [0, 1, 2, 3, 4]  # frames 1..5
+    assert previous_frames(lat, 2)[0, :, 0].tolist() == [1, 1, 3, 3]  # chunks (2,3), (4,5)
+    assert previous_frames(lat, 3)[0, :, 0].tolist() == [2, 2, 2]  # chunk (3, 4, 5)
+
+
+def _indexed_data(episodes: int = 3, length: int = 12) -> LatentDataset:
+    """Latents whose every value is ``100 * episode + frame``, so a clip names its frames."""
+    ids = (100 * torch.arange(episodes)[:, None] + torch.arange(length)[None]).float()
+    lat = ids[:, :, None, None, None].expand(episodes, length, 4, 32, 32).half()
+    return LatentDataset(
+        lat, -lat, torch.zeros(episodes, length, 2, 32, 32, dtype=torch.uint8),
+        (ids.long() % 9), torch.zeros(episodes, length, dtype=torch.long), torch.randn(1, 384),
+        torch.zeros(episodes, length, 2, dtype=torch.long),
+    )
+
+
+@pytest.mark.parametrize("chunk", [1, 2])
+def test_recipe_clips_feed_the_dataset_frame_before_each_chunk(chunk):
+    data = _indexed_data()
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        lat, base, known, actions, txt, prev = recipe_clips(data, rng, 4, 4, chunk, True)
+        ids = lat[:, :, 0, 0, 0]
+        assert torch.equal(base[:, :, 0, 0, 0], -ids)  # the frames' own bases
+        assert torch.equal(actions, ids.long() % 9)
+        first = ids[:, ::chunk].repeat_interleave(chunk, dim=1)  # each chunk's first frame
+        assert torch.equal(prev[:, :, 0, 0, 0], first - 1)
+    *_, prev = recipe_clips(data, rng, 4, 4, chunk, False)
+    assert prev is None
+
+
+def test_onpolicy_clips_feed_the_generators_own_frame_before_each_chunk():
+    data = _indexed_data()
+    own = 1000 + data.latents[[2, 0]].float()  # the generator's frames of episodes 2 and 0
+    pool = OnPolicyPool(torch.tensor([2, 0]), own.half(), own.half(), 0, 0.0)
+    lat, own_lat, *_, prev = pool.sample(data, np.random.default_rng(1), 6, 4, 1, True)
+    assert torch.equal(own_lat[:, :, 0, 0, 0], 1000 + lat[:, :, 0, 0, 0])  # same frames
+    assert torch.equal(prev[:, :, 0, 0, 0], own_lat[:, :, 0, 0, 0] - 1)  # own, one before
+    assert pool.sample(data, np.random.default_rng(1), 6, 4)[-1] is None
+
+
+def test_train_world_warm_starts_a_previous_frame_model_that_starts_as_its_init(tmp_path):
+    g = torch.Generator().manual_seed(0)
+    data = LatentDataset(
+        torch.randn(3, 12, 4, 32, 32, generator=g).half(),
+        torch.randn(3, 12, 4, 32, 32, generator=g).half(),
+        torch.randint(0, 256, (3, 12, 2, 32, 32), generator=g).to(torch.uint8),
+        torch.randint(0, 9, (3, 12), generator=g),
+        torch.randint(0, 2, (3, 12), generator=g),
+        torch.randn(2, 384),
+        torch.cumsum(torch.randint(-6, 7, (3, 12, 2), generator=g), dim=1),
+    )
+    kw = dict(batch=2, frames=4, dim=32, depth=1, num_heads=2, ckpt_every=1, export_every=100,
+              camera_steps=5)
+    train_world(data, tmp_path / "init", tmp_path / "r0", steps=1, **kw)
+    init = WorldDiT.from_pretrained(tmp_path / "init")
+    result = train_world(data, tmp_path / "out", tmp_path / "r1", steps=2, prev_frame=True,
+                         init_from=tmp_path / "init", **kw)
+    assert result["steps"] == 2 and np.isfinite(result["final_loss"])
+    model = WorldDiT.from_pretrained(tmp_path / "out")
+    assert model.config.prev_frame and model.stem.weight.shape[1] == init.stem.weight.shape[1] + 4
+    # the new input was trained from zero: the rest of the stem moved, the new part is small
+    new = model.stem.weight[:, -4:].abs().max()
+    assert 0 < new < 0.05
