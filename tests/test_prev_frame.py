@@ -131,3 +131,32 @@ def test_train_world_warm_starts_a_previous_frame_model_that_starts_as_its_init(
     # the new input was trained from zero: the rest of the stem moved, the new part is small
     new = model.stem.weight[:, -4:].abs().max()
     assert 0 < new < 0.05
+
+
+def _tiny_backend():
+    from worldstream.engine.backends.builtin import BuiltinBackend, BuiltinConfig
+    from worldstream.engine.models.builtin.autoencoder import build_autoencoder
+
+    model = _trained(prev_frame=True)
+    return BuiltinBackend(model, build_autoencoder(width=8),
+                          BuiltinConfig(attention_backend="reference", steady_guidance_sigma=None))
+
+
+def test_save_points_carry_the_previous_frame_and_refuse_a_file_without_it():
+    from worldstream.engine.core.backend import ChunkJob
+    from worldstream.engine.studio.savepoint import SavepointError, export_state, import_state
+
+    gen = _tiny_backend()
+    state = gen.new_state("a green meadow", seed=3)
+    for n in range(4):
+        gen.generate([ChunkJob(state, [n % 9], steps=1, seed=n)])
+    arrays, scalars = export_state(gen, state)
+    assert all(f"h{i}.prev" in arrays for i in range(len(scalars["history"])))
+    copy = import_state(gen, arrays, scalars)
+    a, b = (gen.generate([ChunkJob(s, [2], steps=1, seed=9)])[0].frames for s in (state, copy))
+    assert np.array_equal(a, b)
+    free = gen.allocator.num_free
+    older = {k: v for k, v in arrays.items() if not k.endswith(".prev")}
+    with pytest.raises(SavepointError, match="previous-frame input"):
+        import_state(gen, older, scalars)
+    assert gen.allocator.num_free == free  # nothing kept from the refused file
