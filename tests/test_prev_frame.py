@@ -54,6 +54,23 @@ def test_warm_start_adds_the_previous_frame_at_zero_then_it_is_an_input():
         assert not torch.allclose(model(**x, prev=prev), want, atol=1e-3)
 
 
+def test_the_mixing_map_takes_the_skip_from_the_previous_frame():
+    """With the map at 1 and no residual the model's x0 is the previous frame (scaled by the
+    base's clean fraction); at 0 it is the base; at 0.25 a quarter of the way."""
+    model = WorldDiT(dim=32, depth=1, num_heads=2, prev_frame=True).eval()
+    warm_start(model, _trained().state_dict())
+    x = _inputs()
+    prev = torch.randn(2, 3, 4, 32, 32)
+    with torch.no_grad():
+        model.out.weight.zero_()
+        model.out.bias.zero_()
+        clean = 1 - x["base_sigma"][..., None, None, None]
+        for m in (0.0, 1.0, 0.25):
+            model.prev_gate.bias.fill_(m)
+            want = clean * (x["base"] + m * (prev - x["base"]))
+            assert torch.allclose(model(**x, prev=prev), want, atol=1e-6)
+
+
 def test_previous_frame_is_required_by_a_model_with_it_and_refused_by_one_without():
     x = _inputs()
     with pytest.raises(ValueError, match="needs the previous frame"):

@@ -333,7 +333,7 @@ def onpolicy_loss(
     s = sig[..., None, None, None]
     x = (1 - s) * clean + s * torch.randn(z.shape, generator=gen).to(device)
     known = known.to(device)
-    zp = noised_previous(model, prev, gen, ctx_sigma_max, 0.0, device)
+    zp = noised_previous(model, prev, gen, base_sig, 0.0, device)
     with autocast(device):
         pred = model(x, zb, base_sig, known, sig, actions.to(device), txt, pos, ctx, prev=zp)
     target = onpolicy_target(z, zb_own, zb_orig, known)

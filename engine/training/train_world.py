@@ -143,15 +143,16 @@ def recipe_clips(data: LatentDataset, rng: np.random.Generator, batch: int, fram
 
 
 def noised_previous(model: WorldDiT, prev: torch.Tensor | None, gen: torch.Generator,
-                    ctx_sigma_max: float, p_degrade: float, device: torch.device):
+                    base_sig: torch.Tensor, p_degrade: float, device: torch.device):
     """The previous-frame input as trained: raw latents ``prev (B, F, C, h, w)`` normalised,
     degraded in a fraction ``p_degrade`` of the frames (:func:`degrade_bases`: in a stream the
-    previous frame is the model's own, blurrier and off in colour) and noised at
-    U[0, ctx_sigma_max] (context noise); None passes through."""
+    previous frame is the model's own, blurrier and off in colour) and noised at each frame's
+    base level ``base_sig (B, F)`` (context noise; the engine feeds both at ``ctx_sigma``);
+    None passes through."""
     if prev is None:
         return None
     zp = degrade_bases(model.normalize(prev.to(device)), gen, p_degrade)
-    ps = (torch.rand(*zp.shape[:2], 1, 1, 1, generator=gen) * ctx_sigma_max).to(device)
+    ps = base_sig[..., None, None, None]
     return (1 - ps) * zp + ps * torch.randn(zp.shape, generator=gen).to(device)
 
 
@@ -221,7 +222,7 @@ def world_prediction(
     s = sig[..., None, None, None]
     x = (1 - s) * z + s * torch.randn(z.shape, generator=gen).to(device)
     known = known.to(device)
-    zp = noised_previous(model, prev, gen, ctx_sigma_max, p_degrade, device)
+    zp = noised_previous(model, prev, gen, base_sig, p_degrade, device)
     with autocast(device):
         pred = model(x, zb, base_sig, known, sig, actions.to(device), txt, pos, ctx, prev=zp)
     # NOTE: most of a frame is remembered ground the model only has to copy; without weighting,

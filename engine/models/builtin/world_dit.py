@@ -170,14 +170,19 @@ class WorldDiT(ModelMixin, ConfigMixin):
     ``base_warp`` (None, or the name of the warp its memory bases were moved with before they
     were encoded, ``engine.worlds.catalog.BASE_WARPS``: the avatar's head pose),
     ``prev_frame`` (False; True: each frame is also fed the clean latent of the last frame
-    before its chunk, see :meth:`forward`).
+    before its chunk, and its skip is a per-pixel mix of the base and that frame, see
+    :meth:`forward`).
 
-    Why ``prev_frame``: the output is a residual on the memory base, and the base reaches each
-    token through a direct skip, while the frames before reach it only through attention over
-    16-px patches. For a still camera (the avatar) the base is the character at rest, so a
-    turning head had to be redrawn from attention alone, and even from true context the model
-    drew a blur of the head at rest and the turned one. The previous frame as an input plane
-    gives the stem the same direct, per-pixel view of where the head is now.
+    Why ``prev_frame``: the output is a residual on the memory base, and the base reaches the
+    output through a direct skip, while the frames before reach it only through attention over
+    16-px patches, which does not carry their detail through four layers. For a still camera
+    (the avatar) the base is the character at rest, so a turning head had to be erased and
+    redrawn by the residual, and even from true context the model drew a blur of the head at
+    rest and the turned one. With ``prev_frame`` the network predicts a mixing map ``m`` beside
+    its residual, and the skip becomes ``base + m · (prev − base)``: where the picture moves,
+    the detail of the frame before comes through as directly as the base's does, and the
+    residual only has to move it by the frame's motion (the gated skip of highway networks;
+    zero at start, so a warm-started model begins as the model it came from).
     """
 
     def normalize(self, z: torch.Tensor) -> torch.Tensor:
@@ -251,6 +256,10 @@ class WorldDiT(ModelMixin, ConfigMixin):
         self.out = nn.Linear(dim, patch_size * patch_size * latent_channels)
         nn.init.zeros_(self.ada_out.weight)
         nn.init.zeros_(self.ada_out.bias)
+        if prev_frame:  # the skip's mixing map, one value per latent pixel, zero at start
+            self.prev_gate = nn.Linear(dim, patch_size * patch_size)
+            nn.init.zeros_(self.prev_gate.weight)
+            nn.init.zeros_(self.prev_gate.bias)
         # 5. where the camera goes: velocity from the previous velocity and the action
         self.camera = CameraDynamics(num_actions)
 
@@ -283,10 +292,11 @@ class WorldDiT(ModelMixin, ConfigMixin):
             ctx: attention context (dense mask or paged KV cache), see
             ``engine.models.builtin.attention``.
             prev: ``(B, T, C, h, w)`` normalised clean latent of the last frame before each
-                frame's chunk (with context noise), for a model with ``prev_frame`` (required
-                there, refused otherwise: ValueError).
+                frame's chunk, noised at ``base_sigma`` as the base is, for a model with
+                ``prev_frame`` (required there, refused otherwise: ValueError).
         Returns:
-            ``(B, T, C, h, w)`` float32 predicted x0: the base (scaled by its clean fraction)
+            ``(B, T, C, h, w)`` float32 predicted x0: the skip (the base, with ``prev_frame``
+            mixed per pixel with ``prev`` by the predicted map; scaled by its clean fraction)
             plus the network's output.
         """
         cfg = self.config
@@ -321,20 +331,29 @@ class WorldDiT(ModelMixin, ConfigMixin):
         # 4. output, residual on the base
         h = self.norm_out(x)
         shift, scale = self.ada_out(cond).chunk(2, dim=-1)
-        x = self.out(h * (1 + scale) + shift).float()  # (B, T, n, p*p*C)
-        p = cfg.patch_size
-        g = hh // p
-        x = x.reshape(b, t, g, g, p, p, c).permute(0, 1, 6, 2, 4, 3, 5)
-        x = x.reshape(b, t, c, hh, ww)
-        return x + (1 - base_sigma.float())[..., None, None, None] * base.float()
+        h = h * (1 + scale) + shift
+        x = self._unpatchify(self.out(h).float(), c)  # (B, T, C, h, w)
+        skip = base.float()
+        if prev is not None:
+            mix = self._unpatchify(self.prev_gate(h).float(), 1)  # (B, T, 1, h, w)
+            skip = skip + mix * (prev.float() - skip)
+        return x + (1 - base_sigma.float())[..., None, None, None] * skip
+
+    def _unpatchify(self, x: torch.Tensor, channels: int) -> torch.Tensor:
+        """``(B, T, n, p*p*channels)`` per-token outputs -> ``(B, T, channels, h, w)``."""
+        b, t = x.shape[:2]
+        p = self.config.patch_size
+        g = self.config.latent_size // p
+        x = x.reshape(b, t, g, g, p, p, channels).permute(0, 1, 6, 2, 4, 3, 5)
+        return x.reshape(b, t, channels, g * p, g * p)
 
 
 def warm_start(model: WorldDiT, state: dict[str, torch.Tensor]) -> None:
     """Load ``state`` (a trained :class:`WorldDiT`'s ``state_dict``) into ``model``; a model
     with ``prev_frame`` warm-started from one without gets the stem's previous-frame input
-    channels at zero, so it starts as exactly the trained model (as ControlNet's zero
-    convolutions add a condition to a trained network). ValueError when the shapes differ
-    otherwise."""
+    channels and the skip's mixing map at zero, so it starts as exactly the trained model (as
+    ControlNet's zero convolutions add a condition to a trained network). RuntimeError or
+    ValueError when the shapes differ otherwise."""
     stem = state.get("stem.weight")
     own = model.stem.weight
     if stem is not None and stem.shape != own.shape:
@@ -343,4 +362,7 @@ def warm_start(model: WorldDiT, state: dict[str, torch.Tensor]) -> None:
             raise ValueError(f"stem {tuple(stem.shape)} does not fit {tuple(own.shape)}")
         pad = torch.zeros(stem.shape[0], extra, *stem.shape[2:], dtype=stem.dtype)
         state = {**state, "stem.weight": torch.cat([stem, pad], dim=1)}
+    if model.config.prev_frame and "prev_gate.weight" not in state:
+        state = {**state, **{f"prev_gate.{k}": torch.zeros_like(v)
+                             for k, v in model.prev_gate.state_dict().items()}}
     model.load_state_dict(state)
