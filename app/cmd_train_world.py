@@ -65,6 +65,12 @@ def register(sub) -> None:
              "at zero). Fine-tunes (--onpolicy, --adversarial) keep the trained model's",
     )
     p.add_argument(
+        "--pose-path", default=None, metavar="NAME",
+        help="condition each frame on the pose path of a rig (engine.worlds.catalog.BASE_WARPS: "
+             "'head', the avatar's head eased toward the held keys; WorldDiT pose_path). "
+             "Fine-tunes (--onpolicy, --adversarial) keep the trained model's",
+    )
+    p.add_argument(
         "--init-from",
         type=Path,
         default=None,
@@ -139,7 +145,7 @@ def run(args) -> int:
     from worldstream.engine.models.builtin.loading import load_autoencoder
     from worldstream.engine.training.latents import encode_shards
     from worldstream.engine.training.train_world import train_world
-    from worldstream.engine.worlds.catalog import world
+    from worldstream.engine.worlds.catalog import BASE_WARPS, world
 
     if args.steps < 1 or args.batch < 1:
         raise ValueError("--steps and --batch must be >= 1")
@@ -156,6 +162,8 @@ def run(args) -> int:
         raise ValueError(f"--adversarial must be >= 0, got {args.adversarial}")
     spec = world(args.world)
     warp = _base_warp(args, spec)
+    if args.pose_path is not None and args.pose_path not in BASE_WARPS:
+        raise ValueError(f"--pose-path must be one of {tuple(BASE_WARPS)}, got {args.pose_path!r}")
     shards, _ = spec.ensure_dataset(args.data)
     ae = load_autoencoder(args.vae or spec.assets / "vae")
     out = args.out or spec.assets / "transformer"
@@ -209,6 +217,7 @@ def run(args) -> int:
         change_weight=change_weight,
         base_warp=warp,
         prev_frame=args.prev_frame,
+        pose_path=args.pose_path,
     )
     print(json.dumps(result))
     return 0

@@ -19,9 +19,11 @@ from worldstream.engine.worlds.simulator import ACCEL, FRICTION
 F = 2  # frames per chunk
 
 
-def tiny_generator(prev_frame: bool = False, **cfg) -> BuiltinBackend:
+def tiny_generator(prev_frame: bool = False, pose_path: str | None = None,
+                   **cfg) -> BuiltinBackend:
     torch.manual_seed(0)
-    model = WorldDiT(dim=64, depth=2, num_heads=2, chunk_frames=F, prev_frame=prev_frame)
+    model = WorldDiT(dim=64, depth=2, num_heads=2, chunk_frames=F, prev_frame=prev_frame,
+                     pose_path=pose_path)
     # adaLN-Zero starts as the identity; randomise it so that every path matters
     with torch.no_grad():
         for p in model.parameters():
@@ -70,18 +72,19 @@ def window_mask(num_chunks: int, window: int, sink: bool) -> torch.Tensor:
 
 
 @pytest.mark.parametrize(
-    "window,sink,noise,world_noise,prev",
-    [(2, False, False, True, False), (2, True, True, False, False), (8, False, False, True, False),
-     (2, True, False, False, True), (2, False, True, True, True)],
+    "window,sink,noise,world_noise,prev,pose",
+    [(2, False, False, True, False, None), (2, True, True, False, False, None),
+     (8, False, False, True, False, None), (2, True, False, False, True, "head"),
+     (2, False, True, True, True, None)],
 )
 def test_cached_generation_equals_dense_block_causal_forward(window, sink, noise, world_noise,
-                                                             prev):
+                                                             prev, pose):
     """The streaming path (paged KV cache, cache fill, spatial memory feeding every frame its
-    base; with ``prev_frame`` the frame before each chunk) computes what one dense
-    block-causal forward over the whole stream computes; the initial noise is the job seed's
-    world field at each frame's window, or fresh noise."""
-    gen = tiny_generator(prev, window_chunks=window, sink=sink, memory_chunks=max(window, 3),
-                         ctx_noise=noise, world_noise=world_noise)
+    base; with ``prev_frame`` the frame before each chunk, with ``pose_path`` the rig's pose)
+    computes what one dense block-causal forward over the whole stream computes; the initial
+    noise is the job seed's world field at each frame's window, or fresh noise."""
+    gen = tiny_generator(prev, pose, window_chunks=window, sink=sink,
+                         memory_chunks=max(window, 3), ctx_noise=noise, world_noise=world_noise)
     state = gen.new_state("a green meadow", seed=3)
     rng = np.random.default_rng(0)
     actions = [list(rng.integers(0, 9, F)) for _ in range(6)]
@@ -92,7 +95,7 @@ def test_cached_generation_equals_dense_block_causal_forward(window, sink, noise
     records = list(state.history)  # bounded: older chunks were evicted
     m = gen.model
     # the same stream with unbounded memory keeps every chunk's inputs for the reference
-    gen2 = tiny_generator(prev, window_chunks=window, sink=sink, memory_chunks=16,
+    gen2 = tiny_generator(prev, pose, window_chunks=window, sink=sink, memory_chunks=16,
                           ctx_noise=noise, world_noise=world_noise)
     st2 = gen2.new_state("a green meadow", seed=3)
     for n, act in enumerate(actions):
@@ -108,6 +111,13 @@ def test_cached_generation_equals_dense_block_causal_forward(window, sink, noise
             tol = 2 * gen.config.ctx_sigma * 5 if noise else 1e-6  # noise: 0.05 · N(0, 1)
             assert (rec.prev - want).abs().max() < tol
             assert noise == (not torch.equal(rec.prev, want))
+    if pose:  # the head eased toward each frame's held direction, a quarter of the gap
+        yaw_pitch, want = np.zeros(2), []
+        for a in [a for r in recs for a in r.actions]:
+            dx, dy = action_to_direction(a % 9)
+            yaw_pitch = yaw_pitch + 0.25 * (np.array([dx, dy]) - yaw_pitch)
+            want.append(yaw_pitch)
+        assert np.allclose(np.concatenate([r.poses for r in recs]), want)
     n_chunks = len(recs)
     text = torch.as_tensor(st2.text)[None, None].expand(1, n_chunks * F, -1)
     mask = expand_frame_mask(window_mask(n_chunks, window, sink), m.tokens_per_frame)
@@ -129,6 +139,8 @@ def test_cached_generation_equals_dense_block_causal_forward(window, sink, noise
                 torch.arange(k)[None],
                 DenseContext(mask[: k * 64, : k * 64]),
                 prev=torch.cat([r.prev for r in recs[: last + 1]])[None] if prev else None,
+                pose=(torch.as_tensor(np.concatenate([r.poses for r in recs[: last + 1]]),
+                                      dtype=torch.float32)[None] if pose else None),
             )
         got = recs[last].latents
         assert torch.allclose(out[0, -F:], got, atol=1e-4), (last, (out[0, -F:] - got).abs().max())

@@ -1,5 +1,6 @@
-"""The previous-frame input of the world model (``WorldDiT(prev_frame=True)``): warm start,
-what training feeds it, what on-policy clips feed it, save points (tiny models, CPU, fp32)."""
+"""The previous-frame and pose inputs of the world model (``WorldDiT(prev_frame=True)``,
+``WorldDiT(pose_path=...)``): warm start, what training feeds them, what on-policy clips feed
+them, save points (tiny models, CPU, fp32)."""
 
 import numpy as np
 import pytest
@@ -105,24 +106,27 @@ def test_recipe_clips_feed_the_dataset_frame_before_each_chunk(chunk):
     data = _indexed_data()
     rng = np.random.default_rng(0)
     for _ in range(5):
-        lat, base, known, actions, txt, prev = recipe_clips(data, rng, 4, 4, chunk, True)
+        lat, base, known, actions, txt, prev, pose = recipe_clips(data, rng, 4, 4, chunk, True)
         ids = lat[:, :, 0, 0, 0]
         assert torch.equal(base[:, :, 0, 0, 0], -ids)  # the frames' own bases
         assert torch.equal(actions, ids.long() % 9)
         first = ids[:, ::chunk].repeat_interleave(chunk, dim=1)  # each chunk's first frame
         assert torch.equal(prev[:, :, 0, 0, 0], first - 1)
-    *_, prev = recipe_clips(data, rng, 4, 4, chunk, False)
-    assert prev is None
+        assert pose is None
+    *_, prev, pose = recipe_clips(data, rng, 4, 4, chunk, False)
+    assert prev is None and pose is None
 
 
 def test_onpolicy_clips_feed_the_generators_own_frame_before_each_chunk():
     data = _indexed_data()
     own = 1000 + data.latents[[2, 0]].float()  # the generator's frames of episodes 2 and 0
     pool = OnPolicyPool(torch.tensor([2, 0]), own.half(), own.half(), 0, 0.0)
-    lat, own_lat, *_, prev = pool.sample(data, np.random.default_rng(1), 6, 4, 1, True)
+    data.pose = data.latents[..., :2, 0, 0].float() * 2  # frame i's pose: (2i, 2i)
+    lat, own_lat, *_, prev, pose = pool.sample(data, np.random.default_rng(1), 6, 4, 1, True)
     assert torch.equal(own_lat[:, :, 0, 0, 0], 1000 + lat[:, :, 0, 0, 0])  # same frames
     assert torch.equal(prev[:, :, 0, 0, 0], own_lat[:, :, 0, 0, 0] - 1)  # own, one before
-    assert pool.sample(data, np.random.default_rng(1), 6, 4)[-1] is None
+    assert torch.equal(pose[..., 0], 2 * lat[:, :, 0, 0, 0])  # each frame's own pose
+    assert pool.sample(data, np.random.default_rng(1), 6, 4)[-2] is None
 
 
 def test_train_world_warm_starts_a_previous_frame_model_that_starts_as_its_init(tmp_path):
@@ -154,12 +158,16 @@ def _tiny_backend():
     from worldstream.engine.backends.builtin import BuiltinBackend, BuiltinConfig
     from worldstream.engine.models.builtin.autoencoder import build_autoencoder
 
-    model = _trained(prev_frame=True)
+    torch.manual_seed(0)
+    model = WorldDiT(dim=32, depth=1, num_heads=2, prev_frame=True, pose_path="head").eval()
+    with torch.no_grad():  # past the zero starts, so every input matters
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
     return BuiltinBackend(model, build_autoencoder(width=8),
                           BuiltinConfig(attention_backend="reference", steady_guidance_sigma=None))
 
 
-def test_save_points_carry_the_previous_frame_and_refuse_a_file_without_it():
+def test_save_points_carry_the_previous_frame_and_pose_and_refuse_a_file_without_them():
     from worldstream.engine.core.backend import ChunkJob
     from worldstream.engine.studio.savepoint import SavepointError, export_state, import_state
 
@@ -168,12 +176,52 @@ def test_save_points_carry_the_previous_frame_and_refuse_a_file_without_it():
     for n in range(4):
         gen.generate([ChunkJob(state, [n % 9], steps=1, seed=n)])
     arrays, scalars = export_state(gen, state)
-    assert all(f"h{i}.prev" in arrays for i in range(len(scalars["history"])))
+    assert all(f"h{i}.prev" in arrays and f"h{i}.poses" in arrays
+               for i in range(len(scalars["history"])))
     copy = import_state(gen, arrays, scalars)
     a, b = (gen.generate([ChunkJob(s, [2], steps=1, seed=9)])[0].frames for s in (state, copy))
     assert np.array_equal(a, b)
     free = gen.allocator.num_free
-    older = {k: v for k, v in arrays.items() if not k.endswith(".prev")}
-    with pytest.raises(SavepointError, match="previous-frame input"):
-        import_state(gen, older, scalars)
-    assert gen.allocator.num_free == free  # nothing kept from the refused file
+    for cut, what in ((".prev", "previous-frame input"), (".poses", "pose input")):
+        older = {k: v for k, v in arrays.items() if not k.endswith(cut)}
+        with pytest.raises(SavepointError, match=what):
+            import_state(gen, older, scalars)
+        assert gen.allocator.num_free == free  # nothing kept from the refused file
+
+
+def test_attached_poses_follow_the_head_rig_and_clips_carry_each_frames_pose():
+    """Hand-worked: the head eases a quarter of the gap toward the held direction a frame."""
+    from worldstream.engine.training.latents import attach_poses
+    from worldstream.engine.worlds.actions import direction_to_action
+    from worldstream.engine.worlds.catalog import make_base_warp
+
+    data = _indexed_data(episodes=2, length=12)
+    right, idle = direction_to_action(1, 0), direction_to_action(0, 0)
+    data.actions[0] = torch.tensor([right] * 2 + [idle] * 10)
+    attach_poses(data, make_base_warp("head", 128))
+    assert data.pose.shape == (2, 12, 2) and data.pose.dtype == torch.float32
+    assert torch.allclose(data.pose[0, :4, 0], torch.tensor([0.25, 0.4375, 0.328125, 0.24609375]))
+    assert torch.equal(data.pose[0, :, 1], torch.zeros(12))
+    rng = np.random.default_rng(0)
+    for prev_frame in (False, True):
+        lat, *_, pose = recipe_clips(data, rng, 8, 4, 1, prev_frame)
+        ids = lat[:, :, 0, 0, 0].long()
+        assert torch.equal(pose, data.pose[ids // 100, ids % 100])
+
+
+def test_pose_embedding_starts_at_zero_then_the_pose_is_an_input():
+    trained = _trained()
+    model = WorldDiT(dim=32, depth=1, num_heads=2, pose_path="head").eval()
+    warm_start(model, trained.state_dict())
+    x = _inputs()
+    pose = torch.rand(2, 3, 2) * 2 - 1
+    with torch.no_grad():
+        want = trained(**x)
+        assert torch.equal(model(**x, pose=pose), want)
+        model.pose_emb.frame.weight.normal_(0, 0.05)
+        assert not torch.allclose(model(**x, pose=pose), want, atol=1e-3)
+        assert not torch.allclose(model(**x, pose=pose), model(**x, pose=-pose), atol=1e-3)
+    with pytest.raises(ValueError, match="needs the rig's pose"):
+        model(**x)
+    with pytest.raises(ValueError, match="takes no"):
+        trained(**x, pose=pose)

@@ -227,6 +227,8 @@ class _ChunkRecord:
     # (F, C, h, w) model-space latent of the frame before the chunk, as fed (context noise
     # included), repeated per frame: a model with ``prev_frame``; None otherwise
     prev: torch.Tensor | None = None
+    # (F, 2) float64 the rig's pose at each frame: a model with ``pose_path``; None otherwise
+    poses: np.ndarray | None = None
 
     @property
     def num_frames(self) -> int:
@@ -342,6 +344,10 @@ class BuiltinBackend(PagedRunner):
         # pose), applied to each memory picture before it is encoded
         self.base_warp = (make_base_warp(mc.base_warp, mc.image_size) if mc.base_warp
                           else None)
+        # the rig whose pose path conditions each frame (the model's ``pose_path``); the base
+        # warp's, when the model has one, follows the same path
+        self.pose_rig = (make_base_warp(mc.pose_path, mc.image_size) if mc.pose_path
+                         else None)
         # memory pictures already encoded (and decoded, for the pixel residual), by content:
         # a still camera reads the same picture frame after frame
         self._base_cache: OrderedDict[bytes, tuple[torch.Tensor, np.ndarray | None]] = (
@@ -491,15 +497,16 @@ class BuiltinBackend(PagedRunner):
             origins = np.floor(path).astype(np.int64)
             field_times, rest_run = self._field_clock(state, origins)
             warp = self.base_warp
+            rig = warp or self.pose_rig
             poses = None
-            if warp is not None:
-                pose = state.pose(warp.rest)
-                poses = warp.path(pose, acts) if move else np.repeat(pose[None], len(acts), 0)
+            if rig is not None:
+                pose = state.pose(rig.rest)
+                poses = rig.path(pose, acts) if move else np.repeat(pose[None], len(acts), 0)
             known = []
             for i, (x0, y0) in enumerate(origins):
                 read = state.memory.read(x0, y0, size)
                 rgb, planes = model_inputs(read, self.downsample)
-                if poses is not None:
+                if warp is not None:
                     warped = warp.apply(rgb, poses[i])
                     sources.append(None if warped is rgb else (_key(rgb), rgb, poses[i]))
                     rgb = warped
@@ -520,6 +527,7 @@ class BuiltinBackend(PagedRunner):
                     field_times=field_times,
                     rest_run=rest_run,
                     pose=np.zeros(2) if poses is None else poses[-1],
+                    poses=poses if self.pose_rig is not None else None,
                 )
             )
         keys = [_key(p) for p in pictures]
@@ -574,8 +582,8 @@ class BuiltinBackend(PagedRunner):
     def _conditioning(self, states: list[BuiltinState], records: list[_ChunkRecord]) -> tuple:
         """Conditioning tensors for a batch of chunks (one record per state): memory bases,
         their noise level, current/stale planes, actions, text, frame positions, which
-        rows are guided (``(B,)`` bool) and the previous frames (None for a model without
-        ``prev_frame``)."""
+        rows are guided (``(B,)`` bool), the previous frames (None for a model without
+        ``prev_frame``) and the rig's poses ``(B, F, 2)`` (None without ``pose_path``)."""
         f = self.chunk_frames
         dev, dt = self.device, self.config.dtype
         base = torch.stack([r.base for r in records]).to(dev, dt)
@@ -587,13 +595,16 @@ class BuiltinBackend(PagedRunner):
         guided = torch.tensor([r.guided for r in records], device=dev)
         prev = (torch.stack([r.prev for r in records]).to(dev, dt)
                 if self.model.config.prev_frame else None)
-        return base, base_sigma, known, actions, txt, pos, guided, prev
+        pose = (torch.as_tensor(np.stack([r.poses for r in records]), dtype=torch.float32,
+                                device=dev)
+                if self.pose_rig is not None else None)
+        return base, base_sigma, known, actions, txt, pos, guided, prev, pose
 
     def _forward(self, x, sigma: float, cond: tuple, ctx: PagedAttentionContext) -> torch.Tensor:
-        base, base_sigma, known, actions, txt, pos, _, prev = cond
+        base, base_sigma, known, actions, txt, pos, _, prev, pose = cond
         sig = torch.full(actions.shape, sigma, device=self.device)
         return self._net(x.to(self.config.dtype), base, base_sigma, known, sig, actions, txt,
-                         pos, ctx, prev=prev)
+                         pos, ctx, prev=prev, pose=pose)
 
     def _denoise_forward(self, x, sigma: float, cond: tuple,
                          ctx: PagedAttentionContext) -> torch.Tensor:
@@ -601,7 +612,7 @@ class BuiltinBackend(PagedRunner):
         a non-neutral action), see :class:`BuiltinConfig`. The negative forwards run first:
         every forward writes the chunk's keys/values into its pages, and the conditional ones
         must be what stays."""
-        base, base_sigma, known, actions, txt, pos, guided, prev = cond
+        base, base_sigma, known, actions, txt, pos, guided, prev, pose = cond
         cfg = self.config
         if cfg.steady_guidance_sigma is not None and sigma >= cfg.steady_guidance_sigma - 1e-6:
             guided = torch.ones_like(guided)
@@ -609,13 +620,14 @@ class BuiltinBackend(PagedRunner):
         if cfg.guidance != 1 and bool(guided.any()):
             terms.append((torch.where(guided, cfg.guidance - 1.0, 0.0),
                           (base, base_sigma, known, actions, torch.zeros_like(txt), pos, guided,
-                           prev)))
+                           prev, pose)))
         if cfg.action_guidance != 1:
             neutral = self._neutral_actions(actions)
             asked = (actions != neutral).any(dim=1)
             if bool(asked.any()):
                 terms.append((torch.where(asked, cfg.action_guidance - 1.0, 0.0),
-                               (base, base_sigma, known, neutral, txt, pos, guided, prev)))
+                               (base, base_sigma, known, neutral, txt, pos, guided, prev,
+                                pose)))
         negatives = [self._forward(x, sigma, negative, ctx) for _, negative in terms]
         out = self._forward(x, sigma, cond, ctx)
         guided_out = out

@@ -351,6 +351,8 @@ def _export_builtin(gen, state) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
             arrays[f"h{i}.cam_pos"] = np.asarray(rec.camera[0], np.float64)
             arrays[f"h{i}.cam_vel"] = _t2n(rec.camera[1])
             arrays[f"h{i}.pose"] = np.asarray(rec.pose, np.float64)
+            if rec.poses is not None:
+                arrays[f"h{i}.poses"] = np.asarray(rec.poses, np.float64)
             undo = []
             for j, record in enumerate(rec.undo):
                 parts = []
@@ -431,6 +433,9 @@ def _import_builtin(gen, arrays: dict[str, np.ndarray], scalars: dict[str, Any])
                 if gen.model.config.prev_frame and f"h{i}.prev" not in arrays:
                     raise SavepointError("the save point was made by a model without the "
                                          "previous-frame input; this one needs it")
+                if gen.pose_rig is not None and f"h{i}.poses" not in arrays:
+                    raise SavepointError("the save point was made by a model without the "
+                                         "rig's pose input; this one needs it")
 
                 def get(name, i=i):
                     return torch.from_numpy(arrays[f"h{i}.{name}"].copy())
@@ -452,7 +457,9 @@ def _import_builtin(gen, arrays: dict[str, np.ndarray], scalars: dict[str, Any])
                     # save points from before the base warp hold no pose: at rest
                     pose=(arrays[f"h{i}.pose"].astype(np.float64) if f"h{i}.pose" in arrays
                           else np.zeros(2)),
-                    prev=get("prev") if f"h{i}.prev" in arrays else None))
+                    prev=get("prev") if f"h{i}.prev" in arrays else None,
+                    poses=(arrays[f"h{i}.poses"].astype(np.float64) if f"h{i}.poses" in arrays
+                           else None)))
             m = scalars["memory"]
             memory = SpatialMemory(int(m["tile"]), int(m["max_tiles"]), int(m["settle_px"]))
             memory.epoch, memory._tick = int(m["epoch"]), int(m["tick"])

@@ -38,7 +38,7 @@ from worldstream.engine.models.builtin.attention import (
 )
 from worldstream.engine.models.builtin.world_dit import WorldDiT
 from worldstream.engine.training.common import load_checkpoint, pick_device, seed_everything
-from worldstream.engine.training.latents import LatentDataset
+from worldstream.engine.training.latents import LatentDataset, attach_poses
 from worldstream.engine.training.train_world import (
     WorldPrediction,
     export_ema,
@@ -47,6 +47,7 @@ from worldstream.engine.training.train_world import (
     save_run,
     world_prediction,
 )
+from worldstream.engine.worlds.catalog import make_base_warp
 
 
 class PatchDiscriminator(nn.Module):
@@ -138,6 +139,8 @@ def finetune_adversarial(
     device = pick_device()
     seed_everything(seed)
     model = WorldDiT.from_pretrained(init_from).to(device)
+    if model.config.pose_path is not None:
+        attach_poses(data, make_base_warp(model.config.pose_path, model.config.image_size))
     disc = PatchDiscriminator(model.config.latent_channels, text_dim=model.config.text_dim)
     disc = disc.to(device)
     d_opt = torch.optim.Adam(disc.parameters(), lr=d_lr, betas=(0.0, 0.99))
@@ -166,11 +169,11 @@ def finetune_adversarial(
         if max_minutes is not None and time.perf_counter() - t0 > 60 * max_minutes:
             break
         model.train()
-        lat, base, known, actions, txt, prev = recipe_clips(data, rng, batch, frames, chunk,
-                                                            model.config.prev_frame)
+        lat, base, known, actions, txt, prev, pose = recipe_clips(
+            data, rng, batch, frames, chunk, model.config.prev_frame)
         pred = world_prediction(model, lat, base, known, actions, txt, gen, chunk,
                                 ctx_sigma_max, ctx, device, change_weight=change_weight,
-                                prev=prev)
+                                prev=prev, pose=pose)
         mse = pred.loss()
         fake, real, ftxt = judged_frames(pred, min_sigma)
         g_adv = torch.zeros((), device=device)

@@ -34,7 +34,8 @@ class LatentDataset:
     frame's memory window, encoded), ``known (E, L, 2, h, w)`` uint8 (current/stale fractions
     × 255), ``actions/prompt (E, L)`` int64, ``prompt_emb (num_prompts, 384)`` float32,
     ``camera (E, L, 2)`` int64 crop origin of each frame in world pixels (the simulator's
-    ground-truth camera path)."""
+    ground-truth camera path); ``pose (E, L, 2)`` float32 the rig's pose after each frame for a
+    model conditioned on it (:func:`attach_poses`; None otherwise)."""
 
     latents: torch.Tensor
     base: torch.Tensor
@@ -43,15 +44,22 @@ class LatentDataset:
     prompt: torch.Tensor
     prompt_emb: torch.Tensor
     camera: torch.Tensor
+    pose: torch.Tensor | None = None
 
-    def sample(self, rng: np.random.Generator, batch: int, frames: int):
-        """Random clips: latents, base ``(B, F, C, h, w)`` float32, known ``(B, F, 2, h, w)``
-        float32 in [0, 1], actions ``(B, F)``, text ``(B, F, 384)``, camera ``(B, F, 2)``
-        float32 world pixels."""
+    def clip_index(self, rng: np.random.Generator, batch: int, frames: int):
+        """Random clips' ``(rows (B, 1), frame indices (B, F))`` int64."""
         e = torch.as_tensor(rng.integers(0, self.latents.shape[0], batch))
         s = torch.as_tensor(rng.integers(0, self.latents.shape[1] - frames + 1, batch))
-        idx = s[:, None] + torch.arange(frames)[None]
-        rows = e[:, None]
+        return e[:, None], s[:, None] + torch.arange(frames)[None]
+
+    def sample(self, rng: np.random.Generator, batch: int, frames: int):
+        """Random clips (:meth:`clips` of :meth:`clip_index`)."""
+        return self.clips(*self.clip_index(rng, batch, frames))
+
+    def clips(self, rows: torch.Tensor, idx: torch.Tensor):
+        """Clips at ``rows (B, 1)``, ``idx (B, F)``: latents, base ``(B, F, C, h, w)``
+        float32, known ``(B, F, 2, h, w)`` float32 in [0, 1], actions ``(B, F)``, text
+        ``(B, F, 384)``, camera ``(B, F, 2)`` float32 world pixels."""
         return (
             self.latents[rows, idx].float(),
             self.base[rows, idx].float(),
@@ -60,6 +68,15 @@ class LatentDataset:
             self.prompt_emb[self.prompt[rows, idx]],
             self.camera[rows, idx].float(),
         )
+
+
+def attach_poses(data: LatentDataset, rig) -> None:
+    """Set ``data.pose`` to the rig's pose path over each episode's actions from its ``rest``
+    pose (``rig``: an ``engine.worlds.catalog.make_base_warp`` object, e.g. the avatar's
+    head; the engine follows the same path)."""
+    data.pose = torch.as_tensor(np.stack([
+        rig.path(rig.rest, episode.tolist()) for episode in data.actions.numpy()
+    ]), dtype=torch.float32)
 
 
 def memory_bases(

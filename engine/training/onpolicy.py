@@ -55,7 +55,12 @@ from worldstream.engine.training.common import (
     pick_device,
     seed_everything,
 )
-from worldstream.engine.training.latents import LatentDataset, ae_encode, memory_bases
+from worldstream.engine.training.latents import (
+    LatentDataset,
+    ae_encode,
+    attach_poses,
+    memory_bases,
+)
 from worldstream.engine.training.train_world import (
     change_map,
     export_ema,
@@ -288,6 +293,7 @@ def onpolicy_loss(
     new_weight: float = 4.0,
     change_weight: float = 0.0,
     prev: torch.Tensor | None = None,
+    pose: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Flow-matching x0 loss on on-policy clips, all rows inference-like. Raw autoencoder
     latents ``(B, F, C, h, w)``: ``lat`` the simulator's frames, ``own_lat`` the generator's
@@ -305,7 +311,8 @@ def onpolicy_loss(
     the avatar's head, face and mouth are a few percent of the pixels). Bases are noised at
     U[0, ctx_sigma_max] as in the original recipe, never degraded (they already are); so is
     ``prev (B, F, C, h, w)``, the generator's own frame before each frame's chunk (raw
-    latents; a model with ``prev_frame``, else None): in a stream that frame is its own."""
+    latents; a model with ``prev_frame``, else None): in a stream that frame is its own;
+    ``pose (B, F, 2)`` the rig's pose for a model with ``pose_path``."""
     b, f = actions.shape
     nc = f // chunk_frames
     if nc < 2:
@@ -335,7 +342,8 @@ def onpolicy_loss(
     known = known.to(device)
     zp = noised_previous(model, prev, gen, base_sig, 0.0, device)
     with autocast(device):
-        pred = model(x, zb, base_sig, known, sig, actions.to(device), txt, pos, ctx, prev=zp)
+        pred = model(x, zb, base_sig, known, sig, actions.to(device), txt, pos, ctx, prev=zp,
+                     pose=None if pose is None else pose.to(device))
     target = onpolicy_target(z, zb_own, zb_orig, known)
     weight = 1.0 + new_weight * (1.0 - known[:, :, :1])
     if change_weight:
@@ -364,8 +372,9 @@ class OnPolicyPool:
                chunk_frames: int = 1, prev_frame: bool = False):
         """Random on-policy clips: ``lat, own_lat, base_orig, base_own (B, F, C, h, w)``
         float32 raw latents, ``known (B, F, 2, h, w)`` float32 in [0, 1], ``actions (B, F)``,
-        ``txt (B, F, 384)`` and ``prev (B, F, C, h, w)``: the generator's own frame before
-        each frame's chunk (``prev_frame``; else None)."""
+        ``txt (B, F, 384)``, ``prev (B, F, C, h, w)``: the generator's own frame before
+        each frame's chunk (``prev_frame``; else None) and ``pose (B, F, 2)`` the rig's pose
+        (None unless the data has poses)."""
         before = chunk_frames if prev_frame else 0
         n, length = self.base.shape[:2]
         j = torch.as_tensor(rng.integers(0, n, batch))
@@ -384,6 +393,7 @@ class OnPolicyPool:
             data.actions[erows, idx],
             data.prompt_emb[data.prompt[erows, idx]],
             prev,
+            data.pose[erows, idx] if data.pose is not None else None,
         )
 
 
@@ -471,6 +481,8 @@ def finetune_onpolicy(
     device = pick_device()
     seed_everything(seed)
     model = WorldDiT.from_pretrained(init_from).to(device)
+    if model.config.pose_path is not None:
+        attach_poses(data, make_base_warp(model.config.pose_path, model.config.image_size))
     ckpt_path, pool_path = run_dir / "onpolicy_checkpoint.pt", run_dir / "onpolicy_pool.pt"
     params, ema, opt, sched, step, wall = resume_run(model, lr, warmup, ckpt_path, device)
     rng = np.random.default_rng([seed, step, 17])
@@ -546,16 +558,17 @@ def finetune_onpolicy(
         model.train()
         total, parts = 0.0, [float("nan"), float("nan")]
         if batch - n_own > 0:
-            lat, base, known, actions, txt, prev = recipe_clips(
+            lat, base, known, actions, txt, prev, pose = recipe_clips(
                 data, rng, batch - n_own, frames, chunk, model.config.prev_frame)
             lo = world_loss(
                 model, lat, base, known, actions, txt, gen, chunk, ctx_sigma_max, ctx, device,
-                change_weight=change_weight, prev=prev,
+                change_weight=change_weight, prev=prev, pose=pose,
             )
             total = total + lo * (batch - n_own) / batch
             parts[0] = lo.item()
         if n_own > 0:
-            *clips, prev = pool.sample(data, rng, n_own, frames, chunk, model.config.prev_frame)
+            *clips, prev, pose = pool.sample(data, rng, n_own, frames, chunk,
+                                             model.config.prev_frame)
             lo = onpolicy_loss(
                 model,
                 *clips,
@@ -566,6 +579,7 @@ def finetune_onpolicy(
                 device,
                 change_weight=change_weight,
                 prev=prev,
+                pose=pose,
             )
             total = total + lo * n_own / batch
             parts[1] = lo.item()

@@ -42,7 +42,8 @@ from worldstream.engine.training.common import (
     save_checkpoint,
     seed_everything,
 )
-from worldstream.engine.training.latents import VIEW_BOX, LatentDataset
+from worldstream.engine.training.latents import VIEW_BOX, LatentDataset, attach_poses
+from worldstream.engine.worlds.catalog import make_base_warp
 
 
 def sample_chunk_sigmas(
@@ -130,16 +131,17 @@ def previous_frames(lat: torch.Tensor, chunk_frames: int) -> torch.Tensor:
 
 def recipe_clips(data: LatentDataset, rng: np.random.Generator, batch: int, frames: int,
                  chunk_frames: int, prev_frame: bool) -> tuple:
-    """A batch of the recipe's clips: ``(lat, base, known, actions, txt, prev)`` as
-    :meth:`LatentDataset.sample` gives them, and ``prev (B, F, C, h, w)`` raw latents of the
-    frame before each frame's chunk (:func:`previous_frames`; None unless ``prev_frame``)."""
-    if not prev_frame:
-        lat, base, known, actions, txt, _ = data.sample(rng, batch, frames)
-        return lat, base, known, actions, txt, None
-    lat, base, known, actions, txt, _ = data.sample(rng, batch, frames + chunk_frames)
-    prev = previous_frames(lat, chunk_frames)
-    c = chunk_frames
-    return lat[:, c:], base[:, c:], known[:, c:], actions[:, c:], txt[:, c:], prev
+    """A batch of the recipe's clips: ``(lat, base, known, actions, txt, prev, pose)``, the
+    first five as :meth:`LatentDataset.sample` gives them, ``prev (B, F, C, h, w)`` raw
+    latents of the frame before each frame's chunk (:func:`previous_frames`; None unless
+    ``prev_frame``) and ``pose (B, F, 2)`` the rig's pose at each frame (None unless the
+    data has poses: :func:`~engine.training.latents.attach_poses`)."""
+    c = chunk_frames if prev_frame else 0
+    rows, idx = data.clip_index(rng, batch, frames + c)
+    lat, base, known, actions, txt, _ = data.clips(rows, idx)
+    prev = previous_frames(lat, chunk_frames) if prev_frame else None
+    pose = data.pose[rows, idx[:, c:]] if data.pose is not None else None
+    return lat[:, c:], base[:, c:], known[:, c:], actions[:, c:], txt[:, c:], prev, pose
 
 
 def noised_previous(model: WorldDiT, prev: torch.Tensor | None, gen: torch.Generator,
@@ -198,13 +200,17 @@ def world_prediction(
     p_degrade: float = 0.3,
     change_weight: float = 0.0,
     prev: torch.Tensor | None = None,
+    pose: torch.Tensor | None = None,
 ) -> WorldPrediction:
     """The forward of the flow-matching x0 loss over a clip: ``lat``/``base (B, F, C, h, w)``
     autoencoder latents of the frames and of their memory bases, ``known (B, F, 2, h, w)``,
     ``actions (B, F)``, ``txt (B, F, 384)``. Squared error weighted ``1 + new_weight`` where
     memory held nothing of the current prompt (what the model must generate), 1 where it only
     copies, plus ``change_weight`` times :func:`change_map` (where the frame differs from its
-    base). A fraction ``p_degrade`` of the bases is degraded first (:func:`degrade_bases`)."""
+    base). A fraction ``p_degrade`` of the bases is degraded first (:func:`degrade_bases`).
+    ``prev (B, F, C, h, w)``: raw latents of each frame's previous frame for a model with
+    ``prev_frame`` (:func:`recipe_clips`, fed as :func:`noised_previous`); ``pose (B, F, 2)``:
+    the rig's pose for a model with ``pose_path``."""
     b, f = actions.shape
     nc = f // chunk_frames
     z = model.normalize(lat.to(device))
@@ -224,7 +230,8 @@ def world_prediction(
     known = known.to(device)
     zp = noised_previous(model, prev, gen, base_sig, p_degrade, device)
     with autocast(device):
-        pred = model(x, zb, base_sig, known, sig, actions.to(device), txt, pos, ctx, prev=zp)
+        pred = model(x, zb, base_sig, known, sig, actions.to(device), txt, pos, ctx, prev=zp,
+                     pose=None if pose is None else pose.to(device))
     # NOTE: most of a frame is remembered ground the model only has to copy; without weighting,
     # the few percent it must generate (new ground at the border, the sprite, restyled ground)
     # were a few percent of the loss, and at step 500 new ground came out in no scene's colours
@@ -319,12 +326,14 @@ def train_world(
     change_weight: float = 0.0,
     base_warp: str | None = None,
     prev_frame: bool = False,
+    pose_path: str | None = None,
 ) -> dict:
     """Train or resume up to ``steps`` steps (or ``max_minutes`` of wall time this call).
 
     ``init_from``: a saved WorldDiT of the same shape to warm-start a fresh run from (one
     without ``prev_frame`` may start one with it: :func:`warm_start`).
     ``prev_frame``: feed each frame the one before its chunk (``WorldDiT``'s ``prev_frame``).
+    ``pose_path``: condition each frame on that rig's pose (``WorldDiT``'s ``pose_path``).
     ``change_weight``: see :func:`world_loss` (0 for the landscape recipe).
     ``view_box``, ``num_actions``, ``action_factors``, ``base_warp``: the world's
     (``engine.worlds.catalog``; ``data``'s bases must have been encoded with that warp).
@@ -350,7 +359,10 @@ def train_world(
         action_factors=action_factors,
         base_warp=base_warp,
         prev_frame=prev_frame,
+        pose_path=pose_path,
     ).to(device)
+    if pose_path is not None:
+        attach_poses(data, make_base_warp(pose_path, model.config.image_size))
     ckpt_path = run_dir / "world_checkpoint.pt"
     fresh = not ckpt_path.exists()
     if init_from is not None and fresh:
@@ -379,11 +391,11 @@ def train_world(
     while step < steps:
         if max_minutes is not None and time.perf_counter() - t0 > 60 * max_minutes:
             break
-        lat, base, known, actions, txt, prev = recipe_clips(data, rng, batch, frames,
-                                                            chunk_frames, prev_frame)
+        lat, base, known, actions, txt, prev, pose = recipe_clips(data, rng, batch, frames,
+                                                                  chunk_frames, prev_frame)
         loss = world_loss(
             model, lat, base, known, actions, txt, gen, chunk_frames, ctx_sigma_max, ctx,
-            device, p_context, change_weight=change_weight, prev=prev,
+            device, p_context, change_weight=change_weight, prev=prev, pose=pose,
         )
         opt.zero_grad(set_to_none=True)
         loss.backward()

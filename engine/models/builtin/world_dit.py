@@ -80,6 +80,30 @@ class WorldDiTActionEmbedding(nn.Module):
         return out
 
 
+class WorldDiTPoseEmbedding(nn.Module):
+    """A rig's continuous pose ``(..., 2)`` (yaw, pitch in [-1, 1]) -> ``(token, frame)``
+    vectors ``(..., dim)`` each: Fourier features (the pose and sin/cos of it at 4 octaves, as
+    NeRF encodes positions) through an MLP, two zero-initialised outputs (added to every token
+    of the frame, and to its adaLN conditioning, as the action is)."""
+
+    OCTAVES = 4
+
+    def __init__(self, dim: int):
+        super().__init__()
+        width = 2 + 4 * self.OCTAVES
+        self.mlp = nn.Sequential(nn.Linear(width, dim), nn.SiLU())
+        self.token, self.frame = nn.Linear(dim, dim), nn.Linear(dim, dim)
+        for layer in (self.token, self.frame):
+            nn.init.zeros_(layer.weight)
+            nn.init.zeros_(layer.bias)
+
+    def forward(self, pose: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = math.pi * 2.0 ** torch.arange(self.OCTAVES, device=pose.device)
+        ang = (pose[..., None] * freqs.to(pose.dtype)).flatten(-2)
+        h = self.mlp(torch.cat([pose, torch.sin(ang), torch.cos(ang)], dim=-1))
+        return self.token(h), self.frame(h)
+
+
 class WorldDiTBlock(nn.Module):
     """Pre-norm transformer block with adaLN-Zero modulation and QK-RMSNorm."""
 
@@ -183,6 +207,13 @@ class WorldDiT(ModelMixin, ConfigMixin):
     the detail of the frame before comes through as directly as the base's does, and the
     residual only has to move it by the frame's motion (the gated skip of highway networks;
     zero at start, so a warm-started model begins as the model it came from).
+
+    ``pose_path`` (None, or the name in ``engine.worlds.catalog.BASE_WARPS`` of a rig whose
+    pose path conditions every frame: the avatar's head yaw and pitch eased toward the held
+    keys, see :meth:`forward`). Why: the head's pose is set by the keys through the rig's
+    easing, and a model that must read it from its context drew, even from true context, a
+    blend of the head at rest and the head turned all the way (it did not know how far
+    along the turn a frame is); the landscape's camera path is given the same way.
     """
 
     def normalize(self, z: torch.Tensor) -> torch.Tensor:
@@ -220,6 +251,7 @@ class WorldDiT(ModelMixin, ConfigMixin):
         action_factors: tuple[int, ...] | None = None,
         base_warp: str | None = None,
         prev_frame: bool = False,
+        pose_path: str | None = None,
     ):
         # chunk_frames, latent_mean/std, image_size, view_box, base_warp: how the model was
         # trained (the engine reads them); latents are normalised per channel as (z - mean) / std
@@ -248,6 +280,8 @@ class WorldDiT(ModelMixin, ConfigMixin):
             self.action_emb = WorldDiTActionEmbedding(action_factors, dim)
             self.action_tok = WorldDiTActionEmbedding(action_factors, dim)
         self.text_proj = nn.Sequential(nn.Linear(text_dim, dim), nn.SiLU(), nn.Linear(dim, dim))
+        if pose_path is not None:  # zero at start: a warm-started model begins unchanged
+            self.pose_emb = WorldDiTPoseEmbedding(dim)
         # 3. transformer blocks
         self.blocks = nn.ModuleList(WorldDiTBlock(dim, num_heads, mlp_ratio) for _ in range(depth))
         # 4. output: adaLN + linear back to patches
@@ -275,6 +309,7 @@ class WorldDiT(ModelMixin, ConfigMixin):
         positions: torch.Tensor,
         ctx: AttentionContext,
         prev: torch.Tensor | None = None,
+        pose: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Predict clean latents.
 
@@ -294,6 +329,9 @@ class WorldDiT(ModelMixin, ConfigMixin):
             prev: ``(B, T, C, h, w)`` normalised clean latent of the last frame before each
                 frame's chunk, noised at ``base_sigma`` as the base is, for a model with
                 ``prev_frame`` (required there, refused otherwise: ValueError).
+            pose: ``(B, T, 2)`` float32 the rig's pose (yaw, pitch in [-1, 1]) at each frame,
+                for a model with ``pose_path`` (required there, refused otherwise:
+                ValueError).
         Returns:
             ``(B, T, C, h, w)`` float32 predicted x0: the skip (the base, with ``prev_frame``
             mixed per pixel with ``prev`` by the predicted map; scaled by its clean fraction)
@@ -311,6 +349,9 @@ class WorldDiT(ModelMixin, ConfigMixin):
         parts = [latents.to(dt), base, plane, known.to(dt)]
         if prev is not None:
             parts.append(prev.to(dt))
+        if (pose is not None) != (cfg.pose_path is not None):
+            raise ValueError(f"this model {'needs' if cfg.pose_path else 'takes no'} the "
+                             "rig's pose (pose)")
         x = torch.cat(parts, dim=2)
         x = x.reshape(b * t, x.shape[2], hh, ww)
         x = self.stem(x.to(self.stem.weight.dtype)).flatten(2).transpose(1, 2)  # (B*T, n, dim)
@@ -323,6 +364,10 @@ class WorldDiT(ModelMixin, ConfigMixin):
             + self.action_emb(actions)
             + self.text_proj(text.to(dtype))
         )
+        if pose is not None:
+            token, frame = self.pose_emb(pose.to(dtype))
+            x = x + token[:, :, None].to(x.dtype)
+            cond = cond + frame
         cond = F.silu(cond)[:, :, None]  # (B, T, 1, dim)
         rope = _rope_cos_sin(positions.repeat_interleave(n, dim=1), cfg.dim // cfg.num_heads)
         # 3. blocks
@@ -350,9 +395,10 @@ class WorldDiT(ModelMixin, ConfigMixin):
 
 def warm_start(model: WorldDiT, state: dict[str, torch.Tensor]) -> None:
     """Load ``state`` (a trained :class:`WorldDiT`'s ``state_dict``) into ``model``; a model
-    with ``prev_frame`` warm-started from one without gets the stem's previous-frame input
-    channels and the skip's mixing map at zero, so it starts as exactly the trained model (as
-    ControlNet's zero convolutions add a condition to a trained network). RuntimeError or
+    with ``prev_frame`` or ``pose_path`` warm-started from one without gets the stem's
+    previous-frame input channels, the skip's mixing map and the pose embedding's outputs at
+    zero, so it starts as exactly the trained model (as ControlNet's zero convolutions add a
+    condition to a trained network). RuntimeError or
     ValueError when the shapes differ otherwise."""
     stem = state.get("stem.weight")
     own = model.stem.weight
@@ -362,7 +408,9 @@ def warm_start(model: WorldDiT, state: dict[str, torch.Tensor]) -> None:
             raise ValueError(f"stem {tuple(stem.shape)} does not fit {tuple(own.shape)}")
         pad = torch.zeros(stem.shape[0], extra, *stem.shape[2:], dtype=stem.dtype)
         state = {**state, "stem.weight": torch.cat([stem, pad], dim=1)}
-    if model.config.prev_frame and "prev_gate.weight" not in state:
-        state = {**state, **{f"prev_gate.{k}": torch.zeros_like(v)
-                             for k, v in model.prev_gate.state_dict().items()}}
+    # parts the trained model has not, kept as initialised (zero outputs: no change)
+    for name in ("prev_gate", "pose_emb"):
+        part = getattr(model, name, None)
+        if part is not None and not any(k.startswith(f"{name}.") for k in state):
+            state = {**state, **{f"{name}.{k}": v.clone() for k, v in part.state_dict().items()}}
     model.load_state_dict(state)
