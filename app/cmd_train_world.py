@@ -59,10 +59,12 @@ def register(sub) -> None:
              "trained model (--onpolicy, --adversarial) keep that model's",
     )
     p.add_argument(
-        "--prev-frame", action="store_true",
-        help="feed each frame the clean latent of the frame before its chunk beside its memory "
-             "base (WorldDiT prev_frame; --init-from a model without it starts with that input "
-             "at zero). Fine-tunes (--onpolicy, --adversarial) keep the trained model's",
+        "--skip-source", choices=("previous", "warped"), default=None,
+        help="a second picture beside the memory base, mixed into the skip by a predicted map "
+             "(WorldDiT skip_source): the frame before each chunk, or the memory picture warped "
+             "to the --pose-path rig's pose (its bases encoded once more, cached in the run "
+             "dir). --init-from a model without it starts with it at zero; fine-tunes "
+             "(--onpolicy, --adversarial) keep the trained model's",
     )
     p.add_argument(
         "--pose-path", default=None, metavar="NAME",
@@ -143,6 +145,7 @@ def _base_warp(args, spec) -> str | None:
 
 def run(args) -> int:
     from worldstream.engine.models.builtin.loading import load_autoencoder
+    from worldstream.engine.models.builtin.world_dit import WorldDiT
     from worldstream.engine.training.latents import encode_shards
     from worldstream.engine.training.train_world import train_world
     from worldstream.engine.worlds.catalog import BASE_WARPS, world
@@ -164,12 +167,24 @@ def run(args) -> int:
     warp = _base_warp(args, spec)
     if args.pose_path is not None and args.pose_path not in BASE_WARPS:
         raise ValueError(f"--pose-path must be one of {tuple(BASE_WARPS)}, got {args.pose_path!r}")
+    if args.skip_source == "warped" and args.pose_path is None:
+        raise ValueError("--skip-source warped warps to a rig's pose: give --pose-path")
     shards, _ = spec.ensure_dataset(args.data)
     ae = load_autoencoder(args.vae or spec.assets / "vae")
     out = args.out or spec.assets / "transformer"
     data = encode_shards(ae, shards, args.chunk_frames, cache=args.run_dir / "latents.pt",
                          prompts=spec.prompts, view_box=spec.view_box,
                          base_warp=warp)
+    skip_source = args.skip_source
+    if args.onpolicy or args.adversarial is not None:
+        skip_source = WorldDiT.load_config(args.init_from).get("skip_source")
+    if skip_source == "warped":  # the same frames' memory pictures, warped to their poses
+        warped = encode_shards(ae, shards, args.chunk_frames,
+                               cache=args.run_dir / "latents_warped.pt", prompts=spec.prompts,
+                               view_box=spec.view_box,
+                               base_warp=args.pose_path or WorldDiT.load_config(
+                                   args.init_from)["pose_path"])
+        data.skip = warped.base
     # the settings every fine-tune of a trained model takes from the command line
     tuning = dict(steps=args.steps, lr=args.lr, ctx_sigma_max=args.ctx_sigma_max,
                   seed=args.seed, max_minutes=args.max_minutes)
@@ -216,7 +231,7 @@ def run(args) -> int:
         action_factors=spec.action_factors,
         change_weight=change_weight,
         base_warp=warp,
-        prev_frame=args.prev_frame,
+        skip_source=args.skip_source,
         pose_path=args.pose_path,
     )
     print(json.dumps(result))

@@ -192,7 +192,8 @@ def naive_recompute_ms(models: Models, *, context_frames: int, chunk_frames: int
         sig = torch.cat([torch.full((1, context_frames), 0.05),
                          torch.full((1, chunk_frames), sigma)], dim=1)
         return model(seq, base, base_sigma, known, sig, actions, text, pos, ctx,
-                     prev=base if c.prev_frame else None)[:, context_frames:]
+                     skip=base if c.skip_source else None,
+                     pose=torch.zeros(1, t, 2) if c.pose_path else None)[:, context_frames:]
 
     totals, model_part = [], []
     for i in range(repeats + 1):  # the first run is warm-up

@@ -22,8 +22,8 @@ F = 2  # frames per chunk
 def tiny_generator(prev_frame: bool = False, pose_path: str | None = None,
                    **cfg) -> BuiltinBackend:
     torch.manual_seed(0)
-    model = WorldDiT(dim=64, depth=2, num_heads=2, chunk_frames=F, prev_frame=prev_frame,
-                     pose_path=pose_path)
+    model = WorldDiT(dim=64, depth=2, num_heads=2, chunk_frames=F,
+                     skip_source="previous" if prev_frame else None, pose_path=pose_path)
     # adaLN-Zero starts as the identity; randomise it so that every path matters
     with torch.no_grad():
         for p in model.parameters():
@@ -107,10 +107,10 @@ def test_cached_generation_equals_dense_block_causal_forward(window, sink, noise
     assert all(r.known[:, 0].mean() > 0.5 for r in recs[1:])
     if prev:  # every frame of a chunk is fed the last frame generated before it
         for before, rec in zip(recs, recs[1:]):
-            want = before.latents[-1].expand_as(rec.prev)
+            want = before.latents[-1].expand_as(rec.skip)
             tol = 2 * gen.config.ctx_sigma * 5 if noise else 1e-6  # noise: 0.05 · N(0, 1)
-            assert (rec.prev - want).abs().max() < tol
-            assert noise == (not torch.equal(rec.prev, want))
+            assert (rec.skip - want).abs().max() < tol
+            assert noise == (not torch.equal(rec.skip, want))
     if pose:  # the head eased toward each frame's held direction, a quarter of the gap
         yaw_pitch, want = np.zeros(2), []
         for a in [a for r in recs for a in r.actions]:
@@ -138,7 +138,7 @@ def test_cached_generation_equals_dense_block_causal_forward(window, sink, noise
                 text[:, :k],
                 torch.arange(k)[None],
                 DenseContext(mask[: k * 64, : k * 64]),
-                prev=torch.cat([r.prev for r in recs[: last + 1]])[None] if prev else None,
+                skip=torch.cat([r.skip for r in recs[: last + 1]])[None] if prev else None,
                 pose=(torch.as_tensor(np.concatenate([r.poses for r in recs[: last + 1]]),
                                       dtype=torch.float32)[None] if pose else None),
             )

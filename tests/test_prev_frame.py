@@ -1,6 +1,6 @@
-"""The previous-frame and pose inputs of the world model (``WorldDiT(prev_frame=True)``,
+"""The second skip source and the pose input of the world model (``WorldDiT(skip_source=...)``,
 ``WorldDiT(pose_path=...)``): warm start, what training feeds them, what on-policy clips feed
-them, save points (tiny models, CPU, fp32)."""
+them, what the engine feeds them, save points (tiny models, CPU, fp32)."""
 
 import numpy as np
 import pytest
@@ -32,9 +32,9 @@ def _inputs(b: int = 2, t: int = 3, seed: int = 0):
     )
 
 
-def _trained(prev_frame: bool = False) -> WorldDiT:
+def _trained(skip_source: str | None = None) -> WorldDiT:
     torch.manual_seed(0)
-    model = WorldDiT(dim=32, depth=1, num_heads=2, prev_frame=prev_frame).eval()
+    model = WorldDiT(dim=32, depth=1, num_heads=2, skip_source=skip_source).eval()
     with torch.no_grad():  # adaLN-Zero starts as the identity; randomise so every path matters
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05)
@@ -43,22 +43,22 @@ def _trained(prev_frame: bool = False) -> WorldDiT:
 
 def test_warm_start_adds_the_previous_frame_at_zero_then_it_is_an_input():
     trained = _trained()
-    model = WorldDiT(dim=32, depth=1, num_heads=2, prev_frame=True).eval()
+    model = WorldDiT(dim=32, depth=1, num_heads=2, skip_source="previous").eval()
     warm_start(model, trained.state_dict())
     x = _inputs()
     prev = torch.randn(2, 3, 4, 32, 32)
     with torch.no_grad():
         want = trained(**x)
-        assert torch.equal(model(**x, prev=prev), want)  # exactly the trained model
-        assert torch.equal(model(**x, prev=torch.zeros_like(prev)), want)
+        assert torch.equal(model(**x, skip=prev), want)  # exactly the trained model
+        assert torch.equal(model(**x, skip=torch.zeros_like(prev)), want)
         model.stem.weight[:, -4:].normal_(0, 0.05)  # once trained, the frame matters
-        assert not torch.allclose(model(**x, prev=prev), want, atol=1e-3)
+        assert not torch.allclose(model(**x, skip=prev), want, atol=1e-3)
 
 
 def test_the_mixing_map_takes_the_skip_from_the_previous_frame():
     """With the map at 1 and no residual the model's x0 is the previous frame (scaled by the
     base's clean fraction); at 0 it is the base; at 0.25 a quarter of the way."""
-    model = WorldDiT(dim=32, depth=1, num_heads=2, prev_frame=True).eval()
+    model = WorldDiT(dim=32, depth=1, num_heads=2, skip_source="previous").eval()
     warm_start(model, _trained().state_dict())
     x = _inputs()
     prev = torch.randn(2, 3, 4, 32, 32)
@@ -67,18 +67,18 @@ def test_the_mixing_map_takes_the_skip_from_the_previous_frame():
         model.out.bias.zero_()
         clean = 1 - x["base_sigma"][..., None, None, None]
         for m in (0.0, 1.0, 0.25):
-            model.prev_gate.bias.fill_(m)
+            model.skip_gate.bias.fill_(m)
             want = clean * (x["base"] + m * (prev - x["base"]))
-            assert torch.allclose(model(**x, prev=prev), want, atol=1e-6)
+            assert torch.allclose(model(**x, skip=prev), want, atol=1e-6)
 
 
 def test_previous_frame_is_required_by_a_model_with_it_and_refused_by_one_without():
     x = _inputs()
-    with pytest.raises(ValueError, match="needs the previous frame"):
-        _trained(prev_frame=True)(**x)
+    with pytest.raises(ValueError, match="needs a second skip source"):
+        _trained(skip_source="previous")(**x)
     with pytest.raises(ValueError, match="takes no"):
-        _trained()(**x, prev=torch.zeros(2, 3, 4, 32, 32))
-    other = WorldDiT(dim=48, depth=1, num_heads=2, prev_frame=True)
+        _trained()(**x, skip=torch.zeros(2, 3, 4, 32, 32))
+    other = WorldDiT(dim=48, depth=1, num_heads=2, skip_source="previous")
     with pytest.raises(RuntimeError):  # another width: not a warm start
         warm_start(other, _trained().state_dict())
 
@@ -106,14 +106,15 @@ def test_recipe_clips_feed_the_dataset_frame_before_each_chunk(chunk):
     data = _indexed_data()
     rng = np.random.default_rng(0)
     for _ in range(5):
-        lat, base, known, actions, txt, prev, pose = recipe_clips(data, rng, 4, 4, chunk, True)
+        lat, base, known, actions, txt, prev, pose = recipe_clips(data, rng, 4, 4, chunk,
+                                                                  "previous")
         ids = lat[:, :, 0, 0, 0]
         assert torch.equal(base[:, :, 0, 0, 0], -ids)  # the frames' own bases
         assert torch.equal(actions, ids.long() % 9)
         first = ids[:, ::chunk].repeat_interleave(chunk, dim=1)  # each chunk's first frame
         assert torch.equal(prev[:, :, 0, 0, 0], first - 1)
         assert pose is None
-    *_, prev, pose = recipe_clips(data, rng, 4, 4, chunk, False)
+    *_, prev, pose = recipe_clips(data, rng, 4, 4, chunk, None)
     assert prev is None and pose is None
 
 
@@ -122,11 +123,15 @@ def test_onpolicy_clips_feed_the_generators_own_frame_before_each_chunk():
     own = 1000 + data.latents[[2, 0]].float()  # the generator's frames of episodes 2 and 0
     pool = OnPolicyPool(torch.tensor([2, 0]), own.half(), own.half(), 0, 0.0)
     data.pose = data.latents[..., :2, 0, 0].float() * 2  # frame i's pose: (2i, 2i)
-    lat, own_lat, *_, prev, pose = pool.sample(data, np.random.default_rng(1), 6, 4, 1, True)
+    lat, own_lat, *_, prev, pose = pool.sample(data, np.random.default_rng(1), 6, 4, 1,
+                                                  "previous")
     assert torch.equal(own_lat[:, :, 0, 0, 0], 1000 + lat[:, :, 0, 0, 0])  # same frames
     assert torch.equal(prev[:, :, 0, 0, 0], own_lat[:, :, 0, 0, 0] - 1)  # own, one before
     assert torch.equal(pose[..., 0], 2 * lat[:, :, 0, 0, 0])  # each frame's own pose
     assert pool.sample(data, np.random.default_rng(1), 6, 4)[-2] is None
+    data.skip = -data.latents  # a "warped" source: the data's own, frame for frame
+    lat, *_, skip, _ = pool.sample(data, np.random.default_rng(2), 6, 4, 1, "warped")
+    assert torch.equal(skip, -lat)
 
 
 def test_train_world_warm_starts_a_previous_frame_model_that_starts_as_its_init(tmp_path):
@@ -144,11 +149,13 @@ def test_train_world_warm_starts_a_previous_frame_model_that_starts_as_its_init(
               camera_steps=5)
     train_world(data, tmp_path / "init", tmp_path / "r0", steps=1, **kw)
     init = WorldDiT.from_pretrained(tmp_path / "init")
-    result = train_world(data, tmp_path / "out", tmp_path / "r1", steps=2, prev_frame=True,
+    result = train_world(data, tmp_path / "out", tmp_path / "r1", steps=2,
+                         skip_source="previous",
                          init_from=tmp_path / "init", **kw)
     assert result["steps"] == 2 and np.isfinite(result["final_loss"])
     model = WorldDiT.from_pretrained(tmp_path / "out")
-    assert model.config.prev_frame and model.stem.weight.shape[1] == init.stem.weight.shape[1] + 4
+    assert model.config.skip_source == "previous"
+    assert model.stem.weight.shape[1] == init.stem.weight.shape[1] + 4
     # the new input was trained from zero: the rest of the stem moved, the new part is small
     new = model.stem.weight[:, -4:].abs().max()
     assert 0 < new < 0.05
@@ -159,7 +166,7 @@ def _tiny_backend():
     from worldstream.engine.models.builtin.autoencoder import build_autoencoder
 
     torch.manual_seed(0)
-    model = WorldDiT(dim=32, depth=1, num_heads=2, prev_frame=True, pose_path="head").eval()
+    model = WorldDiT(dim=32, depth=1, num_heads=2, skip_source="previous", pose_path="head").eval()
     with torch.no_grad():  # past the zero starts, so every input matters
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05)
@@ -176,13 +183,13 @@ def test_save_points_carry_the_previous_frame_and_pose_and_refuse_a_file_without
     for n in range(4):
         gen.generate([ChunkJob(state, [n % 9], steps=1, seed=n)])
     arrays, scalars = export_state(gen, state)
-    assert all(f"h{i}.prev" in arrays and f"h{i}.poses" in arrays
+    assert all(f"h{i}.skip" in arrays and f"h{i}.poses" in arrays
                for i in range(len(scalars["history"])))
     copy = import_state(gen, arrays, scalars)
     a, b = (gen.generate([ChunkJob(s, [2], steps=1, seed=9)])[0].frames for s in (state, copy))
     assert np.array_equal(a, b)
     free = gen.allocator.num_free
-    for cut, what in ((".prev", "previous-frame input"), (".poses", "pose input")):
+    for cut, what in ((".skip", "second skip source"), (".poses", "pose input")):
         older = {k: v for k, v in arrays.items() if not k.endswith(cut)}
         with pytest.raises(SavepointError, match=what):
             import_state(gen, older, scalars)
@@ -203,8 +210,8 @@ def test_attached_poses_follow_the_head_rig_and_clips_carry_each_frames_pose():
     assert torch.allclose(data.pose[0, :4, 0], torch.tensor([0.25, 0.4375, 0.328125, 0.24609375]))
     assert torch.equal(data.pose[0, :, 1], torch.zeros(12))
     rng = np.random.default_rng(0)
-    for prev_frame in (False, True):
-        lat, *_, pose = recipe_clips(data, rng, 8, 4, 1, prev_frame)
+    for source in (None, "previous"):
+        lat, *_, pose = recipe_clips(data, rng, 8, 4, 1, source)
         ids = lat[:, :, 0, 0, 0].long()
         assert torch.equal(pose, data.pose[ids // 100, ids % 100])
 
@@ -225,3 +232,44 @@ def test_pose_embedding_starts_at_zero_then_the_pose_is_an_input():
         model(**x)
     with pytest.raises(ValueError, match="takes no"):
         trained(**x, pose=pose)
+
+
+def test_a_warped_skip_source_is_the_memory_picture_warped_to_each_frames_pose():
+    """The engine feeds a ``"warped"`` model each frame's memory picture (the stream's first
+    frame: a still camera) warped to the head pose the keys lead to, encoded; the base stays
+    the picture itself."""
+    from worldstream.engine.backends.builtin import BuiltinBackend, BuiltinConfig
+    from worldstream.engine.core.backend import ChunkJob
+    from worldstream.engine.models.builtin.loading import load_autoencoder
+    from worldstream.engine.worlds.actions import direction_to_action
+    from worldstream.engine.worlds.avatar.head_warp import HeadWarp
+    from worldstream.engine.worlds.catalog import world
+
+    torch.manual_seed(0)
+    model = WorldDiT(dim=32, depth=1, num_heads=2, skip_source="warped", pose_path="head",
+                     view_box=0)  # memory holds every pixel, as the avatar's
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+        for p in model.camera.parameters():  # a still camera, as the avatar's
+            p.zero_()
+    # the avatar's trained autoencoder: a random one's latents hardly see a picture move
+    gen = BuiltinBackend(model.eval(), load_autoencoder(world("avatar").assets / "vae"),
+                         BuiltinConfig(attention_backend="reference", ctx_noise=False,
+                                       steady_guidance_sigma=None))
+    ys, xs = np.mgrid[:128, :128]
+    check = ((xs // 6 + ys // 6) % 2 * 200).astype(np.uint8)  # sharp edges the warp moves
+    first = np.stack([check, 255 - check, xs.astype(np.uint8)], -1)[None]
+    state = gen.new_state("a face", seed=1, start_frames=first)
+    right = direction_to_action(1, 0)
+    for _ in range(3):
+        gen.generate([ChunkJob(state, [right], steps=1, seed=0)])
+    gen.finish()
+    warp, pose = HeadWarp(128), np.zeros(2)
+    for rec in list(state.history)[1:]:  # after the start frame
+        pose = warp.path(pose, rec.actions)[-1]
+        assert np.allclose(rec.poses[-1], pose)
+        want = gen.encode_frames(warp.apply(first[0], pose)[None])
+        assert torch.allclose(rec.skip, want, atol=1e-5)
+        assert torch.allclose(rec.base, gen.encode_frames(first), atol=1e-5)
+        assert (rec.skip - rec.base).abs().max() > 0.1  # the head moved

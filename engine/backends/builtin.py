@@ -224,9 +224,10 @@ class _ChunkRecord:
     rest_run: int = 0  # frames in a row, up to its last, whose window did not move
     # (2,) float64 the base warp's pose after its last frame (a model with ``base_warp``)
     pose: np.ndarray = field(default_factory=lambda: np.zeros(2))
-    # (F, C, h, w) model-space latent of the frame before the chunk, as fed (context noise
-    # included), repeated per frame: a model with ``prev_frame``; None otherwise
-    prev: torch.Tensor | None = None
+    # (F, C, h, w) model-space latents of the second skip source, as fed (context noise
+    # included): a model with ``skip_source`` (the frame before the chunk, repeated per frame,
+    # or each frame's memory picture warped to its pose); None otherwise
+    skip: torch.Tensor | None = None
     # (F, 2) float64 the rig's pose at each frame: a model with ``pose_path``; None otherwise
     poses: np.ndarray | None = None
 
@@ -478,6 +479,7 @@ class BuiltinBackend(PagedRunner):
         cfg = self.config
         size = self.width
         records, pictures, current, sources = [], [], [], []
+        warped_pictures: list[np.ndarray] = []  # a "warped" skip source: each memory picture posed
         for state, acts in zip(states, actions):
             if move and state.restyle_left > 0:
                 state.memory.new_epoch()  # what was shown before now reads as stale
@@ -506,6 +508,8 @@ class BuiltinBackend(PagedRunner):
             for i, (x0, y0) in enumerate(origins):
                 read = state.memory.read(x0, y0, size)
                 rgb, planes = model_inputs(read, self.downsample)
+                if self.model.config.skip_source == "warped":
+                    warped_pictures.append(rig.apply(rgb, poses[i]))
                 if warp is not None:
                     warped = warp.apply(rgb, poses[i])
                     sources.append(None if warped is rgb else (_key(rgb), rgb, poses[i]))
@@ -532,25 +536,29 @@ class BuiltinBackend(PagedRunner):
             )
         keys = [_key(p) for p in pictures]
         base = self._encode_bases(pictures, keys)
+        warped = (self._encode_bases(warped_pictures, [_key(p) for p in warped_pictures])
+                  if warped_pictures else None)
         views = _MemoryViews(np.stack(pictures), np.stack(current), base, keys,
                              sources if self.base_warp is not None else None)
         f = len(actions[0])
         for n, (state, rec) in enumerate(zip(states, records)):
             rec.base = base[n * f : (n + 1) * f]
-            if self.model.config.prev_frame:
-                rec.prev = self._previous(state, rec.base).expand(f, -1, -1, -1)
+            if self.model.config.skip_source == "previous":
+                rec.skip = self._previous(state, rec.base).expand(f, -1, -1, -1)
+            elif warped is not None:
+                rec.skip = warped[n * f : (n + 1) * f]
             if cfg.ctx_noise and cfg.ctx_sigma > 0:
                 eps = torch.randn(rec.base.shape, generator=state.rng)
                 rec.base = (1 - cfg.ctx_sigma) * rec.base + cfg.ctx_sigma * eps
-                if rec.prev is not None:
-                    eps = torch.randn(rec.prev.shape[1:], generator=state.rng)
-                    rec.prev = (1 - cfg.ctx_sigma) * rec.prev + cfg.ctx_sigma * eps
+                if rec.skip is not None:
+                    eps = torch.randn(rec.skip.shape, generator=state.rng)
+                    rec.skip = (1 - cfg.ctx_sigma) * rec.skip + cfg.ctx_sigma * eps
         return records, views
 
     @staticmethod
     def _previous(state: BuiltinState, base: torch.Tensor) -> torch.Tensor:
-        """``(1, C, h, w)`` the clean latent of the state's last frame (a model with
-        ``prev_frame``); a stream's very first frame has none and gets its own memory base."""
+        """``(1, C, h, w)`` the clean latent of the state's last frame (a ``"previous"`` skip
+        source); a stream's very first frame has none and gets its own memory base."""
         if state.history and state.history[-1].latents is not None:
             return state.history[-1].latents[-1:].float().cpu()
         return base[:1]
@@ -582,8 +590,8 @@ class BuiltinBackend(PagedRunner):
     def _conditioning(self, states: list[BuiltinState], records: list[_ChunkRecord]) -> tuple:
         """Conditioning tensors for a batch of chunks (one record per state): memory bases,
         their noise level, current/stale planes, actions, text, frame positions, which
-        rows are guided (``(B,)`` bool), the previous frames (None for a model without
-        ``prev_frame``) and the rig's poses ``(B, F, 2)`` (None without ``pose_path``)."""
+        rows are guided (``(B,)`` bool), the second skip source (None for a model without
+        ``skip_source``) and the rig's poses ``(B, F, 2)`` (None without ``pose_path``)."""
         f = self.chunk_frames
         dev, dt = self.device, self.config.dtype
         base = torch.stack([r.base for r in records]).to(dev, dt)
@@ -593,18 +601,18 @@ class BuiltinBackend(PagedRunner):
         txt = torch.stack([s.text for s in states]).to(dev)[:, None].expand(-1, f, -1)
         pos = torch.tensor([[r.position + i for i in range(f)] for r in records], device=dev)
         guided = torch.tensor([r.guided for r in records], device=dev)
-        prev = (torch.stack([r.prev for r in records]).to(dev, dt)
-                if self.model.config.prev_frame else None)
+        skip = (torch.stack([r.skip for r in records]).to(dev, dt)
+                if self.model.config.skip_source else None)
         pose = (torch.as_tensor(np.stack([r.poses for r in records]), dtype=torch.float32,
                                 device=dev)
                 if self.pose_rig is not None else None)
-        return base, base_sigma, known, actions, txt, pos, guided, prev, pose
+        return base, base_sigma, known, actions, txt, pos, guided, skip, pose
 
     def _forward(self, x, sigma: float, cond: tuple, ctx: PagedAttentionContext) -> torch.Tensor:
-        base, base_sigma, known, actions, txt, pos, _, prev, pose = cond
+        base, base_sigma, known, actions, txt, pos, _, skip, pose = cond
         sig = torch.full(actions.shape, sigma, device=self.device)
         return self._net(x.to(self.config.dtype), base, base_sigma, known, sig, actions, txt,
-                         pos, ctx, prev=prev, pose=pose)
+                         pos, ctx, skip=skip, pose=pose)
 
     def _denoise_forward(self, x, sigma: float, cond: tuple,
                          ctx: PagedAttentionContext) -> torch.Tensor:
@@ -612,7 +620,7 @@ class BuiltinBackend(PagedRunner):
         a non-neutral action), see :class:`BuiltinConfig`. The negative forwards run first:
         every forward writes the chunk's keys/values into its pages, and the conditional ones
         must be what stays."""
-        base, base_sigma, known, actions, txt, pos, guided, prev, pose = cond
+        base, base_sigma, known, actions, txt, pos, guided, skip, pose = cond
         cfg = self.config
         if cfg.steady_guidance_sigma is not None and sigma >= cfg.steady_guidance_sigma - 1e-6:
             guided = torch.ones_like(guided)
@@ -620,13 +628,13 @@ class BuiltinBackend(PagedRunner):
         if cfg.guidance != 1 and bool(guided.any()):
             terms.append((torch.where(guided, cfg.guidance - 1.0, 0.0),
                           (base, base_sigma, known, actions, torch.zeros_like(txt), pos, guided,
-                           prev, pose)))
+                           skip, pose)))
         if cfg.action_guidance != 1:
             neutral = self._neutral_actions(actions)
             asked = (actions != neutral).any(dim=1)
             if bool(asked.any()):
                 terms.append((torch.where(asked, cfg.action_guidance - 1.0, 0.0),
-                               (base, base_sigma, known, neutral, txt, pos, guided, prev,
+                               (base, base_sigma, known, neutral, txt, pos, guided, skip,
                                 pose)))
         negatives = [self._forward(x, sigma, negative, ctx) for _, negative in terms]
         out = self._forward(x, sigma, cond, ctx)

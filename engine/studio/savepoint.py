@@ -342,7 +342,7 @@ def _export_builtin(gen, state) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
                   "text": _t2n(state.text), "rng": state.rng.get_state().numpy()}
         history = []
         for i, rec in enumerate(state.history):
-            for name in ("latents", "base", "known", "context", "prev"):
+            for name in ("latents", "base", "known", "context", "skip"):
                 value = getattr(rec, name)
                 if value is not None:
                     arrays[f"h{i}.{name}"] = _t2n(value)
@@ -430,9 +430,9 @@ def _import_builtin(gen, arrays: dict[str, np.ndarray], scalars: dict[str, Any])
                 attention = kernels.resolve_backend(str(attention), gen.device)
             history = deque()
             for i, h in enumerate(scalars["history"]):
-                if gen.model.config.prev_frame and f"h{i}.prev" not in arrays:
-                    raise SavepointError("the save point was made by a model without the "
-                                         "previous-frame input; this one needs it")
+                if gen.model.config.skip_source and f"h{i}.skip" not in arrays:
+                    raise SavepointError("the save point was made by a model without a "
+                                         "second skip source; this one needs it")
                 if gen.pose_rig is not None and f"h{i}.poses" not in arrays:
                     raise SavepointError("the save point was made by a model without the "
                                          "rig's pose input; this one needs it")
@@ -457,7 +457,7 @@ def _import_builtin(gen, arrays: dict[str, np.ndarray], scalars: dict[str, Any])
                     # save points from before the base warp hold no pose: at rest
                     pose=(arrays[f"h{i}.pose"].astype(np.float64) if f"h{i}.pose" in arrays
                           else np.zeros(2)),
-                    prev=get("prev") if f"h{i}.prev" in arrays else None,
+                    skip=get("skip") if f"h{i}.skip" in arrays else None,
                     poses=(arrays[f"h{i}.poses"].astype(np.float64) if f"h{i}.poses" in arrays
                            else None)))
             m = scalars["memory"]

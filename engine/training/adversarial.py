@@ -169,11 +169,11 @@ def finetune_adversarial(
         if max_minutes is not None and time.perf_counter() - t0 > 60 * max_minutes:
             break
         model.train()
-        lat, base, known, actions, txt, prev, pose = recipe_clips(
-            data, rng, batch, frames, chunk, model.config.prev_frame)
+        lat, base, known, actions, txt, skip, pose = recipe_clips(
+            data, rng, batch, frames, chunk, model.config.skip_source)
         pred = world_prediction(model, lat, base, known, actions, txt, gen, chunk,
                                 ctx_sigma_max, ctx, device, change_weight=change_weight,
-                                prev=prev, pose=pose)
+                                skip=skip, pose=pose)
         mse = pred.loss()
         fake, real, ftxt = judged_frames(pred, min_sigma)
         g_adv = torch.zeros((), device=device)

@@ -35,7 +35,10 @@ class LatentDataset:
     × 255), ``actions/prompt (E, L)`` int64, ``prompt_emb (num_prompts, 384)`` float32,
     ``camera (E, L, 2)`` int64 crop origin of each frame in world pixels (the simulator's
     ground-truth camera path); ``pose (E, L, 2)`` float32 the rig's pose after each frame for a
-    model conditioned on it (:func:`attach_poses`; None otherwise)."""
+    model conditioned on it (:func:`attach_poses`; None otherwise); ``skip (E, L, C, h, w)``
+    float16 each frame's memory picture warped to that pose, encoded, for a model with a
+    ``"warped"`` skip source (the ``base`` of :func:`encode_shards` with ``base_warp``; None
+    otherwise)."""
 
     latents: torch.Tensor
     base: torch.Tensor
@@ -45,6 +48,7 @@ class LatentDataset:
     prompt_emb: torch.Tensor
     camera: torch.Tensor
     pose: torch.Tensor | None = None
+    skip: torch.Tensor | None = None
 
     def clip_index(self, rng: np.random.Generator, batch: int, frames: int):
         """Random clips' ``(rows (B, 1), frame indices (B, F))`` int64."""

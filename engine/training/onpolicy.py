@@ -64,7 +64,7 @@ from worldstream.engine.training.latents import (
 from worldstream.engine.training.train_world import (
     change_map,
     export_ema,
-    noised_previous,
+    noised_skip,
     previous_frames,
     recipe_clips,
     resume_run,
@@ -292,7 +292,7 @@ def onpolicy_loss(
     device: torch.device,
     new_weight: float = 4.0,
     change_weight: float = 0.0,
-    prev: torch.Tensor | None = None,
+    skip: torch.Tensor | None = None,
     pose: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Flow-matching x0 loss on on-policy clips, all rows inference-like. Raw autoencoder
@@ -310,8 +310,8 @@ def onpolicy_loss(
     target against the generator's base (as :func:`~engine.training.train_world.world_loss`:
     the avatar's head, face and mouth are a few percent of the pixels). Bases are noised at
     U[0, ctx_sigma_max] as in the original recipe, never degraded (they already are); so is
-    ``prev (B, F, C, h, w)``, the generator's own frame before each frame's chunk (raw
-    latents; a model with ``prev_frame``, else None): in a stream that frame is its own;
+    ``skip (B, F, C, h, w)``, the second skip source of a model with ``skip_source`` (raw
+    latents; a previous frame is the generator's own, as in a stream; else None);
     ``pose (B, F, 2)`` the rig's pose for a model with ``pose_path``."""
     b, f = actions.shape
     nc = f // chunk_frames
@@ -340,9 +340,9 @@ def onpolicy_loss(
     s = sig[..., None, None, None]
     x = (1 - s) * clean + s * torch.randn(z.shape, generator=gen).to(device)
     known = known.to(device)
-    zp = noised_previous(model, prev, gen, base_sig, 0.0, device)
+    zs = noised_skip(model, skip, gen, base_sig, 0.0, device)
     with autocast(device):
-        pred = model(x, zb, base_sig, known, sig, actions.to(device), txt, pos, ctx, prev=zp,
+        pred = model(x, zb, base_sig, known, sig, actions.to(device), txt, pos, ctx, skip=zs,
                      pose=None if pose is None else pose.to(device))
     target = onpolicy_target(z, zb_own, zb_orig, known)
     weight = 1.0 + new_weight * (1.0 - known[:, :, :1])
@@ -369,20 +369,21 @@ class OnPolicyPool:
     camera_rms: float
 
     def sample(self, data: LatentDataset, rng: np.random.Generator, batch: int, frames: int,
-               chunk_frames: int = 1, prev_frame: bool = False):
+               chunk_frames: int = 1, skip_source: str | None = None):
         """Random on-policy clips: ``lat, own_lat, base_orig, base_own (B, F, C, h, w)``
         float32 raw latents, ``known (B, F, 2, h, w)`` float32 in [0, 1], ``actions (B, F)``,
-        ``txt (B, F, 384)``, ``prev (B, F, C, h, w)``: the generator's own frame before
-        each frame's chunk (``prev_frame``; else None) and ``pose (B, F, 2)`` the rig's pose
+        ``txt (B, F, 384)``, ``skip (B, F, C, h, w)``: the second skip source (``"previous"``:
+        the generator's own frame before each frame's chunk; ``"warped"``: ``data.skip``;
+        None: None) and ``pose (B, F, 2)`` the rig's pose
         (None unless the data has poses)."""
-        before = chunk_frames if prev_frame else 0
+        before = chunk_frames if skip_source == "previous" else 0
         n, length = self.base.shape[:2]
         j = torch.as_tensor(rng.integers(0, n, batch))
         s = torch.as_tensor(rng.integers(0, length - frames - before + 1, batch))
         idx = s[:, None] + torch.arange(frames + before)[None]
         rows, erows = j[:, None], self.index[j][:, None]
         own = self.latents[rows, idx].float()
-        prev = previous_frames(own, chunk_frames) if prev_frame else None
+        skip = previous_frames(own, chunk_frames) if skip_source == "previous" else None
         idx = idx[:, before:]
         return (
             data.latents[erows, idx].float(),
@@ -392,7 +393,7 @@ class OnPolicyPool:
             data.known[erows, idx].float() / 255.0,
             data.actions[erows, idx],
             data.prompt_emb[data.prompt[erows, idx]],
-            prev,
+            data.skip[erows, idx].float() if skip_source == "warped" else skip,
             data.pose[erows, idx] if data.pose is not None else None,
         )
 
@@ -558,17 +559,17 @@ def finetune_onpolicy(
         model.train()
         total, parts = 0.0, [float("nan"), float("nan")]
         if batch - n_own > 0:
-            lat, base, known, actions, txt, prev, pose = recipe_clips(
-                data, rng, batch - n_own, frames, chunk, model.config.prev_frame)
+            lat, base, known, actions, txt, skip, pose = recipe_clips(
+                data, rng, batch - n_own, frames, chunk, model.config.skip_source)
             lo = world_loss(
                 model, lat, base, known, actions, txt, gen, chunk, ctx_sigma_max, ctx, device,
-                change_weight=change_weight, prev=prev, pose=pose,
+                change_weight=change_weight, skip=skip, pose=pose,
             )
             total = total + lo * (batch - n_own) / batch
             parts[0] = lo.item()
         if n_own > 0:
-            *clips, prev, pose = pool.sample(data, rng, n_own, frames, chunk,
-                                             model.config.prev_frame)
+            *clips, skip, pose = pool.sample(data, rng, n_own, frames, chunk,
+                                             model.config.skip_source)
             lo = onpolicy_loss(
                 model,
                 *clips,
@@ -578,7 +579,7 @@ def finetune_onpolicy(
                 ctx,
                 device,
                 change_weight=change_weight,
-                prev=prev,
+                skip=skip,
                 pose=pose,
             )
             total = total + lo * n_own / batch

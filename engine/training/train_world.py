@@ -123,39 +123,44 @@ def degrade_bases(zb: torch.Tensor, gen: torch.Generator, p: float) -> torch.Ten
 def previous_frames(lat: torch.Tensor, chunk_frames: int) -> torch.Tensor:
     """``lat (B, F + c, ...)``, a clip with one chunk of ``c = chunk_frames`` frames before it,
     -> ``(B, F, ...)`` for each of the clip's last F frames the last frame before its chunk
-    (what a model with ``prev_frame`` is fed: within a chunk generated at once, the frame
-    just before is not known yet)."""
+    (a ``"previous"`` skip source: within a chunk generated at once, the frame just before is
+    not known yet)."""
     last = lat[:, chunk_frames - 1 : -1 : chunk_frames]
     return last.repeat_interleave(chunk_frames, dim=1)
 
 
 def recipe_clips(data: LatentDataset, rng: np.random.Generator, batch: int, frames: int,
-                 chunk_frames: int, prev_frame: bool) -> tuple:
-    """A batch of the recipe's clips: ``(lat, base, known, actions, txt, prev, pose)``, the
-    first five as :meth:`LatentDataset.sample` gives them, ``prev (B, F, C, h, w)`` raw
-    latents of the frame before each frame's chunk (:func:`previous_frames`; None unless
-    ``prev_frame``) and ``pose (B, F, 2)`` the rig's pose at each frame (None unless the
-    data has poses: :func:`~engine.training.latents.attach_poses`)."""
-    c = chunk_frames if prev_frame else 0
+                 chunk_frames: int, skip_source: str | None) -> tuple:
+    """A batch of the recipe's clips: ``(lat, base, known, actions, txt, skip, pose)``, the
+    first five as :meth:`LatentDataset.sample` gives them, ``skip (B, F, C, h, w)`` raw
+    latents of each frame's second skip source (``skip_source``: ``"previous"``, the frame
+    before its chunk, :func:`previous_frames`; ``"warped"``, ``data.skip``; None: None) and
+    ``pose (B, F, 2)`` the rig's pose at each frame (None unless the data has poses:
+    :func:`~engine.training.latents.attach_poses`). ValueError for a ``"warped"`` source the
+    data lacks."""
+    if skip_source == "warped" and data.skip is None:
+        raise ValueError("the data has no warped memory pictures (data.skip)")
+    c = chunk_frames if skip_source == "previous" else 0
     rows, idx = data.clip_index(rng, batch, frames + c)
     lat, base, known, actions, txt, _ = data.clips(rows, idx)
-    prev = previous_frames(lat, chunk_frames) if prev_frame else None
+    skip = (previous_frames(lat, chunk_frames) if skip_source == "previous"
+            else data.skip[rows, idx].float() if skip_source == "warped" else None)
     pose = data.pose[rows, idx[:, c:]] if data.pose is not None else None
-    return lat[:, c:], base[:, c:], known[:, c:], actions[:, c:], txt[:, c:], prev, pose
+    return lat[:, c:], base[:, c:], known[:, c:], actions[:, c:], txt[:, c:], skip, pose
 
 
-def noised_previous(model: WorldDiT, prev: torch.Tensor | None, gen: torch.Generator,
-                    base_sig: torch.Tensor, p_degrade: float, device: torch.device):
-    """The previous-frame input as trained: raw latents ``prev (B, F, C, h, w)`` normalised,
-    degraded in a fraction ``p_degrade`` of the frames (:func:`degrade_bases`: in a stream the
-    previous frame is the model's own, blurrier and off in colour) and noised at each frame's
-    base level ``base_sig (B, F)`` (context noise; the engine feeds both at ``ctx_sigma``);
-    None passes through."""
-    if prev is None:
+def noised_skip(model: WorldDiT, skip: torch.Tensor | None, gen: torch.Generator,
+                base_sig: torch.Tensor, p_degrade: float, device: torch.device):
+    """The second skip source as trained: raw latents ``skip (B, F, C, h, w)`` normalised,
+    degraded in a fraction ``p_degrade`` of the frames (:func:`degrade_bases`: a previous frame
+    in a stream is the model's own, blurrier and off in colour) and noised at each frame's base
+    level ``base_sig (B, F)`` (context noise; the engine feeds both at ``ctx_sigma``); None
+    passes through."""
+    if skip is None:
         return None
-    zp = degrade_bases(model.normalize(prev.to(device)), gen, p_degrade)
-    ps = base_sig[..., None, None, None]
-    return (1 - ps) * zp + ps * torch.randn(zp.shape, generator=gen).to(device)
+    zs = degrade_bases(model.normalize(skip.to(device)), gen, p_degrade)
+    ss = base_sig[..., None, None, None]
+    return (1 - ss) * zs + ss * torch.randn(zs.shape, generator=gen).to(device)
 
 
 @dataclass
@@ -199,7 +204,7 @@ def world_prediction(
     new_weight: float = 4.0,
     p_degrade: float = 0.3,
     change_weight: float = 0.0,
-    prev: torch.Tensor | None = None,
+    skip: torch.Tensor | None = None,
     pose: torch.Tensor | None = None,
 ) -> WorldPrediction:
     """The forward of the flow-matching x0 loss over a clip: ``lat``/``base (B, F, C, h, w)``
@@ -208,8 +213,9 @@ def world_prediction(
     memory held nothing of the current prompt (what the model must generate), 1 where it only
     copies, plus ``change_weight`` times :func:`change_map` (where the frame differs from its
     base). A fraction ``p_degrade`` of the bases is degraded first (:func:`degrade_bases`).
-    ``prev (B, F, C, h, w)``: raw latents of each frame's previous frame for a model with
-    ``prev_frame`` (:func:`recipe_clips`, fed as :func:`noised_previous`); ``pose (B, F, 2)``:
+    ``skip (B, F, C, h, w)``: raw latents of each frame's second skip source for a model with
+    ``skip_source`` (:func:`recipe_clips`, fed as :func:`noised_skip`; a previous frame is
+    degraded as the bases are); ``pose (B, F, 2)``:
     the rig's pose for a model with ``pose_path``."""
     b, f = actions.shape
     nc = f // chunk_frames
@@ -228,9 +234,10 @@ def world_prediction(
     s = sig[..., None, None, None]
     x = (1 - s) * z + s * torch.randn(z.shape, generator=gen).to(device)
     known = known.to(device)
-    zp = noised_previous(model, prev, gen, base_sig, p_degrade, device)
+    zs = noised_skip(model, skip, gen, base_sig,
+                     p_degrade if model.config.skip_source == "previous" else 0.0, device)
     with autocast(device):
-        pred = model(x, zb, base_sig, known, sig, actions.to(device), txt, pos, ctx, prev=zp,
+        pred = model(x, zb, base_sig, known, sig, actions.to(device), txt, pos, ctx, skip=zs,
                      pose=None if pose is None else pose.to(device))
     # NOTE: most of a frame is remembered ground the model only has to copy; without weighting,
     # the few percent it must generate (new ground at the border, the sprite, restyled ground)
@@ -325,14 +332,14 @@ def train_world(
     action_factors: tuple[int, ...] | None = None,
     change_weight: float = 0.0,
     base_warp: str | None = None,
-    prev_frame: bool = False,
+    skip_source: str | None = None,
     pose_path: str | None = None,
 ) -> dict:
     """Train or resume up to ``steps`` steps (or ``max_minutes`` of wall time this call).
 
     ``init_from``: a saved WorldDiT of the same shape to warm-start a fresh run from (one
-    without ``prev_frame`` may start one with it: :func:`warm_start`).
-    ``prev_frame``: feed each frame the one before its chunk (``WorldDiT``'s ``prev_frame``).
+    without ``skip_source`` or ``pose_path`` may start one with them: :func:`warm_start`).
+    ``skip_source``: a second skip source (``WorldDiT``'s; ``"warped"`` needs ``data.skip``).
     ``pose_path``: condition each frame on that rig's pose (``WorldDiT``'s ``pose_path``).
     ``change_weight``: see :func:`world_loss` (0 for the landscape recipe).
     ``view_box``, ``num_actions``, ``action_factors``, ``base_warp``: the world's
@@ -358,7 +365,7 @@ def train_world(
         num_actions=num_actions,
         action_factors=action_factors,
         base_warp=base_warp,
-        prev_frame=prev_frame,
+        skip_source=skip_source,
         pose_path=pose_path,
     ).to(device)
     if pose_path is not None:
@@ -391,11 +398,11 @@ def train_world(
     while step < steps:
         if max_minutes is not None and time.perf_counter() - t0 > 60 * max_minutes:
             break
-        lat, base, known, actions, txt, prev, pose = recipe_clips(data, rng, batch, frames,
-                                                                  chunk_frames, prev_frame)
+        lat, base, known, actions, txt, skip, pose = recipe_clips(data, rng, batch, frames,
+                                                                  chunk_frames, skip_source)
         loss = world_loss(
             model, lat, base, known, actions, txt, gen, chunk_frames, ctx_sigma_max, ctx,
-            device, p_context, change_weight=change_weight, prev=prev, pose=pose,
+            device, p_context, change_weight=change_weight, skip=skip, pose=pose,
         )
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -80,6 +80,10 @@ class WorldDiTActionEmbedding(nn.Module):
         return out
 
 
+#: a model's second skip sources (``WorldDiT``'s ``skip_source``)
+SKIP_SOURCES = (None, "previous", "warped")
+
+
 class WorldDiTPoseEmbedding(nn.Module):
     """A rig's continuous pose ``(..., 2)`` (yaw, pitch in [-1, 1]) -> ``(token, frame)``
     vectors ``(..., dim)`` each: Fourier features (the pose and sin/cos of it at 4 octaves, as
@@ -193,20 +197,22 @@ class WorldDiT(ModelMixin, ConfigMixin):
     conditioning such as expression and speech, see :class:`WorldDiTActionEmbedding`),
     ``base_warp`` (None, or the name of the warp its memory bases were moved with before they
     were encoded, ``engine.worlds.catalog.BASE_WARPS``: the avatar's head pose),
-    ``prev_frame`` (False; True: each frame is also fed the clean latent of the last frame
-    before its chunk, and its skip is a per-pixel mix of the base and that frame, see
-    :meth:`forward`).
+    ``skip_source`` (None; else a second picture fed beside the base, and the skip becomes a
+    per-pixel mix of the two, see :meth:`forward`: ``"previous"``, the clean latent of the last
+    frame before the frame's chunk; ``"warped"``, the memory picture warped to the rig's pose,
+    ``pose_path``'s ``apply``).
 
-    Why ``prev_frame``: the output is a residual on the memory base, and the base reaches the
+    Why ``skip_source``: the output is a residual on the memory base, and the base reaches the
     output through a direct skip, while the frames before reach it only through attention over
     16-px patches, which does not carry their detail through four layers. For a still camera
     (the avatar) the base is the character at rest, so a turning head had to be erased and
-    redrawn by the residual, and even from true context the model drew a blur of the head at
-    rest and the turned one. With ``prev_frame`` the network predicts a mixing map ``m`` beside
-    its residual, and the skip becomes ``base + m · (prev − base)``: where the picture moves,
-    the detail of the frame before comes through as directly as the base's does, and the
-    residual only has to move it by the frame's motion (the gated skip of highway networks;
-    zero at start, so a warm-started model begins as the model it came from).
+    redrawn by the residual; the model drew one turned head for every character (the eyes and
+    glasses of none in particular), ghosted over the head at rest. With a second source the
+    network predicts a mixing map ``m`` beside its residual, and the skip becomes ``base + m ·
+    (source − base)``: where the source is right (the head moved by the warp, or as the last
+    frame left it) its detail comes through as directly as the base's does, and where it is
+    wrong (the neck and background a warp drags along) the base's (the gated skip of highway
+    networks; zero at start, so a warm-started model begins as the model it came from).
 
     ``pose_path`` (None, or the name in ``engine.worlds.catalog.BASE_WARPS`` of a rig whose
     pose path conditions every frame: the avatar's head yaw and pitch eased toward the held
@@ -250,18 +256,22 @@ class WorldDiT(ModelMixin, ConfigMixin):
         view_box: int = 13,
         action_factors: tuple[int, ...] | None = None,
         base_warp: str | None = None,
-        prev_frame: bool = False,
+        skip_source: str | None = None,
         pose_path: str | None = None,
     ):
         # chunk_frames, latent_mean/std, image_size, view_box, base_warp: how the model was
         # trained (the engine reads them); latents are normalised per channel as (z - mean) / std
         super().__init__()
+        if skip_source not in SKIP_SOURCES:
+            raise ValueError(f"skip_source must be one of {SKIP_SOURCES}, got {skip_source!r}")
+        if skip_source == "warped" and pose_path is None:
+            raise ValueError("skip_source 'warped' warps to a rig's pose: give pose_path")
         grid = latent_size // patch_size
         self.tokens_per_frame = grid * grid
-        # 1. patch stem over [noisy latent ; base ; base σ, current, stale planes (; previous
-        #    frame)] (overlapping 2p × 2p patches)
+        # 1. patch stem over [noisy latent ; base ; base σ, current, stale planes (; second
+        #    skip source)] (overlapping 2p × 2p patches)
         self.stem = nn.Conv2d(
-            (3 if prev_frame else 2) * latent_channels + 3,
+            (3 if skip_source else 2) * latent_channels + 3,
             dim,
             kernel_size=2 * patch_size,
             stride=patch_size,
@@ -290,10 +300,10 @@ class WorldDiT(ModelMixin, ConfigMixin):
         self.out = nn.Linear(dim, patch_size * patch_size * latent_channels)
         nn.init.zeros_(self.ada_out.weight)
         nn.init.zeros_(self.ada_out.bias)
-        if prev_frame:  # the skip's mixing map, one value per latent pixel, zero at start
-            self.prev_gate = nn.Linear(dim, patch_size * patch_size)
-            nn.init.zeros_(self.prev_gate.weight)
-            nn.init.zeros_(self.prev_gate.bias)
+        if skip_source:  # the skip's mixing map, one value per latent pixel, zero at start
+            self.skip_gate = nn.Linear(dim, patch_size * patch_size)
+            nn.init.zeros_(self.skip_gate.weight)
+            nn.init.zeros_(self.skip_gate.bias)
         # 5. where the camera goes: velocity from the previous velocity and the action
         self.camera = CameraDynamics(num_actions)
 
@@ -308,7 +318,7 @@ class WorldDiT(ModelMixin, ConfigMixin):
         text: torch.Tensor,
         positions: torch.Tensor,
         ctx: AttentionContext,
-        prev: torch.Tensor | None = None,
+        skip: torch.Tensor | None = None,
         pose: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Predict clean latents.
@@ -326,15 +336,16 @@ class WorldDiT(ModelMixin, ConfigMixin):
             positions: ``(B, T)`` int64 absolute frame indices (rotary time positions).
             ctx: attention context (dense mask or paged KV cache), see
             ``engine.models.builtin.attention``.
-            prev: ``(B, T, C, h, w)`` normalised clean latent of the last frame before each
-                frame's chunk, noised at ``base_sigma`` as the base is, for a model with
-                ``prev_frame`` (required there, refused otherwise: ValueError).
+            skip: ``(B, T, C, h, w)`` normalised latent of each frame's second skip source
+                (``skip_source``: the last frame before its chunk, or the memory picture warped
+                to its pose), noised at ``base_sigma`` as the base is; required by a model
+                with ``skip_source``, refused otherwise (ValueError).
             pose: ``(B, T, 2)`` float32 the rig's pose (yaw, pitch in [-1, 1]) at each frame,
                 for a model with ``pose_path`` (required there, refused otherwise:
                 ValueError).
         Returns:
-            ``(B, T, C, h, w)`` float32 predicted x0: the skip (the base, with ``prev_frame``
-            mixed per pixel with ``prev`` by the predicted map; scaled by its clean fraction)
+            ``(B, T, C, h, w)`` float32 predicted x0: the skip (the base, with ``skip_source``
+            mixed per pixel with ``skip`` by the predicted map; scaled by its clean fraction)
             plus the network's output.
         """
         cfg = self.config
@@ -343,12 +354,12 @@ class WorldDiT(ModelMixin, ConfigMixin):
         # 1. patch stem
         dt = base.dtype
         plane = base_sigma.to(dt)[..., None, None, None].expand(b, t, 1, hh, ww)
-        if (prev is not None) != bool(cfg.prev_frame):
-            raise ValueError(f"this model {'needs' if cfg.prev_frame else 'takes no'} the "
-                             "previous frame (prev)")
+        if (skip is not None) != bool(cfg.skip_source):
+            raise ValueError(f"this model {'needs' if cfg.skip_source else 'takes no'} a "
+                             "second skip source (skip)")
         parts = [latents.to(dt), base, plane, known.to(dt)]
-        if prev is not None:
-            parts.append(prev.to(dt))
+        if skip is not None:
+            parts.append(skip.to(dt))
         if (pose is not None) != (cfg.pose_path is not None):
             raise ValueError(f"this model {'needs' if cfg.pose_path else 'takes no'} the "
                              "rig's pose (pose)")
@@ -378,11 +389,11 @@ class WorldDiT(ModelMixin, ConfigMixin):
         shift, scale = self.ada_out(cond).chunk(2, dim=-1)
         h = h * (1 + scale) + shift
         x = self._unpatchify(self.out(h).float(), c)  # (B, T, C, h, w)
-        skip = base.float()
-        if prev is not None:
-            mix = self._unpatchify(self.prev_gate(h).float(), 1)  # (B, T, 1, h, w)
-            skip = skip + mix * (prev.float() - skip)
-        return x + (1 - base_sigma.float())[..., None, None, None] * skip
+        through = base.float()
+        if skip is not None:
+            mix = self._unpatchify(self.skip_gate(h).float(), 1)  # (B, T, 1, h, w)
+            through = through + mix * (skip.float() - through)
+        return x + (1 - base_sigma.float())[..., None, None, None] * through
 
     def _unpatchify(self, x: torch.Tensor, channels: int) -> torch.Tensor:
         """``(B, T, n, p*p*channels)`` per-token outputs -> ``(B, T, channels, h, w)``."""
@@ -395,8 +406,8 @@ class WorldDiT(ModelMixin, ConfigMixin):
 
 def warm_start(model: WorldDiT, state: dict[str, torch.Tensor]) -> None:
     """Load ``state`` (a trained :class:`WorldDiT`'s ``state_dict``) into ``model``; a model
-    with ``prev_frame`` or ``pose_path`` warm-started from one without gets the stem's
-    previous-frame input channels, the skip's mixing map and the pose embedding's outputs at
+    with ``skip_source`` or ``pose_path`` warm-started from one without gets the stem's
+    second-source input channels, the skip's mixing map and the pose embedding's outputs at
     zero, so it starts as exactly the trained model (as ControlNet's zero convolutions add a
     condition to a trained network). RuntimeError or
     ValueError when the shapes differ otherwise."""
@@ -404,12 +415,12 @@ def warm_start(model: WorldDiT, state: dict[str, torch.Tensor]) -> None:
     own = model.stem.weight
     if stem is not None and stem.shape != own.shape:
         extra = own.shape[1] - stem.shape[1]
-        if not model.config.prev_frame or extra != model.config.latent_channels:
+        if not model.config.skip_source or extra != model.config.latent_channels:
             raise ValueError(f"stem {tuple(stem.shape)} does not fit {tuple(own.shape)}")
         pad = torch.zeros(stem.shape[0], extra, *stem.shape[2:], dtype=stem.dtype)
         state = {**state, "stem.weight": torch.cat([stem, pad], dim=1)}
     # parts the trained model has not, kept as initialised (zero outputs: no change)
-    for name in ("prev_gate", "pose_emb"):
+    for name in ("skip_gate", "pose_emb"):
         part = getattr(model, name, None)
         if part is not None and not any(k.startswith(f"{name}.") for k in state):
             state = {**state, **{f"{name}.{k}": v.clone() for k, v in part.state_dict().items()}}
