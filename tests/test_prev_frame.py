@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.test_training import random_latent_data
 from worldstream.engine.models.builtin.attention import (
     DenseContext,
     block_causal_frame_mask,
@@ -135,16 +136,7 @@ def test_onpolicy_clips_feed_the_generators_own_frame_before_each_chunk():
 
 
 def test_train_world_warm_starts_a_previous_frame_model_that_starts_as_its_init(tmp_path):
-    g = torch.Generator().manual_seed(0)
-    data = LatentDataset(
-        torch.randn(3, 12, 4, 32, 32, generator=g).half(),
-        torch.randn(3, 12, 4, 32, 32, generator=g).half(),
-        torch.randint(0, 256, (3, 12, 2, 32, 32), generator=g).to(torch.uint8),
-        torch.randint(0, 9, (3, 12), generator=g),
-        torch.randint(0, 2, (3, 12), generator=g),
-        torch.randn(2, 384),
-        torch.cumsum(torch.randint(-6, 7, (3, 12, 2), generator=g), dim=1),
-    )
+    data = random_latent_data()
     kw = dict(batch=2, frames=4, dim=32, depth=1, num_heads=2, ckpt_every=1, export_every=100,
               camera_steps=5)
     train_world(data, tmp_path / "init", tmp_path / "r0", steps=1, **kw)

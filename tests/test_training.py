@@ -80,9 +80,11 @@ def test_denoise_with_an_oracle_returns_the_data():
         assert torch.allclose(out, x0, atol=1e-5)
 
 
-def test_train_world_resumes_and_exports(tmp_path):
+def random_latent_data() -> LatentDataset:
+    """Three random episodes of 12 frames: latents, bases, known planes, actions, prompts,
+    camera paths."""
     g = torch.Generator().manual_seed(0)
-    data = LatentDataset(
+    return LatentDataset(
         torch.randn(3, 12, 4, 32, 32, generator=g).half(),
         torch.randn(3, 12, 4, 32, 32, generator=g).half(),
         torch.randint(0, 256, (3, 12, 2, 32, 32), generator=g).to(torch.uint8),
@@ -91,6 +93,10 @@ def test_train_world_resumes_and_exports(tmp_path):
         torch.randn(2, 384),
         torch.cumsum(torch.randint(-6, 7, (3, 12, 2), generator=g), dim=1),
     )
+
+
+def test_train_world_resumes_and_exports(tmp_path):
+    data = random_latent_data()
     kw = dict(batch=2, frames=4, chunk_frames=1, dim=32, depth=1, num_heads=1, ckpt_every=1,
               export_every=100, camera_steps=5)
     first = train_world(data, tmp_path / "out", tmp_path / "run", steps=2, **kw)
