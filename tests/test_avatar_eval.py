@@ -62,6 +62,27 @@ def test_turn_templates_read_the_simulators_heads_and_refuse_broken_ones():
     assert (turns.read(blocks) == A.TurnTemplates.UNREADABLE).all()
 
 
+def test_the_strict_turn_reading_passes_the_simulator_and_refuses_a_head_at_rest_ghosted_over():
+    """The simulator's turn-window frames of three held-out looks pass the strict reading; the
+    same frames with half of the head at rest blended over them (the model's ghost) never do,
+    though some pass the metric's full gate."""
+    full_ok = strict_ok = 0
+    for i, look in enumerate(("office", "beach", "forest")):
+        seed = 900_600 + i
+        sep = A.scripted_episode(seed, look)
+        frames, turns = sep.episode.frames, A.TurnTemplates(seed, look)
+        rest = frames[sep.turn_keys[0][0] - 1].astype(np.float32)
+        for f, d in sep.turn_keys:
+            window = frames[f + 10 : f + 16]
+            assert (turns.read(window, A.STRICT_TURN_SHARE) == d).all()
+            if d == IDLE:
+                continue
+            ghost = ((window.astype(np.float32) + rest) / 2).round().astype(np.uint8)
+            full_ok += int((turns.read(ghost) == d).sum())
+            strict_ok += int((turns.read(ghost, A.STRICT_TURN_SHARE) == d).sum())
+    assert strict_ok == 0 and full_ok > 0
+
+
 def test_identity_ratio_picks_the_feature_farthest_from_one():
     feats = np.ones((1500, 2 + 3 * len(A.REGIONS))) * 100.0
     feats[A.LATE, 5] = 80.0  # one colour down 20 %
