@@ -175,15 +175,16 @@ def run(args) -> int:
     data = encode_shards(ae, shards, args.chunk_frames, cache=args.run_dir / "latents.pt",
                          prompts=spec.prompts, view_box=spec.view_box,
                          base_warp=warp)
-    skip_source = args.skip_source
-    if args.onpolicy or args.adversarial is not None:
-        skip_source = WorldDiT.load_config(args.init_from).get("skip_source")
+    skip_source, pose_path = args.skip_source, args.pose_path
+    if args.onpolicy or args.adversarial is not None:  # a fine-tune keeps its model's inputs
+        config = WorldDiT.load_config(args.init_from)
+        skip_source, pose_path = config.get("skip_source"), config.get("pose_path")
     if skip_source == "warped":  # the same frames' memory pictures, warped to their poses
+        # NOTE: a second pass over the shards (the reconstructions the warp reads are encoded
+        # again); once per run directory, then read from its cache
         warped = encode_shards(ae, shards, args.chunk_frames,
                                cache=args.run_dir / "latents_warped.pt", prompts=spec.prompts,
-                               view_box=spec.view_box,
-                               base_warp=args.pose_path or WorldDiT.load_config(
-                                   args.init_from)["pose_path"])
+                               view_box=spec.view_box, base_warp=pose_path)
         data.skip = warped.base
     # the settings every fine-tune of a trained model takes from the command line
     tuning = dict(steps=args.steps, lr=args.lr, ctx_sigma_max=args.ctx_sigma_max,
