@@ -67,9 +67,15 @@ def register(sub) -> None:
              "(--onpolicy, --adversarial) keep the trained model's",
     )
     p.add_argument(
+        "--skip-prior", type=float, default=0.0,
+        help="offset of the --skip-source mixing map (WorldDiT skip_prior): 1.0 starts the model "
+             "trusting its second source everywhere (default 0: the base)",
+    )
+    p.add_argument(
         "--pose-path", default=None, metavar="NAME",
         help="condition each frame on the pose path of a rig (engine.worlds.catalog.BASE_WARPS: "
-             "'head', the avatar's head eased toward the held keys; WorldDiT pose_path). "
+             "'head', the avatar's head eased toward the held keys; 'head_layer', the same pose "
+             "with the head moved as a layer over the background; WorldDiT pose_path). "
              "Fine-tunes (--onpolicy, --adversarial) keep the trained model's",
     )
     p.add_argument(
@@ -167,6 +173,8 @@ def run(args) -> int:
     warp = _base_warp(args, spec)
     if args.pose_path is not None and args.pose_path not in BASE_WARPS:
         raise ValueError(f"--pose-path must be one of {tuple(BASE_WARPS)}, got {args.pose_path!r}")
+    if args.skip_prior != 0.0 and args.skip_source is None:
+        raise ValueError("--skip-prior offsets the mixing map of a --skip-source")
     if args.skip_source == "warped" and args.pose_path is None:
         raise ValueError("--skip-source warped warps to a rig's pose: give --pose-path")
     shards, _ = spec.ensure_dataset(args.data)
@@ -234,6 +242,7 @@ def run(args) -> int:
         base_warp=warp,
         skip_source=args.skip_source,
         pose_path=args.pose_path,
+        skip_prior=args.skip_prior,
     )
     print(json.dumps(result))
     return 0

@@ -19,7 +19,13 @@ from worldstream.engine.models.builtin.world_dit import WorldDiT
 from worldstream.engine.training.latents import memory_bases
 from worldstream.engine.worlds.actions import IDLE, direction_to_action
 from worldstream.engine.worlds.avatar.actions import ACTION_FACTORS, NUM_ACTIONS, encode_action
-from worldstream.engine.worlds.avatar.head_warp import HeadWarp, displacement
+from worldstream.engine.worlds.avatar.head_warp import (
+    LAYER_CENTRE,
+    LAYER_RADII,
+    HeadWarp,
+    LayeredHeadWarp,
+    displacement,
+)
 from worldstream.engine.worlds.avatar.simulator import AvatarSimulator
 from worldstream.engine.worlds.catalog import make_base_warp
 
@@ -82,6 +88,30 @@ def test_warp_moves_features_and_outline_by_the_rigs_shifts():
         warp.apply(picture[:64], np.array([1.0, 0.0]))
 
 
+def test_layered_warp_moves_the_head_layer_and_shows_the_background_it_reveals():
+    """Hand-made picture: background 200, the head layer's ellipse at rest 50, a dot between
+    the eyes. Turned right (yaw 1): the dot moves 16 px, the layer 7 px; the strip the layer
+    leaves on the left shows the background (the smooth warp still shows the head there), the
+    strip it enters on the right shows the head, and far corners are untouched."""
+    ys, xs = np.mgrid[0:128, 0:128]
+    inside = (((xs - LAYER_CENTRE[0]) / LAYER_RADII[0]) ** 2
+              + ((ys - LAYER_CENTRE[1]) / LAYER_RADII[1]) ** 2) < 0.95
+    picture = np.repeat(np.where(inside[..., None], 50, 200), 3, axis=2).astype(np.uint8)
+    picture[55:58, 63:66] = 0  # the dot between the eyes, (64, 56)
+    warp = LayeredHeadWarp()
+    assert warp.apply(picture, np.zeros(2)) is picture
+    turned = warp.apply(picture, np.array([1.0, 0.0]))
+    row = int(LAYER_CENTRE[1])
+    left, right = int(LAYER_CENTRE[0] - LAYER_RADII[0]), int(LAYER_CENTRE[0] + LAYER_RADII[0])
+    assert (turned[row, left + 1 : left + 5] == 200).all()  # revealed: background
+    assert (HeadWarp().apply(picture, np.array([1.0, 0.0]))[row, left + 1 : left + 5] < 200).any()
+    assert (turned[row, right + 2 : right + 6] == 50).all()  # entered: the head
+    dark = np.argwhere(turned.max(axis=2) < 25)
+    assert np.allclose(dark.mean(axis=0), (56, 80), atol=0.6)  # 7 + 9 px right
+    np.testing.assert_array_equal(turned[:8], picture[:8])
+    np.testing.assert_array_equal(turned[:, :20], picture[:, :20])
+
+
 @pytest.mark.parametrize("pose", [(1, 0), (-1, 0), (0, 1), (0, -1), (1, 1), (-1, -1), (1, -1),
                                   (0.5, -0.25)])
 def test_warp_never_folds(pose):
@@ -95,6 +125,7 @@ def test_warp_never_folds(pose):
 
 def test_base_warp_names():
     assert isinstance(make_base_warp("head", 128), HeadWarp)
+    assert isinstance(make_base_warp("head_layer", 128), LayeredHeadWarp)
     with pytest.raises(ValueError, match="head"):
         make_base_warp("tail", 128)
 

@@ -73,6 +73,28 @@ def test_the_mixing_map_takes_the_skip_from_the_previous_frame():
             assert torch.allclose(model(**x, skip=prev), want, atol=1e-6)
 
 
+def test_the_skip_prior_offsets_the_mixing_map_hand_worked():
+    """``skip_prior`` 1 with the map's own output at zero takes the whole skip from the
+    source; with the map at -0.75 a quarter of the way; a warm start from the prior-0 model
+    keeps every weight (the prior is a setting, not a weight)."""
+    trained = WorldDiT(dim=32, depth=1, num_heads=2, skip_source="previous").eval()
+    model = WorldDiT(dim=32, depth=1, num_heads=2, skip_source="previous",
+                     skip_prior=1.0).eval()
+    warm_start(model, trained.state_dict())
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(),
+                                                 trained.state_dict().values()))
+    x = _inputs()
+    prev = torch.randn(2, 3, 4, 32, 32)
+    with torch.no_grad():
+        model.out.weight.zero_()
+        model.out.bias.zero_()
+        clean = 1 - x["base_sigma"][..., None, None, None]
+        assert torch.allclose(model(**x, skip=prev), clean * prev, atol=1e-6)
+        model.skip_gate.bias.fill_(-0.75)
+        want = clean * (x["base"] + 0.25 * (prev - x["base"]))
+        assert torch.allclose(model(**x, skip=prev), want, atol=1e-6)
+
+
 def test_previous_frame_is_required_by_a_model_with_it_and_refused_by_one_without():
     x = _inputs()
     with pytest.raises(ValueError, match="needs a second skip source"):

@@ -334,6 +334,7 @@ def train_world(
     base_warp: str | None = None,
     skip_source: str | None = None,
     pose_path: str | None = None,
+    skip_prior: float = 0.0,
 ) -> dict:
     """Train or resume up to ``steps`` steps (or ``max_minutes`` of wall time this call).
 
@@ -341,6 +342,7 @@ def train_world(
     without ``skip_source`` or ``pose_path`` may start one with them: :func:`warm_start`).
     ``skip_source``: a second skip source (``WorldDiT``'s; ``"warped"`` needs ``data.skip``).
     ``pose_path``: condition each frame on that rig's pose (``WorldDiT``'s ``pose_path``).
+    ``skip_prior``: the mixing map's offset (``WorldDiT``'s; 1.0 starts trusting the source).
     ``change_weight``: see :func:`world_loss` (0 for the landscape recipe).
     ``view_box``, ``num_actions``, ``action_factors``, ``base_warp``: the world's
     (``engine.worlds.catalog``; ``data``'s bases must have been encoded with that warp).
@@ -367,6 +369,7 @@ def train_world(
         base_warp=base_warp,
         skip_source=skip_source,
         pose_path=pose_path,
+        skip_prior=skip_prior,
     ).to(device)
     if pose_path is not None:
         attach_poses(data, make_base_warp(pose_path, model.config.image_size))

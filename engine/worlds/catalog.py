@@ -66,7 +66,8 @@ WORLDS: dict[str, WorldSpec] = {
 #: base warps by name (``module:Class``): a class taking the frame size (px) whose instances
 #: have ``rest`` (the pose of a stream's first frames), ``path(pose, actions)`` (each frame's
 #: pose) and ``apply(picture, pose)`` (the memory picture moved to a pose)
-BASE_WARPS = {"head": "worldstream.engine.worlds.avatar.head_warp:HeadWarp"}
+BASE_WARPS = {"head": "worldstream.engine.worlds.avatar.head_warp:HeadWarp",
+              "head_layer": "worldstream.engine.worlds.avatar.head_warp:LayeredHeadWarp"}
 
 
 def make_base_warp(name: str, size: int):

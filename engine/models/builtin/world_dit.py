@@ -213,6 +213,10 @@ class WorldDiT(ModelMixin, ConfigMixin):
     frame left it) its detail comes through as directly as the base's does, and where it is
     wrong (the neck and background a warp drags along) the base's (the gated skip of highway
     networks; zero at start, so a warm-started model begins as the model it came from).
+    ``skip_prior`` (0.0) is added to the predicted map: 1.0 starts a model trusting its source
+    everywhere (the network then learns where not to). Why: from zero the map's weights grew
+    slowly (0.2 in norm after 3,000 steps, assets/avatar/MODEL_CARD.md) and the residual kept
+    drawing the turn over the head at rest.
 
     ``pose_path`` (None, or the name in ``engine.worlds.catalog.BASE_WARPS`` of a rig whose
     pose path conditions every frame: the avatar's head yaw and pitch eased toward the held
@@ -258,6 +262,7 @@ class WorldDiT(ModelMixin, ConfigMixin):
         base_warp: str | None = None,
         skip_source: str | None = None,
         pose_path: str | None = None,
+        skip_prior: float = 0.0,
     ):
         # chunk_frames, latent_mean/std, image_size, view_box, base_warp: how the model was
         # trained (the engine reads them); latents are normalised per channel as (z - mean) / std
@@ -391,7 +396,7 @@ class WorldDiT(ModelMixin, ConfigMixin):
         x = self._unpatchify(self.out(h).float(), c)  # (B, T, C, h, w)
         through = base.float()
         if skip is not None:
-            mix = self._unpatchify(self.skip_gate(h).float(), 1)  # (B, T, 1, h, w)
+            mix = cfg.skip_prior + self._unpatchify(self.skip_gate(h).float(), 1)  # (B,T,1,h,w)
             through = through + mix * (skip.float() - through)
         return x + (1 - base_sigma.float())[..., None, None, None] * through
 

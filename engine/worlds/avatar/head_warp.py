@@ -25,6 +25,7 @@ from collections import OrderedDict
 import numpy as np
 import torch
 import torch.nn.functional as F
+from scipy import ndimage
 
 from worldstream.engine.worlds.actions import action_to_direction
 from worldstream.engine.worlds.avatar.actions import decode_action
@@ -44,6 +45,9 @@ POSE_STEPS = 32
 FEATURE_CENTRE = (HEAD_CENTRE[0], HEAD_CENTRE[1] + 4.0)
 FEATURE_RADII = (17.0, 19.0)
 HEAD_FALLOFF, FEATURE_FALLOFF = 14.0, 16.0
+#: :class:`LayeredHeadWarp`'s head layer at rest (centre, radii, px): the head, its hair, a bun,
+#: a hat's crown (not a sun hat's brim or the ends of long hair), and the edge's feather (px)
+LAYER_CENTRE, LAYER_RADII, LAYER_FEATHER = (64.0, 46.0), (29.0, 35.0), 1.5
 
 
 def _smooth_region(xs: torch.Tensor, ys: torch.Tensor, centre, radii, falloff: float
@@ -54,17 +58,19 @@ def _smooth_region(xs: torch.Tensor, ys: torch.Tensor, centre, radii, falloff: f
     return 1.0 - t * t * (3.0 - 2.0 * t)
 
 
-def displacement(pose: np.ndarray, size: int = 128) -> torch.Tensor:
+def displacement(pose: np.ndarray, size: int = 128, rigid: bool = False) -> torch.Tensor:
     """``(2, size, size)`` float32 displacement (x, y in px) of the content shown at each output
     pixel for head pose ``pose = (yaw, pitch)`` in [-1, 1]: the output pixel ``p`` shows the
-    picture at rest at ``p - d(p)``. Zero at pose (0, 0)."""
+    picture at rest at ``p - d(p)``. Zero at pose (0, 0). ``rigid``: the outline's shift
+    everywhere (a layer that moves as one; its mask confines it), not only inside the head."""
     yaw, pitch = float(pose[0]), float(pose[1])
     ys, xs = torch.meshgrid(torch.arange(size, dtype=torch.float32),
                             torch.arange(size, dtype=torch.float32), indexing="ij")
     outline = (OUTLINE_SHIFT[0] * yaw, OUTLINE_SHIFT[1] * pitch)
     features = (outline[0] + FEATURE_SHIFT[0] * yaw, outline[1] + FEATURE_SHIFT[1] * pitch)
-    head = _smooth_region(xs, ys, (HEAD_CENTRE[0] + outline[0], HEAD_CENTRE[1] + outline[1]),
-                          HEAD_RADII, HEAD_FALLOFF)
+    head = 1.0 if rigid else _smooth_region(
+        xs, ys, (HEAD_CENTRE[0] + outline[0], HEAD_CENTRE[1] + outline[1]), HEAD_RADII,
+        HEAD_FALLOFF)
     face = _smooth_region(xs, ys, (FEATURE_CENTRE[0] + features[0],
                                    FEATURE_CENTRE[1] + features[1]), FEATURE_RADII,
                           FEATURE_FALLOFF)
@@ -79,6 +85,8 @@ class HeadWarp:
 
     #: the pose of a stream's first frames (the simulator starts every episode at rest)
     rest = np.zeros(2)
+    #: the head's shift everywhere (``displacement``'s ``rigid``)
+    rigid = False
 
     def __init__(self, size: int = 128, cache: int = 256):
         self.size = size
@@ -111,7 +119,7 @@ class HeadWarp:
     def _grid(self, key: tuple[int, int]) -> torch.Tensor:
         grid = self._grids.get(key)
         if grid is None:
-            d = displacement(np.array(key) / POSE_STEPS, self.size)
+            d = displacement(np.array(key) / POSE_STEPS, self.size, self.rigid)
             ys, xs = torch.meshgrid(torch.arange(self.size, dtype=torch.float32),
                                     torch.arange(self.size, dtype=torch.float32),
                                     indexing="ij")
@@ -138,3 +146,70 @@ class HeadWarp:
         out = F.grid_sample(x, self._grid(key), mode="bilinear", padding_mode="border",
                             align_corners=False)
         return out[0].permute(1, 2, 0).round().clamp(0, 255).to(torch.uint8).numpy()
+
+
+def _layer_alpha(xs: torch.Tensor, ys: torch.Tensor, shift: tuple[float, float]
+                 ) -> torch.Tensor:
+    """``(H, W)`` float32 opacity of the head layer moved by ``shift`` (px): 1 inside the
+    layer's ellipse, 0 outside, a ``LAYER_FEATHER``-px ramp across its edge."""
+    rx, ry = LAYER_RADII
+    r = torch.sqrt(((xs - LAYER_CENTRE[0] - shift[0]) / rx) ** 2
+                   + ((ys - LAYER_CENTRE[1] - shift[1]) / ry) ** 2)
+    return ((1.0 - r) * min(rx, ry) / LAYER_FEATHER + 0.5).clamp(0.0, 1.0)
+
+
+class LayeredHeadWarp(HeadWarp):
+    """The head warp as two layers (``BASE_WARPS["head_layer"]``): the head layer (an ellipse
+    around the head and hair at rest, :data:`LAYER_RADII`) moves rigidly by the rig's
+    ``HEAD_SHIFT`` times the pose, its face features a further ``FEATURE_SHIFT`` (the same
+    field as :class:`HeadWarp` inside the head), and is laid over a background layer: the
+    picture at rest with the head layer's ellipse filled from the nearest pixel outside it
+    (``scipy.ndimage.distance_transform_edt``'s indices), so the ground a turn reveals shows
+    the background beside the head and no second head.
+
+    Why: :class:`HeadWarp`'s smooth field drags the neck, the hair's edge and the background
+    along with the head, and it keeps the head at rest wherever the field has fallen to zero;
+    a model trusting that picture inherited both (the ghost of the head at rest under the
+    turned one, assets/avatar/MODEL_CARD.md). Layers are the compositing of 2.5-D animation
+    (a moving foreground sprite over a background plate), filled as image inpainting's
+    simplest nearest-neighbour fill. What the layer does not hold (a sun hat's brim, long
+    hair's ends, the neck, which the rig moves less) stays in place."""
+
+    rigid = True
+
+    def __init__(self, size: int = 128, cache: int = 256):
+        super().__init__(size, cache)
+        ys, xs = torch.meshgrid(torch.arange(size, dtype=torch.float32),
+                                torch.arange(size, dtype=torch.float32), indexing="ij")
+        self._xs, self._ys = xs, ys
+        hole = (_layer_alpha(xs, ys, (0.0, 0.0)) > 0.0).numpy()
+        rows, cols = ndimage.distance_transform_edt(hole, return_distances=False,
+                                                    return_indices=True)
+        self._fill = (torch.from_numpy(rows), torch.from_numpy(cols))  # (H, W) each
+        self._alphas: OrderedDict[tuple[int, int], torch.Tensor] = OrderedDict()
+
+    def _alpha(self, key: tuple[int, int]) -> torch.Tensor:
+        alpha = self._alphas.get(key)
+        if alpha is None:
+            yaw, pitch = np.array(key) / POSE_STEPS
+            alpha = _layer_alpha(self._xs, self._ys,
+                                 (OUTLINE_SHIFT[0] * yaw, OUTLINE_SHIFT[1] * pitch))[..., None]
+            self._alphas[key] = alpha
+            while len(self._alphas) > self._cache:
+                self._alphas.popitem(last=False)
+        self._alphas.move_to_end(key)
+        return alpha
+
+    def apply(self, picture: np.ndarray, pose: np.ndarray) -> np.ndarray:
+        """``picture (S, S, 3)`` uint8 (the memory picture at rest) with its head layer moved
+        to ``pose`` ``(2,)`` rounded to ``1 / POSE_STEPS``, over the filled background; the
+        picture itself (not a copy) where that is (0, 0). ValueError for another size."""
+        moved = super().apply(picture, pose)
+        if moved is picture:
+            return picture
+        key = self.quantise(pose)
+        rest = torch.from_numpy(np.ascontiguousarray(picture)).float()
+        background = rest[self._fill[0], self._fill[1]]
+        alpha = self._alpha(key)
+        out = alpha * torch.from_numpy(moved).float() + (1.0 - alpha) * background
+        return out.round().clamp(0, 255).to(torch.uint8).numpy()
