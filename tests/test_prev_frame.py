@@ -248,19 +248,19 @@ def test_pose_embedding_starts_at_zero_then_the_pose_is_an_input():
         trained(**x, pose=pose)
 
 
-def test_a_warped_skip_source_is_the_memory_picture_warped_to_each_frames_pose():
+@pytest.mark.parametrize("rig", ["head", "head_layer"])
+def test_a_warped_skip_source_is_the_memory_picture_warped_to_each_frames_pose(rig):
     """The engine feeds a ``"warped"`` model each frame's memory picture (the stream's first
-    frame: a still camera) warped to the head pose the keys lead to, encoded; the base stays
-    the picture itself."""
+    frame: a still camera) warped by its ``pose_path``'s warp to the head pose the keys lead
+    to, encoded; the base stays the picture itself."""
     from worldstream.engine.backends.builtin import BuiltinBackend, BuiltinConfig
     from worldstream.engine.core.backend import ChunkJob
     from worldstream.engine.models.builtin.loading import load_autoencoder
     from worldstream.engine.worlds.actions import direction_to_action
-    from worldstream.engine.worlds.avatar.head_warp import HeadWarp
-    from worldstream.engine.worlds.catalog import world
+    from worldstream.engine.worlds.catalog import make_base_warp, world
 
     torch.manual_seed(0)
-    model = WorldDiT(dim=32, depth=1, num_heads=2, skip_source="warped", pose_path="head",
+    model = WorldDiT(dim=32, depth=1, num_heads=2, skip_source="warped", pose_path=rig,
                      view_box=0)  # memory holds every pixel, as the avatar's
     with torch.no_grad():
         for p in model.parameters():
@@ -279,7 +279,7 @@ def test_a_warped_skip_source_is_the_memory_picture_warped_to_each_frames_pose()
     for _ in range(3):
         gen.generate([ChunkJob(state, [right], steps=1, seed=0)])
     gen.finish()
-    warp, pose = HeadWarp(128), np.zeros(2)
+    warp, pose = make_base_warp(rig, 128), np.zeros(2)
     for rec in list(state.history)[1:]:  # after the start frame
         pose = warp.path(pose, rec.actions)[-1]
         assert np.allclose(rec.poses[-1], pose)
