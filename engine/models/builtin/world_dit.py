@@ -214,9 +214,11 @@ class WorldDiT(ModelMixin, ConfigMixin):
     wrong (the neck and background a warp drags along) the base's (the gated skip of highway
     networks; zero at start, so a warm-started model begins as the model it came from).
     ``skip_prior`` (0.0) is added to the predicted map: 1.0 starts a model trusting its source
-    everywhere (the network then learns where not to). Why: from zero the map's weights grew
-    slowly (0.2 in norm after 3,000 steps, assets/avatar/MODEL_CARD.md) and the residual kept
-    drawing the turn over the head at rest.
+    everywhere (the network then learns where not to). Why: from zero, the avatar's map
+    averaged 0.23 over a turning head (the skip mostly the head at rest under the turned one: a
+    ghost); started at 1.0 with the layered head warp, the network still pulled it to ~0.3, a
+    blend of two pictures that each miss by a pixel or two being the better answer under a
+    squared error (assets/avatar/MODEL_CARD.md, v2.4), but its turns read better.
 
     ``pose_path`` (None, or the name in ``engine.worlds.catalog.BASE_WARPS`` of a rig whose
     pose path conditions every frame: the avatar's head yaw and pitch eased toward the held
