@@ -56,30 +56,16 @@ def test_warm_start_adds_the_previous_frame_at_zero_then_it_is_an_input():
         assert not torch.allclose(model(**x, skip=prev), want, atol=1e-3)
 
 
-def test_the_mixing_map_takes_the_skip_from_the_previous_frame():
+@pytest.mark.parametrize("prior", [0.0, 1.0])
+def test_the_mixing_map_takes_the_skip_from_the_previous_frame(prior):
     """With the map at 1 and no residual the model's x0 is the previous frame (scaled by the
-    base's clean fraction); at 0 it is the base; at 0.25 a quarter of the way."""
-    model = WorldDiT(dim=32, depth=1, num_heads=2, skip_source="previous").eval()
-    warm_start(model, _trained().state_dict())
-    x = _inputs()
-    prev = torch.randn(2, 3, 4, 32, 32)
-    with torch.no_grad():
-        model.out.weight.zero_()
-        model.out.bias.zero_()
-        clean = 1 - x["base_sigma"][..., None, None, None]
-        for m in (0.0, 1.0, 0.25):
-            model.skip_gate.bias.fill_(m)
-            want = clean * (x["base"] + m * (prev - x["base"]))
-            assert torch.allclose(model(**x, skip=prev), want, atol=1e-6)
-
-
-def test_the_skip_prior_offsets_the_mixing_map_hand_worked():
-    """``skip_prior`` 1 with the map's own output at zero takes the whole skip from the
-    source; with the map at -0.75 a quarter of the way; a warm start from the prior-0 model
-    keeps every weight (the prior is a setting, not a weight)."""
-    trained = WorldDiT(dim=32, depth=1, num_heads=2, skip_source="previous").eval()
+    base's clean fraction); at 0 it is the base; at 0.25 a quarter of the way. The map is
+    ``skip_prior`` plus the network's output (here its bias), so with the prior at 1 a zero
+    output takes the whole skip from the source; the prior is a setting, not a weight: a
+    warm start from a model without one keeps every weight."""
+    trained = WorldDiT(dim=32, depth=1, num_heads=2, skip_source="previous")
     model = WorldDiT(dim=32, depth=1, num_heads=2, skip_source="previous",
-                     skip_prior=1.0).eval()
+                     skip_prior=prior).eval()
     warm_start(model, trained.state_dict())
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(),
                                                  trained.state_dict().values()))
@@ -89,10 +75,10 @@ def test_the_skip_prior_offsets_the_mixing_map_hand_worked():
         model.out.weight.zero_()
         model.out.bias.zero_()
         clean = 1 - x["base_sigma"][..., None, None, None]
-        assert torch.allclose(model(**x, skip=prev), clean * prev, atol=1e-6)
-        model.skip_gate.bias.fill_(-0.75)
-        want = clean * (x["base"] + 0.25 * (prev - x["base"]))
-        assert torch.allclose(model(**x, skip=prev), want, atol=1e-6)
+        for m in (0.0, 1.0, 0.25):
+            model.skip_gate.bias.fill_(m - prior)
+            want = clean * (x["base"] + m * (prev - x["base"]))
+            assert torch.allclose(model(**x, skip=prev), want, atol=1e-6)
 
 
 def test_previous_frame_is_required_by_a_model_with_it_and_refused_by_one_without():

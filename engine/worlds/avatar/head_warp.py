@@ -116,21 +116,23 @@ class HeadWarp:
         where a quarter of the gap is under half a step (at 0.94 yaw instead of 1)."""
         return int(round(pose[0] * POSE_STEPS)), int(round(pose[1] * POSE_STEPS))
 
-    def _grid(self, key: tuple[int, int]) -> torch.Tensor:
-        grid = self._grids.get(key)
-        if grid is None:
-            d = displacement(np.array(key) / POSE_STEPS, self.size, self.rigid)
-            ys, xs = torch.meshgrid(torch.arange(self.size, dtype=torch.float32),
-                                    torch.arange(self.size, dtype=torch.float32),
-                                    indexing="ij")
-            # grid_sample's normalised coordinates, pixel centres (align_corners=False)
-            grid = torch.stack([(xs - d[0] + 0.5) * 2 / self.size - 1,
-                                (ys - d[1] + 0.5) * 2 / self.size - 1], dim=-1)[None]
-            self._grids[key] = grid
-            while len(self._grids) > self._cache:
-                self._grids.popitem(last=False)
-        self._grids.move_to_end(key)
-        return grid
+    def _cached(self, cache: OrderedDict, key: tuple[int, int], make) -> torch.Tensor:
+        """``cache[key]``, made by ``make(key)`` if missing; the last ``self._cache`` used."""
+        value = cache.get(key)
+        if value is None:
+            value = cache[key] = make(key)
+            while len(cache) > self._cache:
+                cache.popitem(last=False)
+        cache.move_to_end(key)
+        return value
+
+    def _make_grid(self, key: tuple[int, int]) -> torch.Tensor:
+        d = displacement(np.array(key) / POSE_STEPS, self.size, self.rigid)
+        ys, xs = torch.meshgrid(torch.arange(self.size, dtype=torch.float32),
+                                torch.arange(self.size, dtype=torch.float32), indexing="ij")
+        # grid_sample's normalised coordinates, pixel centres (align_corners=False)
+        return torch.stack([(xs - d[0] + 0.5) * 2 / self.size - 1,
+                            (ys - d[1] + 0.5) * 2 / self.size - 1], dim=-1)[None]
 
     def apply(self, picture: np.ndarray, pose: np.ndarray) -> np.ndarray:
         """``picture (S, S, 3)`` uint8 (the memory picture at rest) warped to ``pose``
@@ -143,7 +145,8 @@ class HeadWarp:
         if key == (0, 0):
             return picture
         x = torch.from_numpy(np.ascontiguousarray(picture)).permute(2, 0, 1)[None].float()
-        out = F.grid_sample(x, self._grid(key), mode="bilinear", padding_mode="border",
+        out = F.grid_sample(x, self._cached(self._grids, key, self._make_grid),
+                            mode="bilinear", padding_mode="border",
                             align_corners=False)
         return out[0].permute(1, 2, 0).round().clamp(0, 255).to(torch.uint8).numpy()
 
@@ -188,17 +191,10 @@ class LayeredHeadWarp(HeadWarp):
         self._fill = (torch.from_numpy(rows), torch.from_numpy(cols))  # (H, W) each
         self._alphas: OrderedDict[tuple[int, int], torch.Tensor] = OrderedDict()
 
-    def _alpha(self, key: tuple[int, int]) -> torch.Tensor:
-        alpha = self._alphas.get(key)
-        if alpha is None:
-            yaw, pitch = np.array(key) / POSE_STEPS
-            alpha = _layer_alpha(self._xs, self._ys,
-                                 (OUTLINE_SHIFT[0] * yaw, OUTLINE_SHIFT[1] * pitch))[..., None]
-            self._alphas[key] = alpha
-            while len(self._alphas) > self._cache:
-                self._alphas.popitem(last=False)
-        self._alphas.move_to_end(key)
-        return alpha
+    def _make_alpha(self, key: tuple[int, int]) -> torch.Tensor:
+        yaw, pitch = np.array(key) / POSE_STEPS
+        shift = (OUTLINE_SHIFT[0] * yaw, OUTLINE_SHIFT[1] * pitch)
+        return _layer_alpha(self._xs, self._ys, shift)[..., None]  # (S, S, 1)
 
     def apply(self, picture: np.ndarray, pose: np.ndarray) -> np.ndarray:
         """``picture (S, S, 3)`` uint8 (the memory picture at rest) with its head layer moved
@@ -210,6 +206,6 @@ class LayeredHeadWarp(HeadWarp):
         key = self.quantise(pose)
         rest = torch.from_numpy(np.ascontiguousarray(picture)).float()
         background = rest[self._fill[0], self._fill[1]]
-        alpha = self._alpha(key)
+        alpha = self._cached(self._alphas, key, self._make_alpha)
         out = alpha * torch.from_numpy(moved).float() + (1.0 - alpha) * background
         return out.round().clamp(0, 255).to(torch.uint8).numpy()
