@@ -345,10 +345,15 @@ class TurnTemplates(CharacterTemplates):
     def read(self, frames: np.ndarray, share: float = 1.0) -> np.ndarray:
         """``(N,)`` int direction id (``engine.worlds.actions``) of each ``(N, 128, 128, 3)``
         uint8 frame, or ``UNREADABLE``; ``share`` of the gate (< 1: a stricter reading)."""
+        return self.readings(frames, (share,))[0]
+
+    def readings(self, frames: np.ndarray, shares: tuple[float, ...]) -> list[np.ndarray]:
+        """:meth:`read` at each of ``shares`` of the gate, the distances computed once."""
         d = self.distances(frames)
         nearest = d.argmin(axis=1)
-        ok = d[np.arange(len(d)), nearest] <= share * self.limit[nearest]
-        return np.where(ok, nearest, self.UNREADABLE)
+        dist = d[np.arange(len(d)), nearest]
+        return [np.where(dist <= share * self.limit[nearest], nearest, self.UNREADABLE)
+                for share in shares]
 
 
 # ------------------------------------------------------------------ metrics
@@ -479,11 +484,10 @@ def evaluate(gen: BuiltinBackend, quick: bool = True, steps: int = 4,
         for frames, into in ((model, got), (sep.episode.frames[:n], truth)):
             read = probe.read(frames)
             read["expression"] = templates.read(frames)
-            read["direction"] = turns.read(frames)
+            read["direction"], strict = turns.readings(frames, (1.0, STRICT_TURN_SHARE))
             into["expr"] += expression_hits(read, sep.expression_keys)
             into["turn"] += turn_hits(read, sep.turn_keys)
-            strict = {"direction": turns.read(frames, STRICT_TURN_SHARE)}
-            into["turn_strict"] += turn_hits(strict, sep.turn_keys)
+            into["turn_strict"] += turn_hits({"direction": strict}, sep.turn_keys)
             into["mouth"].append(read["mouth"][sep.speech.start : min(sep.speech.stop, n)])
         got["track"].append(track_openness(sep.episode.actions)[sep.speech.start : n])
         forced = teacher_forced_turns(gen, sep, steps, seed)
