@@ -15,6 +15,8 @@ by side in one run, each as a ratio (> 1: the engine's way is faster).
 * ``steady_guidance_vs_none`` — every chunk guided on the prompt at its high-noise steps
   (``BuiltinConfig.steady_guidance_sigma``, the landscape's default) vs guided only after a
   switch: what keeping new ground in the prompt's scene costs (a ratio under 1).
+* ``batched_vs_sequential_guidance`` — a guided step's negative forward batched with its
+  conditional one (``StreamConfig.batched_guidance``) vs run before it.
 
 All are measured below the engine thread (``bench.harness``: steady-state wall time per
 ``generate`` call after the memory is full), so scheduling cannot blur them.
@@ -117,42 +119,59 @@ def channels_last_vs_nchw(models: Models, *, steps: int, chunks: int = 4, **conf
             "speed": nchw["chunk_ms"] / nhwc["chunk_ms"]}
 
 
+def _alternating(gens: dict, *, steps: int, chunks: int, rounds: int) -> dict[str, float]:
+    """Median per-chunk ms of each generator of ``gens`` (name -> generator), in ``rounds``
+    alternating rounds of ``chunks`` chunks each (the order reversed every other round): a
+    shared machine's speed drifts by tens of percent within a minute, so only interleaved
+    rounds compare them."""
+    times: dict[str, list[float]] = {name: [] for name in gens}
+    for r in range(rounds):
+        for name, gen in list(gens.items())[:: 1 if r % 2 else -1]:
+            times[name] += time_stream(gen, steps=steps, chunks=chunks, seed=r)["chunk_ms_all"]
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
 def compiled_vs_eager(models: Models, *, steps: int, chunks: int = 4, rounds: int = 5,
                       **config) -> dict:
     """Per-chunk ms with the world model compiled (``BuiltinConfig.compile``, the playground's
-    default) vs run eagerly, in ``rounds`` alternating rounds of ``chunks`` chunks each (a
-    shared machine's speed drifts by tens of percent within a minute: only interleaved
-    rounds compare the two); medians over every round's chunks. ``compile_s`` is the
-    compiled generator's construction (the compiler and its warm-up chunks)."""
+    default) vs run eagerly (:func:`_alternating`). ``compile_s`` is the compiled generator's
+    construction (the compiler and its warm-up chunks)."""
     t0 = time.perf_counter()
     fast = make_generator(models, max_states=2, compile=True, **config)
     compile_s = time.perf_counter() - t0
     plain = make_generator(models, max_states=2, **config)
-    times: dict[str, list[float]] = {"compiled": [], "eager": []}
-    for r in range(rounds):
-        for name, gen in (("compiled", fast), ("eager", plain))[:: 1 if r % 2 else -1]:
-            times[name] += time_stream(gen, steps=steps, chunks=chunks, seed=r)["chunk_ms_all"]
-    compiled, eager = (statistics.median(times[k]) for k in ("compiled", "eager"))
-    return {"compiled_chunk_ms": compiled, "eager_chunk_ms": eager, "compile_s": compile_s,
-            "rounds": rounds, "speed": eager / compiled}
+    ms = _alternating({"compiled": fast, "eager": plain}, steps=steps, chunks=chunks,
+                      rounds=rounds)
+    return {"compiled_chunk_ms": ms["compiled"], "eager_chunk_ms": ms["eager"],
+            "compile_s": compile_s, "rounds": rounds, "speed": ms["eager"] / ms["compiled"]}
 
 
 def steady_guidance_vs_none(models: Models, *, steps: int, chunks: int = 4, rounds: int = 4,
                             sigma: float = 0.6, **config) -> dict:
-    """Per-chunk ms with ``steady_guidance_sigma=sigma`` vs None, in ``rounds`` alternating
-    rounds of ``chunks`` chunks (medians over every round's chunks). Both generators guide no
-    chunk after the stream's start (``guidance_chunks=0``), so they differ in the steady rule
-    alone."""
+    """Per-chunk ms with ``steady_guidance_sigma=sigma`` vs None (:func:`_alternating`). Both
+    generators guide no chunk after the stream's start (``guidance_chunks=0``), so they
+    differ in the steady rule alone."""
     config = {"guidance_chunks": 0, **config}
     steady = make_generator(models, max_states=1, steady_guidance_sigma=sigma, **config)
     plain = make_generator(models, max_states=1, steady_guidance_sigma=None, **config)
-    times: dict[str, list[float]] = {"steady": [], "none": []}
-    for r in range(rounds):
-        for name, gen in (("steady", steady), ("none", plain))[:: 1 if r % 2 else -1]:
-            times[name] += time_stream(gen, steps=steps, chunks=chunks, seed=r)["chunk_ms_all"]
-    on, off = (statistics.median(times[k]) for k in ("steady", "none"))
-    return {"steady_chunk_ms": on, "none_chunk_ms": off, "sigma": sigma, "rounds": rounds,
-            "speed": off / on}
+    ms = _alternating({"steady": steady, "none": plain}, steps=steps, chunks=chunks,
+                      rounds=rounds)
+    return {"steady_chunk_ms": ms["steady"], "none_chunk_ms": ms["none"], "sigma": sigma,
+            "rounds": rounds, "speed": ms["none"] / ms["steady"]}
+
+
+def batched_vs_sequential_guidance(models: Models, *, steps: int, chunks: int = 4,
+                                   rounds: int = 4, **config) -> dict:
+    """Per-chunk ms with each guided step's negative forward batched beside its conditional
+    one (``StreamConfig.batched_guidance``, the default) vs run before it
+    (:func:`_alternating`); both at the default steady prompt guidance, so each chunk's
+    high-noise steps are guided."""
+    batched = make_generator(models, max_states=1, batched_guidance=True, **config)
+    sequential = make_generator(models, max_states=1, batched_guidance=False, **config)
+    ms = _alternating({"batched": batched, "sequential": sequential}, steps=steps,
+                      chunks=chunks, rounds=rounds)
+    return {"batched_chunk_ms": ms["batched"], "sequential_chunk_ms": ms["sequential"],
+            "rounds": rounds, "speed": ms["sequential"] / ms["batched"]}
 
 
 def run(models: Models, *, steps: int, context_frames: int, memory_frames: int,
@@ -171,6 +190,8 @@ def run(models: Models, *, steps: int, context_frames: int, memory_frames: int,
         "channels_last_vs_nchw": channels_last_vs_nchw(models, steps=steps, chunks=chunks),
         "compiled_vs_eager": compiled_vs_eager(models, steps=steps, chunks=chunks),
         "steady_guidance_vs_none": steady_guidance_vs_none(models, steps=steps, chunks=chunks),
+        "batched_vs_sequential_guidance": batched_vs_sequential_guidance(
+            models, steps=steps, chunks=chunks),
     }
     out["ratios"] = {
         f"KV cache vs recompute ({context_frames} frames)":
@@ -182,6 +203,7 @@ def run(models: Models, *, steps: int, context_frames: int, memory_frames: int,
         "autoencoder channels-last vs NCHW": out["channels_last_vs_nchw"]["speed"],
         "world model compiled vs eager": out["compiled_vs_eager"]["speed"],
         "steady prompt guidance vs none": out["steady_guidance_vs_none"]["speed"],
+        "guidance batched vs sequential": out["batched_vs_sequential_guidance"]["speed"],
     }
     return out
 
@@ -193,6 +215,7 @@ def _markdown(payload: dict) -> str:
     kv, sp = r["kv_cache_vs_recompute"], r["sparse_vs_dense"]
     bf, bt, ch = r["bf16_vs_fp32"], r["batched_vs_one_by_one"], r["chunked_vs_frame_by_frame"]
     cl, co, sg = r["channels_last_vs_nchw"], r["compiled_vs_eager"], r["steady_guidance_vs_none"]
+    bg = r["batched_vs_sequential_guidance"]
     rows = [
         ["KV cache vs naive recompute", f"{kv['context_frames']} frames of context",
          f"{kv['cached_chunk_ms']:.0f} ms/chunk", f"{kv['naive_chunk_ms']:.0f} ms/chunk",
@@ -217,6 +240,9 @@ def _markdown(payload: dict) -> str:
         ["steady prompt guidance vs none", f"guided at sigma >= {sg['sigma']}",
          f"{sg['steady_chunk_ms']:.0f} ms/chunk", f"{sg['none_chunk_ms']:.0f} ms/chunk",
          sg["speed"]],
+        ["guidance's negative forward batched vs sequential", "steady prompt guidance",
+         f"{bg['batched_chunk_ms']:.0f} ms/chunk", f"{bg['sequential_chunk_ms']:.0f} ms/chunk",
+         bg["speed"]],
     ]
     return ("# Baselines: the engine vs the alternatives\n\n" + context_md(payload) + "\n"
             + table(["comparison", "case", "engine", "alternative", "ratio (x)"], rows, 2))

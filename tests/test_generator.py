@@ -422,13 +422,17 @@ def _prompt_guided_reference(gen, recs, last: int, text: torch.Tensor, g_scale: 
     return c, c + (g_scale - 1) * (c - u)
 
 
-def test_prompt_guidance_after_a_switch_equals_the_dense_reference():
+@pytest.mark.parametrize("batched", [True, False])
+def test_prompt_guidance_after_a_switch_equals_the_dense_reference(batched):
     """The ``guidance_chunks`` chunks after a prompt switch are denoised with classifier-free
     guidance (``c + (g - 1) (c - u)``, u: the query chunk's own text dropped, its context as
-    cached); the chunks before the switch and after the guided ones are plain."""
+    cached); the chunks before the switch and after the guided ones are plain. Both ways of
+    running the negative forward (``batched_guidance``): the chunks after a guided one
+    attend its keys/values, so a negative row's left in the cache would show."""
     g_scale = 2.5
     gen = tiny_generator(window_chunks=8, sink=False, memory_chunks=8, ctx_noise=False,
-                         guidance=g_scale, guidance_chunks=2, restyle_chunks=1)
+                         guidance=g_scale, guidance_chunks=2, restyle_chunks=1,
+                         batched_guidance=batched)
     state = gen.new_state("a green meadow", seed=3)
     for n in range(5):
         if n == 2:
@@ -448,14 +452,16 @@ def test_prompt_guidance_after_a_switch_equals_the_dense_reference():
             assert (c - got).abs().max() > 1e-2
 
 
-def test_action_guidance_equals_the_dense_reference():
+@pytest.mark.parametrize("batched", [True, False])
+def test_action_guidance_equals_the_dense_reference(batched):
     """With ``action_guidance`` a chunk asking any non-neutral action is denoised with
     ``c + (g - 1) (c - u)``, u: its own actions replaced by the neutral one; a chunk of
-    neutral actions only is plain; both guidances together add their terms."""
+    neutral actions only is plain; both guidances together add their terms (two negative
+    rows beside the conditional one when ``batched_guidance``)."""
     g_act, g_txt, idle = 1.8, 2.5, 4
     gen = tiny_generator(window_chunks=8, sink=False, memory_chunks=8, ctx_noise=False,
                          action_guidance=g_act, neutral_action=idle, guidance=g_txt,
-                         guidance_chunks=1, restyle_chunks=1)
+                         guidance_chunks=1, restyle_chunks=1, batched_guidance=batched)
     state = gen.new_state("a green meadow", seed=3)
     plan = [[idle, idle], [2, idle], [idle, idle], [6, 6]]
     for n, acts in enumerate(plan):
@@ -703,15 +709,17 @@ def test_world_noise_holds_at_short_rests_then_drifts_and_stands_still_while_mov
         BuiltinConfig(world_noise_hold=-1)
 
 
-def test_steady_guidance_guides_every_chunk_at_its_high_noise_steps_only():
+@pytest.mark.parametrize("batched", [True, False])
+def test_steady_guidance_guides_every_chunk_at_its_high_noise_steps_only(batched):
     """``steady_guidance_sigma``: outside the chunks after a switch, every chunk is guided on
     the prompt at the steps whose noise level reaches it. One step (σ = 1) and threshold 0.9:
     each chunk equals the dense reference ``c + (g - 1) (c - u)``; two steps (σ = 1, 0.5):
-    the text-free negative forward runs at σ = 1 only, once a chunk."""
+    the text-free negative forward runs at σ = 1 only, once a chunk — in the same forward as
+    the conditional one with ``batched_guidance`` (its rows first), else before it."""
     g_scale = 2.5
     gen = tiny_generator(window_chunks=8, sink=False, memory_chunks=8, ctx_noise=False,
                          guidance=g_scale, guidance_chunks=0, restyle_chunks=1,
-                         steady_guidance_sigma=0.9)
+                         steady_guidance_sigma=0.9, batched_guidance=batched)
     state = gen.new_state("a green meadow", seed=3)
     for n in range(3):
         (res,) = gen.generate([ChunkJob(state, [2, 2], steps=1, seed=100 + n)])
@@ -727,8 +735,8 @@ def test_steady_guidance_guides_every_chunk_at_its_high_noise_steps_only():
     seen = []
     forward = gen._forward
 
-    def spy(x, sigma, cond, ctx):
-        seen.append((round(float(sigma), 3), bool((cond[4] == 0).all())))
+    def spy(x, sigma, cond, ctx):  # each row: is its text dropped?
+        seen.append((round(float(sigma), 3), tuple(bool((t == 0).all()) for t in cond[4])))
         return forward(x, sigma, cond, ctx)
 
     gen._forward = spy
@@ -736,6 +744,25 @@ def test_steady_guidance_guides_every_chunk_at_its_high_noise_steps_only():
     assert res.error is None
     gen.finish()
     denoise = [s for s in seen if s[0] > gen.config.ctx_sigma]  # the cache fill runs at ctx σ
-    assert denoise == [(1.0, True), (1.0, False), (0.5, False)]
+    assert denoise == ([(1.0, (True, False)), (0.5, (False,))] if batched else
+                       [(1.0, (True,)), (1.0, (False,)), (0.5, (False,))])
     with pytest.raises(ValueError, match="steady_guidance_sigma"):
         BuiltinConfig(steady_guidance_sigma=0.0)
+
+
+def test_negative_rows_write_to_scratch_pages_outside_the_allocator():
+    """A batched guided forward's negative rows attend their conditional row's pages with the
+    chunk's own pages swapped for scratch pages, which lie past the allocator's pages (never
+    handed to a stream); too few scratch pages is an error."""
+    gen = tiny_generator(guidance=2.0, max_states=2)
+    scratch = gen._scratch_pages
+    assert scratch == list(range(gen.allocator.num_pages, gen.k_pool.shape[1]))
+    assert len(scratch) == gen.negative_forwards * F * 2
+    ctx = gen._context([[0, 1]], [[5, 6]])  # the chunk's pages 0, 1; its context 5, 6
+    guided = ctx.with_negatives(2, scratch)
+    s = scratch
+    assert guided.always == [[5, 6, s[0], s[1]], [5, 6, s[2], s[3]], [5, 6, 0, 1]]
+    assert guided.new_pages.tolist() == [s[0], s[1], s[2], s[3], 0, 1]
+    assert ctx.with_negatives(2, scratch) is guided  # planned once a chunk
+    with pytest.raises(ValueError, match="scratch"):
+        gen._context([[0, 1]], [[5, 6]]).with_negatives(2, scratch[:3])

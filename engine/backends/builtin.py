@@ -306,6 +306,7 @@ class BuiltinBackend(PagedRunner):
     #: ``new_state`` takes ``start_frames`` (a start from a picture, engine.studio.worldio)
     starts_from_frames = True
     plan_stage = "memory_read"
+    negative_forwards = 2  # prompt and action guidance
 
     def __init__(self, model: WorldDiT, autoencoder, config: BuiltinConfig | None = None):
         cfg = config or BuiltinConfig()
@@ -617,9 +618,8 @@ class BuiltinBackend(PagedRunner):
     def _denoise_forward(self, x, sigma: float, cond: tuple,
                          ctx: PagedAttentionContext) -> torch.Tensor:
         """Classifier-free guidance on the prompt (guided rows) and on the action (rows asking
-        a non-neutral action), see :class:`BuiltinConfig`. The negative forwards run first:
-        every forward writes the chunk's keys/values into its pages, and the conditional ones
-        must be what stays."""
+        a non-neutral action), see :class:`BuiltinConfig`; the negative forwards run beside
+        the conditional one (:meth:`PagedRunner._forwards`)."""
         base, base_sigma, known, actions, txt, pos, guided, skip, pose = cond
         cfg = self.config
         if cfg.steady_guidance_sigma is not None and sigma >= cfg.steady_guidance_sigma - 1e-6:
@@ -636,8 +636,7 @@ class BuiltinBackend(PagedRunner):
                 terms.append((torch.where(asked, cfg.action_guidance - 1.0, 0.0),
                                (base, base_sigma, known, neutral, txt, pos, guided, skip,
                                 pose)))
-        negatives = [self._forward(x, sigma, negative, ctx) for _, negative in terms]
-        out = self._forward(x, sigma, cond, ctx)
+        *negatives, out = self._forwards(x, sigma, [neg for _, neg in terms] + [cond], ctx)
         guided_out = out
         for (scale, _), negative in zip(terms, negatives):
             scale = scale.to(out.dtype).view(-1, *([1] * (out.dim() - 1)))

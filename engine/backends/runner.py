@@ -64,7 +64,11 @@ class StreamConfig:
     ``shift``: timestep shift of the flow-match sampler (``sampler.step_sigmas``).
     ``max_states``: sessions + branches the KV pool is sized for. ``recache``: recompute the
     window under a new prompt. ``attention_backend``: ``kernels.paged_attention`` backend.
-    ``batch_invariant``: generate each job of a batch on its own, so that a stream's frames do
+    ``batched_guidance``: a denoising step that also runs negative forwards (classifier-free
+    guidance, :meth:`PagedRunner._forwards`) runs them in one batch with its conditional
+    forward instead of one after the other (the same values; one forward of 2-3 rows costs
+    less than 2-3 forwards of one on a CPU, where this small model's time is per op, not per
+    row). ``batch_invariant``: generate each job of a batch on its own, so that a stream's frames do
     not depend on which other sessions or fork branches shared its batch: exact replay of a
     session (issue 15). NOTE: measured on this CPU, small-row matmuls and oneDNN's
     convolutions pick their kernels by batch size, and a chunk batched with a fork branch came
@@ -82,6 +86,7 @@ class StreamConfig:
     max_states: int = 16
     recache: bool = True
     attention_backend: str = "auto"
+    batched_guidance: bool = True
     batch_invariant: bool = True
 
     def __post_init__(self):
@@ -148,6 +153,7 @@ class PagedAttentionContext:
         self.new_pages = new_pages
         self.always, self.candidates, self.topk = always, candidates, topk
         self.backend = backend
+        self._guided: dict[int, PagedAttentionContext] = {}
         ptr, idx = kernels.lists_to_csr(always, device=k_pool.device)
         # the lists are the same for every layer and denoising step of this forward batch:
         # checked and laid out once (kernels.plan_paged_attention)
@@ -157,6 +163,35 @@ class PagedAttentionContext:
         self._plan = kernels.plan_paged_attention(
             ptr, idx, num_pages=k_pool.shape[1], page_size=page_size,
             q_block_size=q_block or None, backend=backend)
+
+    def with_negatives(self, copies: int, scratch: list[int]) -> PagedAttentionContext:
+        """The context of one forward of ``copies`` negative batches stacked before this
+        context's rows (rows ``[negative 1 (B); ...; negative n (B); conditional (B)]``): each
+        negative row attends what its conditional row attends, with its own chunk's
+        keys/values written to ``scratch`` pages (at least ``copies * B * pages_per_chunk``
+        ids outside the allocator) instead of the chunk's pages, so that the conditional
+        rows' keys/values are the ones the cache keeps. Built once per ``copies``."""
+        if copies not in self._guided:
+            rows = len(self.always)
+            per_row = len(self.new_pages) // max(rows, 1)
+            own = self.new_pages.tolist()
+            if len(scratch) < copies * len(own):
+                raise ValueError(f"{copies} negative copies of {len(own)} pages need as many "
+                                 f"scratch pages, got {len(scratch)}")
+            new_pages, always = [], []
+            for c in range(copies):
+                for r in range(rows):
+                    mine = scratch[(c * rows + r) * per_row:(c * rows + r + 1) * per_row]
+                    swap = dict(zip(own[r * per_row:(r + 1) * per_row], mine))
+                    new_pages += mine
+                    always.append([swap.get(p, p) for p in self.always[r]])
+            self._guided[copies] = PagedAttentionContext(
+                self.k_pool, self.v_pool,
+                torch.cat([torch.tensor(new_pages, device=self.new_pages.device),
+                           self.new_pages]),
+                always + self.always, self.candidates * copies + self.candidates, self.topk,
+                self.backend)
+        return self._guided[copies]
 
     def attend(self, q, k, v, layer: int) -> torch.Tensor:
         """Write this chunk's keys/values ``(B, H, F * page, D)`` into its pages, then attend
@@ -194,6 +229,9 @@ class PagedRunner(ABC):
 
     #: the stage name of the time ``_plan`` takes (None: not reported)
     plan_stage: str | None = None
+    #: negative forwards a family's denoising step may batch beside its conditional one
+    #: (:meth:`_forwards`); the KV pool keeps that many scratch pages per state for them
+    negative_forwards: int = 0
     #: frames one chunk decodes to (set by the family)
     chunk_frames: int
 
@@ -215,7 +253,12 @@ class PagedRunner(ABC):
         layers, heads, page_size, head_dim = pool_shape
         num_pages = config.pages_per_state(pages_per_chunk) * config.max_states
         self.allocator = PageAllocator(num_pages)
-        shape = (layers, num_pages, heads, page_size, head_dim)
+        # the pool's last pages, never handed out: where the negative rows of a batched guided
+        # forward write the keys/values nobody reads after it (PagedAttentionContext.
+        # with_negatives)
+        scratch = self.negative_forwards * pages_per_chunk * config.max_states
+        self._scratch_pages = list(range(num_pages, num_pages + scratch))
+        shape = (layers, num_pages + scratch, heads, page_size, head_dim)
         self.k_pool = torch.zeros(shape, dtype=dtype, device=device)
         self.v_pool = torch.zeros(shape, dtype=dtype, device=device)
         self.attention_backend = kernels.resolve_backend(config.attention_backend, device)
@@ -265,6 +308,22 @@ class PagedRunner(ABC):
                  ctx: PagedAttentionContext) -> torch.Tensor:
         """One forward of chunks ``x`` at noise ``sigma``; writes their keys/values through
         ``ctx``."""
+
+    def _forwards(self, x: torch.Tensor, sigma: float, conds: list[tuple],
+                  ctx: PagedAttentionContext) -> list[torch.Tensor]:
+        """:meth:`_forward` of the same chunks ``x`` under each conditioning of ``conds`` —
+        negatives first, the conditional one last (its keys/values are the ones kept) — each
+        a tuple of batch-first tensors or None. With ``batched_guidance``, one forward of the
+        stacked rows (the negatives' keys/values in scratch pages); else one forward each,
+        in order. Returns the outputs in the order of ``conds``."""
+        n = len(conds)
+        if n == 1 or not self.config.batched_guidance:
+            return [self._forward(x, sigma, cond, ctx) for cond in conds]
+        stacked = tuple(None if parts[0] is None else torch.cat(parts)
+                        for parts in zip(*conds))
+        out = self._forward(torch.cat([x] * n), sigma, stacked,
+                            ctx.with_negatives(n - 1, self._scratch_pages))
+        return list(out.chunk(n))
 
     def _denoise_forward(self, x: torch.Tensor, sigma: float, cond: Any,
                          ctx: PagedAttentionContext) -> torch.Tensor:
