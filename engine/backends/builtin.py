@@ -130,8 +130,8 @@ class BuiltinConfig(StreamConfig):
     Diffusion Models", 2024). The landscape's default, 0.6, guides the first two of four
     steps (σ = 1, 0.75; the first of two): on the full evaluation's four moving worlds the
     worst 40-frame luma error of frames 0-600 fell from +134 to +20 levels (night) and
-    -51 to -37 (snow), at 1.28x a 4-step chunk, 1.1x a 2-step one
-    (assets/builtin/MODEL_CARD.md).
+    -51 to -37 (snow), at 1.28x a 4-step chunk, 1.1x a 2-step one, run one forward after
+    the other (assets/builtin/MODEL_CARD.md; ``StreamConfig.batched_guidance`` batches them).
     ``action_guidance``: the same guidance on the action, with
     ``neutral_action`` (the world's id for no key, no expression, silence) as the negative
     condition, for chunks that ask any other action (1 = off): the action's effect is
