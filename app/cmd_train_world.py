@@ -50,6 +50,17 @@ def register(sub) -> None:
              "world's recipe, 0 for the landscape)",
     )
     p.add_argument(
+        "--loss", choices=("mse", "l1"), default="mse",
+        help="the error the model's x0 prediction is trained on: squared (the recipe) or "
+             "absolute (its optimum a median, not a blend of what could be there)",
+    )
+    p.add_argument(
+        "--ghost", type=float, default=0.0, metavar="P",
+        help="fraction of training clips fed with their memory base blended into every frame "
+             "(the loss still asks for the true frames): teaches a model to draw past the "
+             "ghost of the memory picture its own frames carry (default 0)",
+    )
+    p.add_argument(
         "--seed", type=int, default=0, help="RNG seed of the initialisation and the batch order"
     )
     p.add_argument(
@@ -243,6 +254,8 @@ def run(args) -> int:
         skip_source=args.skip_source,
         pose_path=args.pose_path,
         skip_prior=args.skip_prior,
+        loss=args.loss,
+        p_ghost=args.ghost,
     )
     print(json.dumps(result))
     return 0

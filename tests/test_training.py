@@ -13,9 +13,12 @@ from worldstream.engine.models.builtin.world_dit import CameraDynamics, WorldDiT
 from worldstream.engine.training.latents import VIEW_BOX, LatentDataset, memory_bases
 from worldstream.engine.training.train_ae import train_ae
 from worldstream.engine.training.train_world import (
+    GHOST_MAX,
+    WorldPrediction,
     change_map,
     degrade_bases,
     fit_camera_dynamics,
+    ghost_inputs,
     sample_chunk_sigmas,
     train_world,
 )
@@ -107,6 +110,38 @@ def test_train_world_resumes_and_exports(tmp_path):
     assert model.config.latent_mean is not None and len(model.config.latent_std) == 4
     assert model.config.view_box == VIEW_BOX
     assert model.camera.mlp[2].weight.abs().sum() > 0  # the camera dynamics were fitted
+    other = train_world(data, tmp_path / "out2", tmp_path / "run2", steps=1, loss="l1",
+                        p_ghost=0.5, **kw)
+    assert np.isfinite(other["final_loss"])
+    with pytest.raises(ValueError, match="loss"):
+        train_world(data, tmp_path / "out3", tmp_path / "run3", steps=1, loss="huber", **kw)
+    with pytest.raises(ValueError, match="p_ghost"):
+        train_world(data, tmp_path / "out3", tmp_path / "run3", steps=1, p_ghost=1.5, **kw)
+
+
+def test_ghost_inputs_blend_the_memory_base_into_whole_clips():
+    """``ghost_inputs``: each chosen clip is ``z - β (z - zb)`` with one β in [0, GHOST_MAX]
+    for all its frames and pixels; the others pass unchanged."""
+    g = torch.Generator().manual_seed(0)
+    z, zb = torch.randn(64, 3, 4, 8, 8, generator=g), torch.randn(64, 3, 4, 8, 8, generator=g)
+    assert torch.equal(ghost_inputs(z, zb, g, 0.0), z)
+    out = ghost_inputs(z, zb, g, 0.5)
+    beta = ((z - out) / (z - zb)).flatten(1)  # the blend weight at every element of a clip
+    assert torch.allclose(beta, beta[:, :1].expand_as(beta), atol=1e-4)
+    beta = beta[:, 0]
+    assert (beta >= 0).all() and (beta <= GHOST_MAX + 1e-6).all()
+    assert 0.3 < (beta > 0).float().mean() < 0.7
+    assert torch.equal(ghost_inputs(z, z, g, 1.0), z)  # a frame equal to its base: no ghost
+
+
+def test_world_prediction_losses_hand_worked():
+    """The weighted squared and absolute errors: errors 1 and -3 at weights 1 and 3 over two
+    elements: (1 + 27) / 4 and (1 + 9) / 4."""
+    pred = torch.tensor([1.0, -3.0]).view(1, 2, 1, 1, 1)
+    weight = torch.tensor([1.0, 3.0]).view(1, 2, 1, 1, 1)
+    p = WorldPrediction(pred, torch.zeros_like(pred), weight, None, None, None)
+    assert p.loss().item() == 7.0 and p.loss("mse").item() == 7.0
+    assert p.loss("l1").item() == 2.5
 
 
 def test_degrade_bases_blurs_and_casts_only_the_chosen_frames():

@@ -177,15 +177,37 @@ class WorldPrediction:
     known: torch.Tensor
     txt: torch.Tensor
 
-    def loss(self) -> torch.Tensor:
-        """The weighted squared error (:func:`world_loss`)."""
-        return torch.sum(self.weight * (self.pred - self.target) ** 2) / torch.sum(
-            self.weight.expand_as(self.pred))
+    def loss(self, kind: str = "mse") -> torch.Tensor:
+        """The weighted error (:func:`world_loss`): squared (``"mse"``), or absolute
+        (``"l1"``: its optimum is the conditional median, not the mean, so where the model
+        cannot tell two pictures apart it is not rewarded for drawing half of each)."""
+        err = self.pred - self.target
+        err = err.abs() if kind == "l1" else err ** 2
+        return torch.sum(self.weight * err) / torch.sum(self.weight.expand_as(self.pred))
 
 
-def world_loss(*args, **kwargs) -> torch.Tensor:
-    """:func:`world_prediction`'s weighted squared error (the recipe's loss); same arguments."""
-    return world_prediction(*args, **kwargs).loss()
+#: the largest share of the memory base blended into a ghosted clip (``world_prediction``'s
+#: ``p_ghost``): the avatar's turned heads came out about 70 % the head at rest
+GHOST_MAX = 0.7
+
+#: the world model's training losses (:meth:`WorldPrediction.loss`)
+LOSSES = ("mse", "l1")
+
+
+def ghost_inputs(z: torch.Tensor, zb: torch.Tensor, gen: torch.Generator,
+                 p: float) -> torch.Tensor:
+    """Clips ``z (B, F, C, h, w)`` with, in a fraction ``p`` of them, their memory bases ``zb``
+    (same shape) blended into every frame: ``z - β (z - zb)``, β ~ U[0, GHOST_MAX] drawn once
+    a clip (:func:`world_prediction`'s ``p_ghost``)."""
+    b = z.shape[0]
+    beta = (torch.rand(b, generator=gen) < p) * torch.rand(b, generator=gen) * GHOST_MAX
+    return z - beta.to(z.device)[:, None, None, None, None] * (z - zb)
+
+
+def world_loss(*args, loss: str = "mse", **kwargs) -> torch.Tensor:
+    """:func:`world_prediction`'s weighted error (``loss``: see :meth:`WorldPrediction.loss`;
+    the recipe's is the squared error); the other arguments are :func:`world_prediction`'s."""
+    return world_prediction(*args, **kwargs).loss(loss)
 
 
 def world_prediction(
@@ -206,6 +228,7 @@ def world_prediction(
     change_weight: float = 0.0,
     skip: torch.Tensor | None = None,
     pose: torch.Tensor | None = None,
+    p_ghost: float = 0.0,
 ) -> WorldPrediction:
     """The forward of the flow-matching x0 loss over a clip: ``lat``/``base (B, F, C, h, w)``
     autoencoder latents of the frames and of their memory bases, ``known (B, F, 2, h, w)``,
@@ -216,7 +239,13 @@ def world_prediction(
     ``skip (B, F, C, h, w)``: raw latents of each frame's second skip source for a model with
     ``skip_source`` (:func:`recipe_clips`, fed as :func:`noised_skip`; a previous frame is
     degraded as the bases are); ``pose (B, F, 2)``:
-    the rig's pose for a model with ``pose_path``."""
+    the rig's pose for a model with ``pose_path``. ``p_ghost``: the fraction of clips whose
+    frames are fed (as context and as noisy targets alike) with their memory base blended in,
+    ``z - β (z - base)``, β ~ U[0, GHOST_MAX] per clip, while the loss still asks for the true
+    frames: where the model's own frames carry a ghost of the picture in memory (the avatar's
+    head at rest under a turned one), a stream feeds it that ghost back, and training on
+    ghost-free context only taught it to copy its context (error injection, as in Stable
+    Video Infinity's error recycling, Li et al. 2025)."""
     b, f = actions.shape
     nc = f // chunk_frames
     z = model.normalize(lat.to(device))
@@ -224,6 +253,7 @@ def world_prediction(
     change = change_map(z, zb) if change_weight else None
     sig = sample_chunk_sigmas(gen, b, nc, ctx_sigma_max, p_context)
     sig = sig.repeat_interleave(chunk_frames, dim=1).to(device)
+    z_in = ghost_inputs(z, zb, gen, p_ghost) if p_ghost else z
     zb = degrade_bases(zb, gen, p_degrade)
     base_sig = (torch.rand(b, f, generator=gen) * ctx_sigma_max).to(device)
     bs = base_sig[..., None, None, None]
@@ -232,7 +262,7 @@ def world_prediction(
     offset = torch.randint(0, 1000, (b, 1), generator=gen)
     pos = (offset + torch.arange(f)[None]).to(device)
     s = sig[..., None, None, None]
-    x = (1 - s) * z + s * torch.randn(z.shape, generator=gen).to(device)
+    x = (1 - s) * z_in + s * torch.randn(z.shape, generator=gen).to(device)
     known = known.to(device)
     zs = noised_skip(model, skip, gen, base_sig,
                      p_degrade if model.config.skip_source == "previous" else 0.0, device)
@@ -335,6 +365,8 @@ def train_world(
     skip_source: str | None = None,
     pose_path: str | None = None,
     skip_prior: float = 0.0,
+    loss: str = "mse",
+    p_ghost: float = 0.0,
 ) -> dict:
     """Train or resume up to ``steps`` steps (or ``max_minutes`` of wall time this call).
 
@@ -343,12 +375,18 @@ def train_world(
     ``skip_source``: a second skip source (``WorldDiT``'s; ``"warped"`` needs ``data.skip``).
     ``pose_path``: condition each frame on that rig's pose (``WorldDiT``'s ``pose_path``).
     ``skip_prior``: the mixing map's offset (``WorldDiT``'s; 1.0 starts trusting the source).
-    ``change_weight``: see :func:`world_loss` (0 for the landscape recipe).
+    ``change_weight``: see :func:`world_loss` (0 for the landscape recipe). ``loss``: "mse"
+    (the recipe) or "l1" (:meth:`WorldPrediction.loss`). ``p_ghost``: see
+    :func:`world_prediction` (0 for both worlds' recipes).
     ``view_box``, ``num_actions``, ``action_factors``, ``base_warp``: the world's
     (``engine.worlds.catalog``; ``data``'s bases must have been encoded with that warp).
     """
     if frames % chunk_frames:
         raise ValueError(f"frames ({frames}) must be a multiple of chunk_frames ({chunk_frames})")
+    if loss not in LOSSES:
+        raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
+    if not 0.0 <= p_ghost <= 1.0:
+        raise ValueError(f"p_ghost must be in [0, 1], got {p_ghost}")
     device = pick_device()
     seed_everything(seed)
     mean, std = latent_stats(data)
@@ -405,7 +443,8 @@ def train_world(
                                                                   chunk_frames, skip_source)
         loss = world_loss(
             model, lat, base, known, actions, txt, gen, chunk_frames, ctx_sigma_max, ctx,
-            device, p_context, change_weight=change_weight, skip=skip, pose=pose,
+            device, p_context, change_weight=change_weight, skip=skip, pose=pose, loss=loss,
+            p_ghost=p_ghost,
         )
         opt.zero_grad(set_to_none=True)
         loss.backward()
