@@ -541,9 +541,11 @@ def test_channels_last_autoencoder_codes_as_the_default_layout():
                     reason="torch.compile (inductor) needs a C++ compiler")
 def test_compiled_model_streams_what_the_eager_model_streams():
     """``compile=True`` swaps the model for its torch.compile form (after warm-up chunks of one
-    and of two streams): streams of one and of three sessions, prompt guidance on, must carry
-    the eager model's latents and frames, and the compiled graphs must not be recompiled per
-    chunk (the context grows every chunk; attention stays outside the graphs)."""
+    and of two streams): streams of one and of three sessions, prompt guidance on after a
+    switch (the negative rows stacked with the conditional ones), must carry the eager
+    model's latents and frames, and the compiled graphs must not be recompiled per chunk (the
+    context grows every chunk; attention stays outside the graphs) nor for a guided chunk's
+    stacked rows."""
     import torch._dynamo
 
     eager, compiled = tiny_generator(max_states=4), tiny_generator(max_states=4, compile=True)
@@ -554,6 +556,10 @@ def test_compiled_model_streams_what_the_eager_model_streams():
         pairs = [(eager.new_state(p, seed=i), compiled.new_state(p, seed=i))
                  for i, p in enumerate(prompts[:sessions])]
         for n in range(4):
+            if n == 2:  # the next chunks are guided on the new prompt
+                for a, b in pairs:
+                    eager.set_prompt(a, "a green meadow")
+                    compiled.set_prompt(b, "a green meadow")
             jobs = [[ChunkJob(s, [i, 8 - i], steps=2, seed=10 * i + n)
                      for i, s in enumerate(states)] for states in zip(*pairs)]
             want, got = eager.generate(jobs[0]), compiled.generate(jobs[1])

@@ -363,6 +363,12 @@ class BuiltinBackend(PagedRunner):
         gets a graph of its own: dynamo specialises sizes of 1), so that no stream waits for
         the compiler; on failure log it and stay eager."""
         self._net = torch.compile(self.model, dynamic=True)
+        cfg = self.config
+        # NOTE: the two streams run as one batch even where jobs run one by one
+        # (batch_invariant): the graph for forwards of several rows — a guided step's stacked
+        # negative rows (batched_guidance) — must be compiled here, not at a stream's first
+        # expression or prompt switch (the avatar's first smile took 6.6 s, measured)
+        invariant, cfg.batch_invariant = cfg.batch_invariant, False
         try:
             states = [self.new_state("warm-up", i) for i in range(min(2, self.max_states))]
             try:
@@ -376,6 +382,8 @@ class BuiltinBackend(PagedRunner):
         except Exception as exc:  # inductor needs a C++ compiler; a failure must not stop play
             log.warning("torch.compile failed, running the model eagerly: %s", exc)
             self._net = self.model
+        finally:
+            cfg.batch_invariant = invariant
 
     # -- keys and prompts -----------------------------------------------------------------
     def key_action(self, keys: frozenset[str]) -> int:
