@@ -98,7 +98,7 @@ def random_latent_data() -> LatentDataset:
     )
 
 
-def test_train_world_resumes_and_exports(tmp_path):
+def test_train_world_resumes_and_exports(tmp_path, monkeypatch):
     data = random_latent_data()
     kw = dict(batch=2, frames=4, chunk_frames=1, dim=32, depth=1, num_heads=1, ckpt_every=1,
               export_every=100, camera_steps=5)
@@ -110,9 +110,18 @@ def test_train_world_resumes_and_exports(tmp_path):
     assert model.config.latent_mean is not None and len(model.config.latent_std) == 4
     assert model.config.view_box == VIEW_BOX
     assert model.camera.mlp[2].weight.abs().sum() > 0  # the camera dynamics were fitted
-    other = train_world(data, tmp_path / "out2", tmp_path / "run2", steps=1, loss="l1",
+    kinds = []
+    error = WorldPrediction.loss
+
+    def spy(self, kind="mse"):
+        kinds.append(kind)
+        return error(self, kind)
+
+    monkeypatch.setattr(WorldPrediction, "loss", spy)
+    other = train_world(data, tmp_path / "out2", tmp_path / "run2", steps=3, loss="l1",
                         p_ghost=0.5, **kw)
     assert np.isfinite(other["final_loss"])
+    assert kinds == ["l1"] * 3  # every step, not only the first
     with pytest.raises(ValueError, match="loss"):
         train_world(data, tmp_path / "out3", tmp_path / "run3", steps=1, loss="huber", **kw)
     with pytest.raises(ValueError, match="p_ghost"):
@@ -142,6 +151,8 @@ def test_world_prediction_losses_hand_worked():
     p = WorldPrediction(pred, torch.zeros_like(pred), weight, None, None, None)
     assert p.loss().item() == 7.0 and p.loss("mse").item() == 7.0
     assert p.loss("l1").item() == 2.5
+    with pytest.raises(ValueError, match="loss"):
+        p.loss("huber")
 
 
 def test_degrade_bases_blurs_and_casts_only_the_chosen_frames():

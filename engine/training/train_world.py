@@ -180,7 +180,10 @@ class WorldPrediction:
     def loss(self, kind: str = "mse") -> torch.Tensor:
         """The weighted error (:func:`world_loss`): squared (``"mse"``), or absolute
         (``"l1"``: its optimum is the conditional median, not the mean, so where the model
-        cannot tell two pictures apart it is not rewarded for drawing half of each)."""
+        cannot tell two pictures apart it is not rewarded for drawing half of each).
+        ValueError for another ``kind``."""
+        if not isinstance(kind, str) or kind not in LOSSES:
+            raise ValueError(f"loss must be one of {LOSSES}, got {kind!r}")
         err = self.pred - self.target
         err = err.abs() if kind == "l1" else err ** 2
         return torch.sum(self.weight * err) / torch.sum(self.weight.expand_as(self.pred))
@@ -441,19 +444,19 @@ def train_world(
             break
         lat, base, known, actions, txt, skip, pose = recipe_clips(data, rng, batch, frames,
                                                                   chunk_frames, skip_source)
-        loss = world_loss(
+        step_loss = world_loss(
             model, lat, base, known, actions, txt, gen, chunk_frames, ctx_sigma_max, ctx,
             device, p_context, change_weight=change_weight, skip=skip, pose=pose, loss=loss,
             p_ghost=p_ghost,
         )
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        step_loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         sched.step()
         ema.step(params)
         step += 1
-        losses.append(loss.item())
+        losses.append(step_loss.item())
         bar.update(1)
         bar.set_postfix(loss=f"{np.mean(losses[-50:]):.4f}")
         if step % ckpt_every == 0:
