@@ -126,6 +126,29 @@ def register(sub) -> None:
         "(soft threshold; 0 = off; default: the world's streaming default)",
     )
     p.add_argument(
+        "--residual-gate",
+        type=float,
+        nargs=2,
+        metavar=("T1", "T2"),
+        default=None,
+        help="levels of the model's change (averaged over 5 px) from which the frame fades "
+        "from memory plus change to the model's decode, fully at T2 (default: the world's "
+        "streaming default: the avatar's 32 80, none on the landscape)",
+    )
+    p.add_argument(
+        "--no-residual-gate",
+        action="store_true",
+        help="switch the residual gate off (memory plus change wherever memory holds the pixel)",
+    )
+    p.add_argument(
+        "--window-pose-tolerance",
+        type=float,
+        default=None,
+        help="leave window frames posed farther than this from the new frame out of its "
+        "attention (pose units, 1 = a full turn; a rig-posed model; default: the world's "
+        "streaming default: the avatar's 0.0625); a negative value switches it off",
+    )
+    p.add_argument(
         "--decode-refining",
         action="store_true",
         default=None,
@@ -209,6 +232,8 @@ def run(args) -> int:
         "restyle_chunks": args.restyle_chunks,
         "action_guidance": args.action_guidance,
         "residual_deadzone": args.residual_deadzone,
+        "residual_gate": tuple(args.residual_gate) if args.residual_gate else None,
+        "window_pose_tolerance": args.window_pose_tolerance,
         "decode_refining": args.decode_refining,
         "world_noise": args.world_noise,
         "world_noise_period": args.world_noise_period,
@@ -218,6 +243,10 @@ def run(args) -> int:
     kwargs = {k: v for k, v in settings.items() if v is not None}
     if args.guidance_chunks == "all":
         kwargs["guidance_chunks"] = None  # BuiltinConfig: None guides every chunk
+    if args.no_residual_gate:
+        kwargs["residual_gate"] = None  # BuiltinConfig: None is off
+    if args.window_pose_tolerance is not None and args.window_pose_tolerance < 0:
+        kwargs["window_pose_tolerance"] = None
     if args.steady_guidance_sigma == "off":
         kwargs["steady_guidance_sigma"] = None  # BuiltinConfig: None is off
     if args.world == "avatar":

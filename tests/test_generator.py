@@ -6,7 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from worldstream.engine.backends.builtin import BuiltinBackend, BuiltinConfig, shrink_change
+from worldstream.engine.backends.builtin import (
+    BuiltinBackend,
+    BuiltinConfig,
+    residual_weight,
+    shrink_change,
+)
 from worldstream.engine.core.backend import ChunkJob
 from worldstream.engine.models.builtin.attention import DenseContext, expand_frame_mask
 from worldstream.engine.models.builtin.autoencoder import build_autoencoder
@@ -177,6 +182,87 @@ def test_shrink_change_hand_worked():
     # largest channel 10 -> 10 - 6 = 4: scale 0.4; 5 -> 0; 300 -> 294: scale 0.98
     assert shrink_change(change, 6).tolist() == [[4, -2, 1], [0, 0, 0], [294, 0, -294]]
     assert shrink_change(change, 0).tolist() == change.tolist()
+
+
+def test_residual_weight_hand_worked():
+    """1 at or under t1, 0 at or over t2, linear between, on each pixel's largest channel
+    averaged over the 5 x 5 square around it."""
+    def uniform(value):
+        change = np.zeros((1, 9, 9, 3), np.int16)
+        change[..., 1] = value
+        change[..., 0] = value // 4  # smaller channels do not count
+        return change
+
+    assert np.allclose(residual_weight(uniform(44), 24, 64), 0.5)
+    assert np.allclose(residual_weight(uniform(-44), 24, 64), 0.5)
+    assert np.allclose(residual_weight(uniform(10), 24, 64), 1.0)
+    assert np.allclose(residual_weight(uniform(100), 24, 64), 0.0)
+    lone = np.zeros((1, 9, 9, 3), np.int16)
+    lone[0, 4, 4] = (250, 0, -250)  # one pixel: averaged to 10 at most, it does not switch
+    assert np.allclose(residual_weight(lone, 24, 64), 1.0)
+    block = np.zeros((1, 15, 15, 3), np.int16)
+    block[0, 4:11, 4:11, 2] = 100  # 7 x 7 moved: its middle 3 x 3 average the full 100
+    w = residual_weight(block, 24, 64)[0, ..., 0]
+    assert w.shape == (15, 15) and np.allclose(w[6:9, 6:9], 0.0) and np.allclose(w[0, 0], 1.0)
+    assert np.isclose(w[7, 4], 1 - (60 - 24) / 40)  # the block's edge: 3 of 5 columns, 60
+
+
+def test_residual_gate_shows_the_decode_where_the_change_is_large():
+    """A still camera, memory holding the start frame: a gate that opens at any change shows
+    the model's own decode (as without the pixel residual); one over every change shows
+    memory plus change (as without the gate)."""
+    start = np.random.default_rng(0).integers(0, 256, (F, 128, 128, 3), dtype=np.uint8)
+
+    def first_chunk(**cfg):
+        gen = tiny_generator(**cfg)
+        state = gen.new_state("a green meadow", seed=3, start_frames=start)
+        (res,) = gen.generate([ChunkJob(state, [4] * F, steps=1, seed=0)])  # idle
+        assert res.error is None
+        return res.frames
+
+    plain, decoded = first_chunk(), first_chunk(pixel_residual=False)
+    opened = first_chunk(residual_gate=(0.0, 1e-3))
+    assert np.abs(plain.astype(int) - decoded).mean() > 2  # the two ways differ here
+    assert (opened == decoded).mean() > 0.99
+    np.testing.assert_array_equal(first_chunk(residual_gate=(254.0, 255.0)), plain)
+    for bad in ((10.0, 5.0), (-1.0, 5.0), (3.0, 3.0)):
+        with pytest.raises(ValueError, match="residual_gate"):
+            BuiltinConfig(residual_gate=bad)
+
+
+def test_window_pose_tolerance_leaves_out_frames_posed_elsewhere():
+    """A rig-posed model: while the head rests every window frame is attended; the chunk after
+    a turn key attends none of the frames before it (their head a quarter of a turn away and
+    more); once the head has settled, all again. Before the key the frames equal a run
+    without the tolerance; at the key they differ."""
+    right = 5  # the direction id of the right arrow (dx = 1): yaw eases 0 -> 1
+    assert action_to_direction(right) == (1, 0)
+    actions = [[4] * F] * 3 + [[right] * F] * 12
+    frames, seen = {}, []
+    for tol in (None, 0.1):
+        gen = tiny_generator(pose_path="head", window_chunks=3, memory_chunks=4,
+                             window_pose_tolerance=tol)
+        attended = gen._attended
+
+        def spy(state, record, attended=attended, tol=tol):
+            pages = attended(state, record)
+            if tol is not None:
+                seen.append((len(pages), len(state.table.attended_pages())))
+            return pages
+
+        gen._attended = spy
+        state = gen.new_state("a green meadow", seed=3)
+        frames[tol] = [gen.generate([ChunkJob(state, act, steps=1, seed=n)])[0].frames
+                       for n, act in enumerate(actions)]
+    # chunks 1-2 rest (chunk 0 is the stream's first: nothing to leave out), chunk 3 turns
+    assert seen[1][0] == seen[1][1] > 0 and seen[2][0] == seen[2][1] > 0
+    assert seen[3] == (0, seen[3][1]) and seen[3][1] > 0
+    assert seen[-1][0] == seen[-1][1] > 0  # yaw 1 - 0.75^22 from 1 - 0.75^24: settled
+    for n in range(3):
+        np.testing.assert_array_equal(frames[0.1][n], frames[None][n])
+    assert not np.array_equal(frames[0.1][3], frames[None][3])
+    with pytest.raises(ValueError, match="window_pose_tolerance"):
+        BuiltinConfig(window_pose_tolerance=-0.1)
 
 
 def test_residual_deadzone_keeps_remembered_pixels_under_it():

@@ -34,12 +34,20 @@ ACTION_GUIDANCE = 2.0
 #: changes under 16 levels took head turns read right from 0.55 to 0.78 on the first three
 #: scripted evaluation episodes (6: 0.71, 10: 0.76, 24: 0.67), expressions unchanged (0.94)
 RESIDUAL_DEADZONE = 16.0
+#: the avatar world's ``BuiltinConfig.residual_gate`` and ``window_pose_tolerance`` (2
+#: pose steps of 1/32): together they took the turned heads of the six scripted held-out
+#: episodes from a ghost over the head at rest to one face in most frames (frame +12 after
+#: each key), head turns read at 0.6 of the gate 0.651 -> 0.775 (at the full gate 0.910 ->
+#: 0.907), expressions unchanged (0.967); assets/avatar/MODEL_CARD.md
+RESIDUAL_GATE = (32.0, 80.0)
+WINDOW_POSE_TOLERANCE = 2 / 32
 
 
 def avatar_settings(**kwargs) -> dict:
     """:class:`BuiltinConfig` settings for the avatar world: its neutral action (no key, neutral
     expression, silence), the factor kept as asked (the head direction),
-    :data:`ACTION_GUIDANCE`, :data:`RESIDUAL_DEADZONE`, fresh noise every chunk and no
+    :data:`ACTION_GUIDANCE`, :data:`RESIDUAL_DEADZONE`, :data:`RESIDUAL_GATE`,
+    :data:`WINDOW_POSE_TOLERANCE`, fresh noise every chunk and no
     steady prompt guidance (the look is held by the memory picture; the landscape's
     ``steady_guidance_sigma`` was measured on new ground only), unless ``kwargs`` name them.
 
@@ -49,6 +57,7 @@ def avatar_settings(**kwargs) -> dict:
     0.43 with it against 0.72 without)."""
     return {"neutral_action": encode_action(), "kept_factors": (0,),
             "action_guidance": ACTION_GUIDANCE, "residual_deadzone": RESIDUAL_DEADZONE,
+            "residual_gate": RESIDUAL_GATE, "window_pose_tolerance": WINDOW_POSE_TOLERANCE,
             "world_noise": False, "steady_guidance_sigma": None, **kwargs}
 
 

@@ -41,6 +41,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from diffusers.utils import logging as diffusers_logging
+from scipy import ndimage
 
 from worldstream.engine.backends.runner import (
     PagedAttentionContext,
@@ -92,7 +93,22 @@ class BuiltinConfig(StreamConfig):
     Johnstone, "Ideal spatial adaptation by wavelet shrinkage", 1994). A few-step sample
     leaves a low-amplitude texture on what should stay as remembered (the avatar's still
     background and face, from the first generated frame on); changes larger than it (a head
-    turn, a mouth) still show, less ``τ``. ``decode_refining``: with the pixel residual, show
+    turn, a mouth) still show, less ``τ``. ``residual_gate``: with the pixel residual, ``(t1,
+    t2)`` levels: where the model's change to a remembered pixel (its largest channel, averaged
+    over the :data:`GATE_WINDOW` px square around it) exceeds ``t1``, the frame fades from
+    memory plus change to the model's own decode, fully at ``t2`` (None = off). Memory plus
+    change keeps the memory's fine detail, which the decode of its base lacks, wherever the
+    model changes a pixel: right where the model moves content away (a turned head) it kept
+    the outlines of what was there (the avatar's head at rest: eyes and glasses under the
+    turned face, assets/avatar/MODEL_CARD.md). ``window_pose_tolerance``: with a model
+    conditioned on a rig's pose (``pose_path``), a window frame whose pose differs from the
+    new chunk's first frame's by more than this (the larger of the yaw and pitch differences,
+    pose units, [-1, 1] a full turn) is left out of the chunk's attention (None = off): right
+    after a head-direction key the frames before show the head where it was, and the model,
+    trained on context one small step of the rig's easing away, copies it under the turned
+    head; without them it draws the head from the memory base, the pose-warped second source
+    and the pose, as at a stream's first frame (trained too: a clip's first frame has no
+    context). ``decode_refining``: with the pixel residual, show
     the model's decode instead of memory plus change where the frame rewrites memory's pixel
     (new ground still being refined on its way in from the border, ``MemoryRead.refining``):
     without it each such pixel carries the sum of the changes of up to ``settle_px`` frames
@@ -164,6 +180,8 @@ class BuiltinConfig(StreamConfig):
     memory_tiles: int = 256
     pixel_residual: bool = True
     residual_deadzone: float = 0.0
+    residual_gate: tuple[float, float] | None = None
+    window_pose_tolerance: float | None = None
     decode_refining: bool = False
     world_noise: bool = True
     world_noise_period: int = 0
@@ -197,6 +215,13 @@ class BuiltinConfig(StreamConfig):
         if self.world_noise_period < 0 or self.world_noise_hold < 0:
             raise ValueError("world_noise_period and world_noise_hold must be >= 0 frames, got "
                              f"{self.world_noise_period}, {self.world_noise_hold}")
+        gate = self.residual_gate
+        if gate is not None and not (len(gate) == 2 and 0 <= gate[0] < gate[1]):
+            raise ValueError(f"residual_gate must be (t1, t2) levels with 0 <= t1 < t2, got "
+                             f"{gate}")
+        if self.window_pose_tolerance is not None and self.window_pose_tolerance < 0:
+            raise ValueError("window_pose_tolerance must be >= 0 or None, got "
+                             f"{self.window_pose_tolerance}")
         if not 0 <= self.residual_deadzone < 255:
             raise ValueError(f"residual_deadzone must be in [0, 255), got {self.residual_deadzone}")
         if self.action_guidance != 1 and self.neutral_action is None:
@@ -667,6 +692,24 @@ class BuiltinBackend(PagedRunner):
             asked, rest, scale = asked // size, rest // size, scale * size
         return out
 
+    def _attended(self, state: BuiltinState, record: _ChunkRecord) -> list[int]:
+        """The sink and window pages, less the window frames posed too far from the new
+        chunk's first frame (``window_pose_tolerance``; a model with ``pose_path``)."""
+        pages = state.table.attended_pages()
+        tol = self.config.window_pose_tolerance
+        if tol is None or record.poses is None:
+            return pages
+        f = self.pages_per_chunk
+        window = state.table.window_pages()
+        chunks = len(window) // f
+        # the table and the history hold the same chunks, newest last
+        recs = list(state.history)[-chunks:] if chunks else []
+        far = {p for n, rec in enumerate(recs)
+               if rec.poses is not None
+               and np.abs(rec.poses - record.poses[0]).max() > tol + 1e-9
+               for p in window[n * f:(n + 1) * f]}
+        return [p for p in pages if p not in far]
+
     def _extra_context(self, state: BuiltinState, record: _ChunkRecord) -> list[int]:
         """Older pages whose frame's camera window overlaps the new chunk's view most (up to
         ``spatial_pages``, overlap > 0), oldest first: revisited places come back into the
@@ -757,10 +800,15 @@ class BuiltinBackend(PagedRunner):
         else:
             model = self.decode_latents(flat.float().cpu()).astype(np.int16)
             change = model - self._decoded_bases(views)
+            gate = self.config.residual_gate
+            weight = residual_weight(change, *gate) if gate is not None else None
             if self.config.residual_deadzone > 0:
                 change = shrink_change(change, self.config.residual_deadzone)
-            shown = np.clip(views.pictures + change, 0, 255).astype(np.uint8)
-            rgb = np.where(views.current[..., None], shown, model.astype(np.uint8))
+            shown = np.clip(views.pictures + change, 0, 255)
+            if weight is not None:
+                shown = np.rint(weight * shown + (1 - weight) * model)
+            rgb = np.where(views.current[..., None], shown.astype(np.uint8),
+                           model.astype(np.uint8))
         return list(rgb.reshape(len(states), self.chunk_frames, self.height, self.width, 3))
 
 
@@ -776,6 +824,24 @@ def shrink_change(change: np.ndarray, tau: float) -> np.ndarray:
     mag = np.abs(change).max(axis=-1, keepdims=True).astype(np.float32)
     scale = np.maximum(mag - tau, 0.0) / np.maximum(mag, 1.0)
     return np.rint(change * scale).astype(np.int16)
+
+
+#: side (px) of the square over which ``residual_gate`` averages the change's magnitude: a
+#: few pixels, so that one noisy pixel does not switch alone (a switch pixel by pixel would
+#: leave a speckle of memory and decode)
+GATE_WINDOW = 5
+
+
+def residual_weight(change: np.ndarray, t1: float, t2: float) -> np.ndarray:
+    """The weight ``(N, H, W, 1)`` float32 in [0, 1] of memory plus change against the
+    model's decode for changes ``change (N, H, W, 3)`` int16 levels (``BuiltinConfig.
+    residual_gate``): each pixel's largest channel's magnitude, averaged over the
+    :data:`GATE_WINDOW` square around it (``scipy.ndimage.uniform_filter``, edges reflected),
+    mapped 1 at or under ``t1`` to 0 at or over ``t2``, linearly between."""
+    magnitude = np.abs(change).max(axis=-1).astype(np.float32)
+    magnitude = ndimage.uniform_filter(magnitude, size=(1, GATE_WINDOW, GATE_WINDOW),
+                                       mode="reflect")
+    return np.clip((t2 - magnitude) / (t2 - t1), 0.0, 1.0)[..., None]
 
 
 def load_builtin_backend(path: str | Path = BUILTIN_DIR, **kwargs) -> BuiltinBackend:

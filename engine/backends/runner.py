@@ -522,6 +522,11 @@ class PagedRunner(ABC):
                                      candidates or [[] for _ in pages], self.topk_pages,
                                      attention or self.attention_backend)
 
+    def _attended(self, state: RunnerState, record: Any) -> list[int]:
+        """The pages a new chunk attends besides its own and the extra context: sink and
+        window (a family may leave some out)."""
+        return state.table.attended_pages()
+
     def _extra_context(self, state: RunnerState, record: Any) -> list[int]:
         """Older pages a family brings back into the attention context (default none)."""
         return []
@@ -607,7 +612,7 @@ class PagedRunner(ABC):
         states = [jobs[i].state for i in live]
         t0 = time.perf_counter()
         records, plan = self._plan(states, [jobs[i].actions for i in live])
-        contexts = [s.table.attended_pages() + self._extra_context(s, r)
+        contexts = [self._attended(s, r) + self._extra_context(s, r)
                     for s, r in zip(states, records)]
         candidates = [[p for p in s.table.older_pages() if p not in c]
                       for s, c in zip(states, contexts)] if self.topk_pages else None
