@@ -61,6 +61,12 @@ def register(sub) -> None:
              "ghost of the memory picture its own frames carry (default 0)",
     )
     p.add_argument(
+        "--pose-window-tolerance", type=float, default=None, metavar="T",
+        help="with a rig-posed model (--pose-path, or a fine-tune of one): each frame attends "
+             "only the earlier frames of its clip posed within T of it, as the avatar's "
+             "streams run (BuiltinConfig.window_pose_tolerance; default: block-causal)",
+    )
+    p.add_argument(
         "--seed", type=int, default=0, help="RNG seed of the initialisation and the batch order"
     )
     p.add_argument(
@@ -256,6 +262,7 @@ def run(args) -> int:
         skip_prior=args.skip_prior,
         loss=args.loss,
         p_ghost=args.ghost,
+        pose_window_tolerance=args.pose_window_tolerance,
     )
     print(json.dumps(result))
     return 0

@@ -6,6 +6,11 @@ import pytest
 import torch
 
 from worldstream.engine.backends.sampler import denoise
+from worldstream.engine.models.builtin.attention import (
+    DenseContext,
+    block_causal_frame_mask,
+    expand_frame_mask,
+)
 from worldstream.engine.models.builtin.autoencoder import build_autoencoder
 from worldstream.engine.models.builtin.loading import load_autoencoder
 from worldstream.engine.models.builtin.spatial_memory import centre_box
@@ -19,6 +24,7 @@ from worldstream.engine.training.train_world import (
     degrade_bases,
     fit_camera_dynamics,
     ghost_inputs,
+    pose_window_mask,
     sample_chunk_sigmas,
     train_world,
 )
@@ -126,6 +132,46 @@ def test_train_world_resumes_and_exports(tmp_path, monkeypatch):
         train_world(data, tmp_path / "out3", tmp_path / "run3", steps=1, loss="huber", **kw)
     with pytest.raises(ValueError, match="p_ghost"):
         train_world(data, tmp_path / "out3", tmp_path / "run3", steps=1, p_ghost=1.5, **kw)
+    masks = []
+    attend = DenseContext.attend
+
+    def seen(self, q, k, v, layer):
+        masks.append(self.mask)
+        return attend(self, q, k, v, layer)
+
+    monkeypatch.setattr(DenseContext, "attend", seen)
+    posed = train_world(data, tmp_path / "out4", tmp_path / "run4", steps=2, pose_path="head",
+                        pose_window_tolerance=0.0625, **kw)
+    assert np.isfinite(posed["final_loss"])
+    # a mask per clip (batch 2, 4 frames of 64 tokens), block-causal or sparser
+    assert masks and all(m.shape == (2, 1, 256, 256) for m in masks)
+    causal = expand_frame_mask(block_causal_frame_mask(4, 1), 64)
+    assert all(not (m[:, 0] & ~causal).any() for m in masks)
+    with pytest.raises(ValueError, match="pose_window_tolerance"):
+        train_world(data, tmp_path / "out5", tmp_path / "run5", steps=1,
+                    pose_window_tolerance=0.1, **kw)  # no pose_path
+
+
+def test_pose_window_mask_hand_worked():
+    """A frame attends itself (its chunk) and earlier chunks posed within the tolerance of its
+    chunk's first frame; a chunk with one far frame is left out whole."""
+    def mask(yaws, chunk_frames, tol=0.1):
+        pose = torch.tensor([[[y, 0.0] for y in yaws]])
+        return pose_window_mask(pose, chunk_frames, tol)[0].int().tolist()
+
+    assert mask([0, 0, 0.5, 0.5], 1) == [[1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 1, 1]]
+    assert mask([0, 0.05, 0.5, 0.5], 2) == [[1, 1, 0, 0], [1, 1, 0, 0], [0, 0, 1, 1],
+                                            [0, 0, 1, 1]]
+    assert mask([0.5, 0, 0, 0.05], 2) == [[1, 1, 0, 0], [1, 1, 0, 0], [0, 0, 1, 1],
+                                          [0, 0, 1, 1]]  # chunk 0 holds one far frame
+    assert mask([0, 0.05, 0.1, 0.12], 1) == [[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0],
+                                             [0, 1, 1, 1]]  # pitch differences count too:
+    pose = torch.tensor([[[0.0, 0.0], [0.0, 0.3]]])
+    assert pose_window_mask(pose, 1, 0.1)[0].int().tolist() == [[1, 0], [0, 1]]
+    wide = pose_window_mask(torch.rand(3, 8, 2) * 2 - 1, 2, 2.0)
+    assert torch.equal(wide, block_causal_frame_mask(8, 2).expand(3, 8, 8))
+    batched = expand_frame_mask(wide, 3)
+    assert batched.shape == (3, 24, 24) and torch.equal(batched[1], expand_frame_mask(wide[1], 3))
 
 
 def test_ghost_inputs_blend_the_memory_base_into_whole_clips():

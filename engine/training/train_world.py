@@ -339,6 +339,22 @@ def latent_stats(data: LatentDataset) -> tuple[list[float], list[float]]:
     return flat.mean(1).tolist(), flat.std(1).tolist()
 
 
+def pose_window_mask(pose: torch.Tensor, chunk_frames: int, tolerance: float) -> torch.Tensor:
+    """``(B, L, L)`` bool frame mask for clips posed ``pose (B, L, 2)`` (yaw, pitch): frame i
+    may attend frame j iff j's chunk is i's or an earlier one whose frames are all posed
+    within ``tolerance`` of the first frame of i's chunk (the larger of the yaw and pitch
+    differences) — what a stream with ``BuiltinConfig.window_pose_tolerance`` attends."""
+    b, length, _ = pose.shape
+    chunk = torch.arange(length) // chunk_frames
+    first = pose[:, chunk * chunk_frames]  # (B, L, 2) the first frame of each frame's chunk
+    near = (pose[:, None, :, :] - first[:, :, None, :]).abs().amax(-1) <= tolerance + 1e-9
+    # a chunk is attended whole or not at all: all its frames near
+    near_chunk = near.view(b, length, length // chunk_frames, chunk_frames).all(-1)
+    near = near_chunk.repeat_interleave(chunk_frames, dim=2)
+    same = chunk[None, :] == chunk[:, None]
+    return (chunk[None, :] < chunk[:, None]) & near | same
+
+
 def train_world(
     data: LatentDataset,
     out_dir: Path,
@@ -370,6 +386,7 @@ def train_world(
     skip_prior: float = 0.0,
     loss: str = "mse",
     p_ghost: float = 0.0,
+    pose_window_tolerance: float | None = None,
 ) -> dict:
     """Train or resume up to ``steps`` steps (or ``max_minutes`` of wall time this call).
 
@@ -380,7 +397,10 @@ def train_world(
     ``skip_prior``: the mixing map's offset (``WorldDiT``'s; 1.0 starts trusting the source).
     ``change_weight``: see :func:`world_loss` (0 for the landscape recipe). ``loss``: "mse"
     (the recipe) or "l1" (:meth:`WorldPrediction.loss`). ``p_ghost``: see
-    :func:`world_prediction` (0 for both worlds' recipes).
+    :func:`world_prediction` (0 for both worlds' recipes). ``pose_window_tolerance``: with
+    ``pose_path``, each frame attends only the earlier frames of its clip posed within this
+    of it (:func:`pose_window_mask`), as a stream with ``BuiltinConfig.window_pose_tolerance``
+    runs (None: block-causal).
     ``view_box``, ``num_actions``, ``action_factors``, ``base_warp``: the world's
     (``engine.worlds.catalog``; ``data``'s bases must have been encoded with that warp).
     """
@@ -390,6 +410,9 @@ def train_world(
         raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
     if not 0.0 <= p_ghost <= 1.0:
         raise ValueError(f"p_ghost must be in [0, 1], got {p_ghost}")
+    if pose_window_tolerance is not None and (pose_window_tolerance < 0 or pose_path is None):
+        raise ValueError("pose_window_tolerance must be >= 0 and needs a pose_path, got "
+                         f"{pose_window_tolerance} with pose_path {pose_path!r}")
     device = pick_device()
     seed_everything(seed)
     mean, std = latent_stats(data)
@@ -444,8 +467,13 @@ def train_world(
             break
         lat, base, known, actions, txt, skip, pose = recipe_clips(data, rng, batch, frames,
                                                                   chunk_frames, skip_source)
+        step_ctx = ctx
+        if pose_window_tolerance is not None:
+            step_ctx = DenseContext(expand_frame_mask(
+                pose_window_mask(pose, chunk_frames, pose_window_tolerance),
+                model.tokens_per_frame)[:, None].to(device))
         step_loss = world_loss(
-            model, lat, base, known, actions, txt, gen, chunk_frames, ctx_sigma_max, ctx,
+            model, lat, base, known, actions, txt, gen, chunk_frames, ctx_sigma_max, step_ctx,
             device, p_context, change_weight=change_weight, skip=skip, pose=pose, loss=loss,
             p_ghost=p_ghost,
         )

@@ -45,8 +45,10 @@ def block_causal_frame_mask(num_frames: int, chunk_frames: int) -> torch.Tensor:
 
 
 def expand_frame_mask(frame_mask: torch.Tensor, tokens_per_frame: int) -> torch.Tensor:
-    """Frame-level mask -> token-level mask (each frame = ``tokens_per_frame`` tokens)."""
-    return frame_mask.repeat_interleave(tokens_per_frame, 0).repeat_interleave(tokens_per_frame, 1)
+    """Frame-level mask ``(..., L, L)`` -> token-level mask ``(..., L·n, L·n)`` (each frame =
+    ``n = tokens_per_frame`` tokens; leading dims, e.g. a batch, kept)."""
+    return (frame_mask.repeat_interleave(tokens_per_frame, -2)
+            .repeat_interleave(tokens_per_frame, -1))
 
 
 def teacher_forcing_frame_mask(num_frames: int, chunk_frames: int) -> torch.Tensor:
