@@ -149,6 +149,14 @@ def register(sub) -> None:
         "streaming default: the avatar's 0.0625); a negative value switches it off",
     )
     p.add_argument(
+        "--last-step-cache-sigma",
+        type=float,
+        default=None,
+        help="keep a chunk's last denoising step's keys/values as its cache entry (no cache "
+        "fill) when that step's noise level is at most this (default: the streaming default, "
+        "0.3: at 4 steps); a negative value switches it off (every chunk cache-filled)",
+    )
+    p.add_argument(
         "--decode-refining",
         action="store_true",
         default=None,
@@ -234,6 +242,7 @@ def run(args) -> int:
         "residual_deadzone": args.residual_deadzone,
         "residual_gate": tuple(args.residual_gate) if args.residual_gate else None,
         "window_pose_tolerance": args.window_pose_tolerance,
+        "last_step_cache_sigma": args.last_step_cache_sigma,
         "decode_refining": args.decode_refining,
         "world_noise": args.world_noise,
         "world_noise_period": args.world_noise_period,
@@ -247,6 +256,8 @@ def run(args) -> int:
         kwargs["residual_gate"] = None  # BuiltinConfig: None is off
     if args.window_pose_tolerance is not None and args.window_pose_tolerance < 0:
         kwargs["window_pose_tolerance"] = None
+    if args.last_step_cache_sigma is not None and args.last_step_cache_sigma < 0:
+        kwargs["last_step_cache_sigma"] = None
     if args.steady_guidance_sigma == "off":
         kwargs["steady_guidance_sigma"] = None  # BuiltinConfig: None is off
     if args.world == "avatar":

@@ -17,6 +17,9 @@ by side in one run, each as a ratio (> 1: the engine's way is faster).
   switch: what keeping new ground in the prompt's scene costs (a ratio under 1).
 * ``batched_vs_sequential_guidance`` — a guided step's negative forward batched with its
   conditional one (``StreamConfig.batched_guidance``) vs run before it.
+* ``last_step_cache_vs_fill`` — each chunk's cache entry taken from its last denoising step's
+  keys/values (``StreamConfig.last_step_cache_sigma``, the built-in default at 4 steps) vs a
+  cache fill forward after every chunk.
 
 All are measured below the engine thread (``bench.harness``: steady-state wall time per
 ``generate`` call after the memory is full), so scheduling cannot blur them.
@@ -174,6 +177,19 @@ def batched_vs_sequential_guidance(models: Models, *, steps: int, chunks: int = 
             "rounds": rounds, "speed": ms["sequential"] / ms["batched"]}
 
 
+def last_step_cache_vs_fill(models: Models, *, steps: int, chunks: int = 4, rounds: int = 4,
+                            **config) -> dict:
+    """Per-chunk ms with ``last_step_cache_sigma=0.3`` (no cache fill where the last step's
+    σ is at most 0.3: at 3-4 steps) vs None (a fill forward every chunk;
+    :func:`_alternating`; each timed ``generate`` runs the previous chunk's deferred fill)."""
+    kept = make_generator(models, max_states=1, last_step_cache_sigma=0.3, **config)
+    filled = make_generator(models, max_states=1, last_step_cache_sigma=None, **config)
+    ms = _alternating({"kept": kept, "filled": filled}, steps=steps, chunks=chunks,
+                      rounds=rounds)
+    return {"last_step_chunk_ms": ms["kept"], "fill_chunk_ms": ms["filled"], "rounds": rounds,
+            "speed": ms["filled"] / ms["kept"]}
+
+
 def run(models: Models, *, steps: int, context_frames: int, memory_frames: int,
         chunks: int = 4, naive_repeats: int = 2) -> dict:
     """Every baseline of this module; ``ratios`` gathers the headline ratio of each."""
@@ -192,6 +208,7 @@ def run(models: Models, *, steps: int, context_frames: int, memory_frames: int,
         "steady_guidance_vs_none": steady_guidance_vs_none(models, steps=steps, chunks=chunks),
         "batched_vs_sequential_guidance": batched_vs_sequential_guidance(
             models, steps=steps, chunks=chunks),
+        "last_step_cache_vs_fill": last_step_cache_vs_fill(models, steps=steps, chunks=chunks),
     }
     out["ratios"] = {
         f"KV cache vs recompute ({context_frames} frames)":
@@ -204,6 +221,8 @@ def run(models: Models, *, steps: int, context_frames: int, memory_frames: int,
         "world model compiled vs eager": out["compiled_vs_eager"]["speed"],
         "steady prompt guidance vs none": out["steady_guidance_vs_none"]["speed"],
         "guidance batched vs sequential": out["batched_vs_sequential_guidance"]["speed"],
+        "last step's keys/values as the cache vs a cache fill":
+            out["last_step_cache_vs_fill"]["speed"],
     }
     return out
 
@@ -215,7 +234,7 @@ def _markdown(payload: dict) -> str:
     kv, sp = r["kv_cache_vs_recompute"], r["sparse_vs_dense"]
     bf, bt, ch = r["bf16_vs_fp32"], r["batched_vs_one_by_one"], r["chunked_vs_frame_by_frame"]
     cl, co, sg = r["channels_last_vs_nchw"], r["compiled_vs_eager"], r["steady_guidance_vs_none"]
-    bg = r["batched_vs_sequential_guidance"]
+    bg, lc = r["batched_vs_sequential_guidance"], r["last_step_cache_vs_fill"]
     rows = [
         ["KV cache vs naive recompute", f"{kv['context_frames']} frames of context",
          f"{kv['cached_chunk_ms']:.0f} ms/chunk", f"{kv['naive_chunk_ms']:.0f} ms/chunk",
@@ -243,6 +262,9 @@ def _markdown(payload: dict) -> str:
         ["guidance's negative forward batched vs sequential", "steady prompt guidance",
          f"{bg['batched_chunk_ms']:.0f} ms/chunk", f"{bg['sequential_chunk_ms']:.0f} ms/chunk",
          bg["speed"]],
+        ["last step's keys/values as the cache vs a cache fill",
+         f"{payload['settings']['steps']} steps", f"{lc['last_step_chunk_ms']:.0f} ms/chunk",
+         f"{lc['fill_chunk_ms']:.0f} ms/chunk", lc["speed"]],
     ]
     return ("# Baselines: the engine vs the alternatives\n\n" + context_md(payload) + "\n"
             + table(["comparison", "case", "engine", "alternative", "ratio (x)"], rows, 2))

@@ -154,6 +154,58 @@ def test_cached_generation_equals_dense_block_causal_forward(window, sink, noise
         assert torch.allclose(a.latents, b.latents, atol=1e-5)
 
 
+def test_last_step_cache_equals_the_dense_forward_over_noisy_context():
+    """``last_step_cache_sigma``: at 4 steps (last σ = 0.25) no cache fill runs, and every
+    later chunk attends what one dense block-causal forward computes with each earlier chunk
+    as the input of its own last step, tagged that step's σ; at 2 steps (last σ = 0.5, above
+    the setting) the fill still runs."""
+    for steps, fills in ((4, False), (2, True)):
+        gen = tiny_generator(last_step_cache_sigma=0.3, window_chunks=8, memory_chunks=8)
+        calls = []  # (x, σ, output) of every forward
+        forward = gen._forward
+
+        def spy(x, sigma, cond, ctx, forward=forward, calls=calls):
+            out = forward(x, sigma, cond, ctx)
+            calls.append((x.clone(), sigma, out.clone()))
+            return out
+
+        gen._forward = spy
+        state = gen.new_state("a green meadow", seed=3)
+        rng = np.random.default_rng(0)
+        for n in range(4):
+            act = [int(a) for a in rng.integers(0, 9, F)]
+            (res,) = gen.generate([ChunkJob(state, act, steps=steps, seed=100 + n)])
+            assert res.error is None
+        gen.finish()
+        # the start chunk's fill, then each chunk's steps (and its fill)
+        assert calls[0][1] == gen.config.ctx_sigma
+        assert len(calls) == 1 + 4 * (steps + fills)
+        if fills:
+            continue
+        recs, m = list(state.history), gen.model
+        last_inputs = [calls[1 + steps * n + steps - 1] for n in range(4)]
+        assert all(sigma == pytest.approx(0.25) for _, sigma, _ in last_inputs)
+        k_all = len(recs) * F
+        text = torch.as_tensor(state.text)[None, None].expand(1, k_all, -1)
+        mask = expand_frame_mask(window_mask(len(recs), 8, False), m.tokens_per_frame)
+        for last in range(1, len(recs)):
+            x, _, want = last_inputs[last - 1]
+            seq = torch.cat([recs[0].context] + [c[0][0] for c in last_inputs[: last - 1]]
+                            + [x[0]])[None]
+            k = (last + 1) * F
+            sigma = torch.full((1, k), 0.25)
+            sigma[:, :F] = gen.config.ctx_sigma  # the start chunk was cache-filled
+            with torch.no_grad():
+                out = m(seq, torch.cat([r.base for r in recs[: last + 1]])[None],
+                        torch.full((1, k), gen.config.ctx_sigma),
+                        torch.cat([r.known for r in recs[: last + 1]])[None], sigma,
+                        torch.tensor([a for r in recs[: last + 1] for a in r.actions])[None],
+                        text[:, :k], torch.arange(k)[None],
+                        DenseContext(mask[: k * 64, : k * 64]))
+            assert torch.allclose(out[0, -F:], want[0], atol=1e-4), (
+                last, (out[0, -F:] - want[0]).abs().max())
+
+
 def test_a_key_from_rest_moves_the_first_frame_by_the_nearest_pixel():
     """The stream's frames are windows at whole pixels of the camera path: at the nearest
     pixel (the path starts half a pixel in), so the first frame after a key from rest shows

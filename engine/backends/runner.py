@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from worldstream import kernels
-from worldstream.engine.backends.sampler import denoise, fork_rng
+from worldstream.engine.backends.sampler import denoise, fork_rng, step_sigmas
 from worldstream.engine.core.api import CapacityError
 from worldstream.engine.core.backend import ChunkJob, ChunkResult
 from worldstream.engine.core.kv_cache import PageAllocator, PageTable, allocate_chunks
@@ -62,6 +62,14 @@ class StreamConfig:
     ``ctx_sigma``: noise level the cache fill labels the context with (Diffusion Forcing);
     ``ctx_noise``: also add real noise at that level (GameNGen/DIAMOND context augmentation).
     ``shift``: timestep shift of the flow-match sampler (``sampler.step_sigmas``).
+    ``last_step_cache_sigma``: when a chunk's last denoising step runs at a noise level σ at
+    most this, the keys/values that step's forward wrote into the chunk's pages (its
+    conditional rows: its input at σ, tagged σ) are kept as the chunk's cache entry and the
+    cache fill's forward is skipped (None: always fill). The cache then holds the chunk as
+    noisy context, which a model trained with context noise up to that level (Diffusion
+    Forcing, Chen et al. 2024; the built-in recipe's ``--ctx-sigma-max``, 0.3) has seen: one
+    forward fewer per chunk (4 steps: σ = 1, 0.75, 0.5, 0.25; at 2 steps the last σ is 0.5
+    and the fill runs). A recache still fills from the clean latents at ``ctx_sigma``.
     ``max_states``: sessions + branches the KV pool is sized for. ``recache``: recompute the
     window under a new prompt. ``attention_backend``: ``kernels.paged_attention`` backend.
     ``batched_guidance``: a denoising step that also runs negative forwards (classifier-free
@@ -83,6 +91,7 @@ class StreamConfig:
     ctx_sigma: float = 0.05
     ctx_noise: bool = True
     shift: float = 1.0
+    last_step_cache_sigma: float | None = None
     max_states: int = 16
     recache: bool = True
     attention_backend: str = "auto"
@@ -96,6 +105,9 @@ class StreamConfig:
             raise ValueError(f"ctx_sigma must be in [0, 1), got {self.ctx_sigma}")
         if self.max_states < 1:
             raise ValueError(f"max_states must be >= 1, got {self.max_states}")
+        if self.last_step_cache_sigma is not None and not 0 <= self.last_step_cache_sigma < 1:
+            raise ValueError("last_step_cache_sigma must be in [0, 1) or None, got "
+                             f"{self.last_step_cache_sigma}")
 
     def pages_per_state(self, pages_per_chunk: int) -> int:
         """KV pages one state may hold: sink + retained chunks + the chunk being generated +
@@ -383,7 +395,8 @@ class PagedRunner(ABC):
             work()
 
     def finish(self) -> dict[str, float]:
-        """Run the work :meth:`generate` left for after delivery: each chunk's cache fill,
+        """Run the work :meth:`generate` left for after delivery: each chunk's cache fill
+        (none where its last step's keys/values are kept: ``last_step_cache_sigma``),
         page-table append and the family's commit. Returns ``{"cache_fill": ms}``. The engine
         calls it once the frames are on their way; any other call runs it first, so calling
         it is optional."""
@@ -625,17 +638,24 @@ class PagedRunner(ABC):
         def predict_x0(x, sigma):
             return self._to_x0(x, sigma, self._denoise_forward(x, sigma, cond, ctx))
 
+        steps = jobs[live[0]].steps
         t1 = time.perf_counter()
-        x0 = denoise(predict_x0, noise, jobs[live[0]].steps, self.config.shift)
+        x0 = denoise(predict_x0, noise, steps, self.config.shift)
         t2 = time.perf_counter()
         for rec, lat in zip(records, x0):
             rec.latents = lat.float().cpu() if self.device.type != "cpu" else lat.float()
         frames = self._show(states, records, x0, plan)
         t3 = time.perf_counter()
 
+        # the last step's forward left its keys/values in the chunk's pages: kept as the
+        # cache entry where that noise level is context the model was trained on
+        keep = self.config.last_step_cache_sigma
+        fill = keep is None or step_sigmas(steps, self.config.shift)[-1] > keep + 1e-6
+
         def commit() -> None:  # deferred: see finish()
-            with self._returned_on_failure(pages):
-                self._cache_fill(states, records, pages, contexts)
+            if fill:
+                with self._returned_on_failure(pages):
+                    self._cache_fill(states, records, pages, contexts)
             for s, r, p, rgb in zip(states, records, pages, frames):
                 s.table.append_chunk(p)
                 s.history.append(r)
