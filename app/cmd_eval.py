@@ -157,6 +157,15 @@ def register(sub) -> None:
         "0.3: at 4 steps); a negative value switches it off (every chunk cache-filled)",
     )
     p.add_argument(
+        "--first-step-from-memory",
+        type=int,
+        default=None,
+        metavar="STEPS",
+        help="in chunks of at least STEPS denoising steps the first step takes the memory "
+        "base as its prediction instead of a forward (default: the world's streaming "
+        "default: 4 for the landscape, off for the avatar); a negative value switches it off",
+    )
+    p.add_argument(
         "--decode-refining",
         action="store_true",
         default=None,
@@ -243,6 +252,7 @@ def run(args) -> int:
         "residual_gate": tuple(args.residual_gate) if args.residual_gate else None,
         "window_pose_tolerance": args.window_pose_tolerance,
         "last_step_cache_sigma": args.last_step_cache_sigma,
+        "first_step_from_memory": args.first_step_from_memory,
         "decode_refining": args.decode_refining,
         "world_noise": args.world_noise,
         "world_noise_period": args.world_noise_period,
@@ -258,6 +268,8 @@ def run(args) -> int:
         kwargs["window_pose_tolerance"] = None
     if args.last_step_cache_sigma is not None and args.last_step_cache_sigma < 0:
         kwargs["last_step_cache_sigma"] = None
+    if args.first_step_from_memory is not None and args.first_step_from_memory < 0:
+        kwargs["first_step_from_memory"] = None
     if args.steady_guidance_sigma == "off":
         kwargs["steady_guidance_sigma"] = None  # BuiltinConfig: None is off
     if args.world == "avatar":

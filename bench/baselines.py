@@ -20,6 +20,9 @@ by side in one run, each as a ratio (> 1: the engine's way is faster).
 * ``last_step_cache_vs_fill`` — each chunk's cache entry taken from its last denoising step's
   keys/values (``StreamConfig.last_step_cache_sigma``, the built-in default at 4 steps) vs a
   cache fill forward after every chunk.
+* ``first_step_from_memory_vs_full`` — the first denoising step's prediction taken from the
+  chunk's memory base (``BuiltinConfig.first_step_from_memory``, the landscape's default) vs
+  a forward at σ = 1 (with steady guidance, the guided one).
 
 All are measured below the engine thread (``bench.harness``: steady-state wall time per
 ``generate`` call after the memory is full), so scheduling cannot blur them.
@@ -190,6 +193,17 @@ def last_step_cache_vs_fill(models: Models, *, steps: int, chunks: int = 4, roun
             "speed": ms["filled"] / ms["kept"]}
 
 
+def first_step_from_memory_vs_full(models: Models, *, steps: int, chunks: int = 4,
+                                   rounds: int = 4, **config) -> dict:
+    """Per-chunk ms with ``first_step_from_memory`` (no forward at σ = 1) vs without
+    (:func:`_alternating`)."""
+    fast = make_generator(models, max_states=1, first_step_from_memory=steps, **config)
+    full = make_generator(models, max_states=1, first_step_from_memory=None, **config)
+    ms = _alternating({"fast": fast, "full": full}, steps=steps, chunks=chunks, rounds=rounds)
+    return {"from_memory_chunk_ms": ms["fast"], "full_chunk_ms": ms["full"], "rounds": rounds,
+            "speed": ms["full"] / ms["fast"]}
+
+
 def run(models: Models, *, steps: int, context_frames: int, memory_frames: int,
         chunks: int = 4, naive_repeats: int = 2) -> dict:
     """Every baseline of this module; ``ratios`` gathers the headline ratio of each."""
@@ -209,6 +223,8 @@ def run(models: Models, *, steps: int, context_frames: int, memory_frames: int,
         "batched_vs_sequential_guidance": batched_vs_sequential_guidance(
             models, steps=steps, chunks=chunks),
         "last_step_cache_vs_fill": last_step_cache_vs_fill(models, steps=steps, chunks=chunks),
+        "first_step_from_memory_vs_full": first_step_from_memory_vs_full(
+            models, steps=steps, chunks=chunks),
     }
     out["ratios"] = {
         f"KV cache vs recompute ({context_frames} frames)":
@@ -223,6 +239,8 @@ def run(models: Models, *, steps: int, context_frames: int, memory_frames: int,
         "guidance batched vs sequential": out["batched_vs_sequential_guidance"]["speed"],
         "last step's keys/values as the cache vs a cache fill":
             out["last_step_cache_vs_fill"]["speed"],
+        "first step from memory vs a forward at sigma 1":
+            out["first_step_from_memory_vs_full"]["speed"],
     }
     return out
 
@@ -235,6 +253,7 @@ def _markdown(payload: dict) -> str:
     bf, bt, ch = r["bf16_vs_fp32"], r["batched_vs_one_by_one"], r["chunked_vs_frame_by_frame"]
     cl, co, sg = r["channels_last_vs_nchw"], r["compiled_vs_eager"], r["steady_guidance_vs_none"]
     bg, lc = r["batched_vs_sequential_guidance"], r["last_step_cache_vs_fill"]
+    fs = r["first_step_from_memory_vs_full"]
     rows = [
         ["KV cache vs naive recompute", f"{kv['context_frames']} frames of context",
          f"{kv['cached_chunk_ms']:.0f} ms/chunk", f"{kv['naive_chunk_ms']:.0f} ms/chunk",
@@ -265,6 +284,9 @@ def _markdown(payload: dict) -> str:
         ["last step's keys/values as the cache vs a cache fill",
          f"{payload['settings']['steps']} steps", f"{lc['last_step_chunk_ms']:.0f} ms/chunk",
          f"{lc['fill_chunk_ms']:.0f} ms/chunk", lc["speed"]],
+        ["first step from memory vs a forward at sigma 1",
+         f"{payload['settings']['steps']} steps", f"{fs['from_memory_chunk_ms']:.0f} ms/chunk",
+         f"{fs['full_chunk_ms']:.0f} ms/chunk", fs["speed"]],
     ]
     return ("# Baselines: the engine vs the alternatives\n\n" + context_md(payload) + "\n"
             + table(["comparison", "case", "engine", "alternative", "ratio (x)"], rows, 2))

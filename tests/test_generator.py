@@ -34,8 +34,10 @@ def tiny_generator(prev_frame: bool = False, pose_path: str | None = None,
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05)
     cfg.setdefault("attention_backend", "reference")
-    # the dense references below are unguided; steady prompt guidance has its own test
+    # the dense references below are unguided full schedules; steady prompt guidance and the
+    # first step from memory have their own tests
     cfg.setdefault("steady_guidance_sigma", None)
+    cfg.setdefault("first_step_from_memory", None)
     return BuiltinBackend(model, build_autoencoder(width=8), BuiltinConfig(**cfg))
 
 
@@ -204,6 +206,57 @@ def test_last_step_cache_equals_the_dense_forward_over_noisy_context():
                         DenseContext(mask[: k * 64, : k * 64]))
             assert torch.allclose(out[0, -F:], want[0], atol=1e-4), (
                 last, (out[0, -F:] - want[0]).abs().max())
+
+
+def test_first_step_from_memory_is_a_first_prediction_of_the_memory_base():
+    """``first_step_from_memory``: a 4-step chunk runs 3 forwards, none at σ = 1, and streams
+    what the full schedule streams when the model's σ = 1 prediction is the chunk's memory
+    base; a prompt switch's guided chunks run all 4 steps, and so do chunks of fewer steps
+    than the setting."""
+    fast = tiny_generator(first_step_from_memory=4, guidance_chunks=2)
+    full = tiny_generator(first_step_from_memory=None, guidance_chunks=2)
+    sigmas = []  # the noise level of every forward of ``fast``
+    forward = fast._forward
+
+    def spy(x, sigma, cond, ctx):
+        sigmas.append(sigma)
+        return forward(x, sigma, cond, ctx)
+
+    fast._forward = spy
+    denoise_forward = full._denoise_forward
+
+    long_chunk = [True]  # the chunk being generated has >= 4 steps
+
+    def base_at_one(x, sigma, cond, ctx):  # outside a prompt switch's guided chunks
+        if sigma == 1.0 and long_chunk[0] and not bool(cond[6].any()):
+            return cond[0].to(x.dtype)
+        return denoise_forward(x, sigma, cond, ctx)
+
+    full._denoise_forward = base_at_one
+    states = [g.new_state("a green meadow", seed=3) for g in (fast, full)]
+    rng = np.random.default_rng(1)
+    for n, steps in enumerate([4, 4, 2, 4, 4, 4]):
+        if n == 3:
+            for g, st in zip((fast, full), states):
+                g.set_prompt(st, "a snowy forest")
+        act = [int(a) for a in rng.integers(0, 9, F)]
+        before, long_chunk[0] = len(sigmas), steps >= 4
+        outs = [g.generate([ChunkJob(st, act, steps=steps, seed=10 + n)])[0]
+                for g, st in zip((fast, full), states)]
+        for g in (fast, full):
+            g.finish()
+        assert all(o.error is None for o in outs)
+        steps_run = [s for s in sigmas[before:] if s != fast.config.ctx_sigma]
+        full_schedule = [1.0, 0.5] if steps == 2 else [1.0, 0.75, 0.5, 0.25]
+        assert steps_run == (full_schedule if n in (2, 3, 4) else full_schedule[1:]), n
+        assert torch.allclose(states[0].history[-1].latents, states[1].history[-1].latents,
+                              atol=1e-5), n
+        assert np.abs(outs[0].frames.astype(int) - outs[1].frames).max() <= 1, n
+
+
+def test_first_step_from_memory_needs_two_steps():
+    with pytest.raises(ValueError, match="first_step_from_memory"):
+        BuiltinConfig(first_step_from_memory=1)
 
 
 def test_a_key_from_rest_moves_the_first_frame_by_the_nearest_pixel():

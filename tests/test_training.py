@@ -89,6 +89,31 @@ def test_denoise_with_an_oracle_returns_the_data():
         assert torch.allclose(out, x0, atol=1e-5)
 
 
+def test_denoise_first_x0_stands_in_for_the_first_prediction():
+    """``first_x0``: one prediction fewer, and the same sample as a predictor that returns
+    the guess at σ = 1 (hand-worked for 2 steps: x at 0.5 = (g + ε) / 2, then x0(x, 0.5))."""
+    g, eps = torch.randn(1, 2, 4, 8, 8), torch.randn(1, 2, 4, 8, 8)
+
+    def model(x, s):  # any deterministic predictor
+        return 0.5 * x + s
+
+    for steps in (2, 3, 4):
+        sigmas = []
+
+        def spy(x, s, sigmas=sigmas):
+            sigmas.append(s)
+            return model(x, s)
+
+        out = denoise(spy, eps, steps, shift=1.0, first_x0=g)
+        assert len(sigmas) == steps - 1 and 1.0 not in sigmas
+        want = denoise(lambda x, s: g if s == 1.0 else model(x, s), eps, steps, shift=1.0)
+        assert torch.allclose(out, want, atol=1e-6)
+    out = denoise(model, eps, 2, shift=1.0, first_x0=g)
+    assert torch.allclose(out, model((g + eps) / 2, 0.5), atol=1e-6)
+    with pytest.raises(ValueError, match="first_x0"):
+        denoise(model, eps, 1, first_x0=g)
+
+
 def random_latent_data() -> LatentDataset:
     """Three random episodes of 12 frames: latents, bases, known planes, actions, prompts,
     camera paths."""

@@ -49,7 +49,9 @@ def avatar_settings(**kwargs) -> dict:
     :data:`ACTION_GUIDANCE`, :data:`RESIDUAL_DEADZONE`, :data:`RESIDUAL_GATE`,
     :data:`WINDOW_POSE_TOLERANCE`, fresh noise every chunk and no
     steady prompt guidance (the look is held by the memory picture; the landscape's
-    ``steady_guidance_sigma`` was measured on new ground only), unless ``kwargs`` name them.
+    ``steady_guidance_sigma`` was measured on new ground only) and no first step from memory
+    (a turn's first step must leave the head at rest: ``BuiltinConfig``), unless ``kwargs``
+    name them.
 
     NOTE: no world-anchored noise here: the avatar's camera never moves, so the field would
     give every frame the same noise, which pulls each sample towards the last one where a head
@@ -58,7 +60,8 @@ def avatar_settings(**kwargs) -> dict:
     return {"neutral_action": encode_action(), "kept_factors": (0,),
             "action_guidance": ACTION_GUIDANCE, "residual_deadzone": RESIDUAL_DEADZONE,
             "residual_gate": RESIDUAL_GATE, "window_pose_tolerance": WINDOW_POSE_TOLERANCE,
-            "world_noise": False, "steady_guidance_sigma": None, **kwargs}
+            "world_noise": False, "steady_guidance_sigma": None,
+            "first_step_from_memory": None, **kwargs}
 
 
 class AvatarModelBackend(AvatarControlsMixin):

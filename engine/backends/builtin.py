@@ -176,6 +176,18 @@ class BuiltinConfig(StreamConfig):
     6 rounds of 50 chunks with keys held, AVX-512-BF16 EPYC, load 0.8): 1.14x the chunks per
     second (1.02-1.27x by round); the moving worlds' frames read the same (assets/builtin/
     MODEL_CARD.md, "The last step's keys/values as the cache").
+    ``first_step_from_memory``: in chunks of at least this many denoising steps (None: off),
+    the first step (σ = 1) takes the chunk's memory base as its prediction instead of
+    running the model, so the second level starts from the base noised to it (SDEdit's
+    start from a noised guide, Meng et al. 2022; ``sampler.denoise``'s ``first_x0``): one
+    forward less a chunk — at the landscape's 4 steps and steady guidance, the forward with
+    the guided row. Chunks within a prompt switch's guided chunks (``guidance_chunks``) keep
+    the full schedule, since their memory still shows the old scene. The landscape's 4
+    (assets/builtin/MODEL_CARD.md, "The first step from memory"): at 2 steps the one
+    forward left from σ = 0.5 drew new ground too soft (quick evaluation: worst sharpness
+    segment 0.32 -> 0.23 of the simulator's). Off for the avatar, whose 2-step head turns
+    read worse from it (six scripted held-out episodes: 0.886 against 0.907 at the full
+    gate, 0.549 against 0.775 at 0.6 of it).
     NOTE: one thread is the default because this model's ops are small: with two OpenMP
     threads on a 2-core machine that also runs the video encoder and the event loop, every op
     waits at a barrier for a descheduled thread — measured 140 ms vs 5.9 s per 4-step chunk
@@ -198,6 +210,7 @@ class BuiltinConfig(StreamConfig):
     guidance_chunks: int | None = 30
     steady_guidance_sigma: float | None = 0.6
     last_step_cache_sigma: float | None = 0.3
+    first_step_from_memory: int | None = 4
     action_guidance: float = 1.0
     neutral_action: int | None = None
     kept_factors: tuple[int, ...] = ()
@@ -220,6 +233,9 @@ class BuiltinConfig(StreamConfig):
                              f"{self.steady_guidance_sigma}")
         if self.action_guidance < 0:
             raise ValueError("action_guidance must be >= 0")
+        if self.first_step_from_memory is not None and self.first_step_from_memory < 2:
+            raise ValueError("first_step_from_memory must be >= 2 steps or None, got "
+                             f"{self.first_step_from_memory}")
         if self.world_noise_period < 0 or self.world_noise_hold < 0:
             raise ValueError("world_noise_period and world_noise_hold must be >= 0 frames, got "
                              f"{self.world_noise_period}, {self.world_noise_hold}")
@@ -797,6 +813,16 @@ class BuiltinBackend(PagedRunner):
         while len(self._base_cache) > 64:
             self._base_cache.popitem(last=False)
         return rgb
+
+    def _first_x0(self, records: list[_ChunkRecord], cond: tuple,
+                  steps: int) -> torch.Tensor | None:
+        """The chunks' memory bases ``(B, F, C, h, w)`` (with their context noise, as the
+        model reads them) as the first step's prediction, in chunks of at least
+        ``first_step_from_memory`` steps outside a prompt switch's guided chunks; else None."""
+        least = self.config.first_step_from_memory
+        if least is None or steps < least or any(r.guided for r in records):
+            return None
+        return cond[0]
 
     def _show(self, states, records, x0: torch.Tensor, views: _MemoryViews) -> list[np.ndarray]:
         """Each state's frames ``(F, H, W, 3)`` uint8 for its generated latents: decoded, or

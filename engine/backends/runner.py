@@ -14,7 +14,8 @@ A model family subclasses :class:`PagedRunner` and supplies only what differs be
 * ``_show(states, records, x0, plan)``: the chunk's frames; ``_commit_extra`` /
   ``_undo_extra``: what the family keeps beside the KV cache (a spatial memory, a decoder's
   causal cache) when a chunk is committed or rewound;
-* optionally ``_prefill(state)``: start frames cache-filled before the first chunk.
+* optionally ``_prefill(state)``: start frames cache-filled before the first chunk, and
+  ``_first_x0``: a guess that stands in for the first denoising step's forward.
 
 Generating a batch: group jobs by (frames, steps); allocate each chunk's pages (a shortage is
 a per-job ``CapacityError``); plan; denoise in 1-4 flow-matching steps (``sampler.denoise``),
@@ -358,6 +359,12 @@ class PagedRunner(ABC):
         return self._noise(torch.Generator().manual_seed(job.seed)
                            if job.seed is not None else state.rng)
 
+    def _first_x0(self, records: list, cond: Any, steps: int) -> torch.Tensor | None:
+        """A guess of the batch's first prediction (σ = 1), shaped like its noise, that
+        replaces that step's forward (``sampler.denoise``'s ``first_x0``); None (the
+        default): every step runs the model."""
+        return None
+
     @abstractmethod
     def _show(self, states: list[RunnerState], records: list, x0: torch.Tensor,
               plan: Any) -> list[np.ndarray]:
@@ -640,7 +647,8 @@ class PagedRunner(ABC):
 
         steps = jobs[live[0]].steps
         t1 = time.perf_counter()
-        x0 = denoise(predict_x0, noise, steps, self.config.shift)
+        x0 = denoise(predict_x0, noise, steps, self.config.shift,
+                     first_x0=self._first_x0(records, cond, steps))
         t2 = time.perf_counter()
         for rec, lat in zip(records, x0):
             rec.latents = lat.float().cpu() if self.device.type != "cpu" else lat.float()

@@ -36,6 +36,7 @@ def denoise(
     noise: torch.Tensor,
     steps: int,
     shift: float = 2.0,
+    first_x0: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Integrate from pure noise to a clean sample.
 
@@ -45,16 +46,24 @@ def denoise(
             built-in model, ``(B, C, F, h, w)`` for Wan; any float dtype.
         steps: 1-4 Euler steps.
         shift: timestep shift of the scheduler (larger = more time at high noise).
+        first_x0: a guess of the first step's prediction (at σ = 1), shaped like ``noise``:
+            used instead of calling ``predict_x0`` there, so ``steps`` levels cost
+            ``steps - 1`` predictions and the second level starts at
+            ``(1 - σ_2)·first_x0 + σ_2·noise`` — SDEdit's start from a noised guide
+            (Meng et al., "SDEdit", ICLR 2022). None: every step predicts.
     Returns:
-        float32 clean latents shaped like ``noise``. ValueError for ``steps`` outside 1-4.
+        float32 clean latents shaped like ``noise``. ValueError for ``steps`` outside 1-4, or
+        for ``first_x0`` with one step (the sample would be the guess, unchanged).
     """
     if not 1 <= steps <= MAX_STEPS:
         raise ValueError(f"steps must be in [1, {MAX_STEPS}], got {steps}")
+    if first_x0 is not None and steps < 2:
+        raise ValueError("first_x0 needs at least 2 steps")
     scheduler = FlowMatchEulerDiscreteScheduler(shift=shift)
     scheduler.set_timesteps(sigmas=[1.0 - i / steps for i in range(steps)])
     x = noise.float()
-    for t, sigma in zip(scheduler.timesteps, scheduler.sigmas[:-1].tolist()):
-        x0 = predict_x0(x, sigma)
+    for i, (t, sigma) in enumerate(zip(scheduler.timesteps, scheduler.sigmas[:-1].tolist())):
+        x0 = first_x0.float() if i == 0 and first_x0 is not None else predict_x0(x, sigma)
         velocity = (x - x0) / sigma
         x = scheduler.step(velocity, t, x, return_dict=False)[0]
     return x
