@@ -211,8 +211,9 @@ def test_last_step_cache_equals_the_dense_forward_over_noisy_context():
 def test_first_step_from_memory_is_a_first_prediction_of_the_memory_base():
     """``first_step_from_memory``: a 4-step chunk runs 3 forwards, none at σ = 1, and streams
     what the full schedule streams when the model's σ = 1 prediction is the chunk's memory
-    base; a prompt switch's guided chunks run all 4 steps, and so do chunks of fewer steps
-    than the setting."""
+    base; a prompt switch's guided chunks run all 4 steps, and so do chunks whose view holds
+    ground remembered under the old prompt (stale) and chunks of fewer steps than the
+    setting."""
     fast = tiny_generator(first_step_from_memory=4, guidance_chunks=2)
     full = tiny_generator(first_step_from_memory=None, guidance_chunks=2)
     sigmas = []  # the noise level of every forward of ``fast``
@@ -227,8 +228,10 @@ def test_first_step_from_memory_is_a_first_prediction_of_the_memory_base():
 
     long_chunk = [True]  # the chunk being generated has >= 4 steps
 
-    def base_at_one(x, sigma, cond, ctx):  # outside a prompt switch's guided chunks
-        if sigma == 1.0 and long_chunk[0] and not bool(cond[6].any()):
+    def base_at_one(x, sigma, cond, ctx):  # outside guided chunks, nothing stale in view
+        known, guided = cond[2], cond[6]
+        if sigma == 1.0 and long_chunk[0] and not (bool(guided.any())
+                                                   or bool(known[:, :, 1].any())):
             return cond[0].to(x.dtype)
         return denoise_forward(x, sigma, cond, ctx)
 
@@ -248,7 +251,9 @@ def test_first_step_from_memory_is_a_first_prediction_of_the_memory_base():
         assert all(o.error is None for o in outs)
         steps_run = [s for s in sigmas[before:] if s != fast.config.ctx_sigma]
         full_schedule = [1.0, 0.5] if steps == 2 else [1.0, 0.75, 0.5, 0.25]
-        assert steps_run == (full_schedule if n in (2, 3, 4) else full_schedule[1:]), n
+        stale = bool(states[0].history[-1].known[:, 1].any())
+        assert stale == (n >= 3), n  # the old prompt's ground stays in view after the switch
+        assert steps_run == (full_schedule if n in (2, 3, 4, 5) else full_schedule[1:]), n
         assert torch.allclose(states[0].history[-1].latents, states[1].history[-1].latents,
                               atol=1e-5), n
         assert np.abs(outs[0].frames.astype(int) - outs[1].frames).max() <= 1, n

@@ -181,8 +181,9 @@ class BuiltinConfig(StreamConfig):
     running the model, so the second level starts from the base noised to it (SDEdit's
     start from a noised guide, Meng et al. 2022; ``sampler.denoise``'s ``first_x0``): one
     forward less a chunk — at the landscape's 4 steps and steady guidance, the forward with
-    the guided row. Chunks within a prompt switch's guided chunks (``guidance_chunks``) keep
-    the full schedule, since their memory still shows the old scene. The landscape's 4
+    the guided row. Chunks within a prompt switch's guided chunks (``guidance_chunks``), and chunks
+    whose view holds ground remembered under an earlier prompt (stale), keep the full
+    schedule: there the base shows the old scene. The landscape's 4
     (assets/builtin/MODEL_CARD.md, "The first step from memory"): at 2 steps the one
     forward left from σ = 0.5 drew new ground too soft (quick evaluation: worst sharpness
     segment 0.32 -> 0.23 of the simulator's). Off for the avatar, whose 2-step head turns
@@ -818,9 +819,11 @@ class BuiltinBackend(PagedRunner):
                   steps: int) -> torch.Tensor | None:
         """The chunks' memory bases ``(B, F, C, h, w)`` (with their context noise, as the
         model reads them) as the first step's prediction, in chunks of at least
-        ``first_step_from_memory`` steps outside a prompt switch's guided chunks; else None."""
+        ``first_step_from_memory`` steps outside a prompt switch's guided chunks whose views
+        hold nothing stale (remembered under an earlier prompt); else None."""
         least = self.config.first_step_from_memory
-        if least is None or steps < least or any(r.guided for r in records):
+        if least is None or steps < least or any(
+                r.guided or bool(r.known[:, 1].any()) for r in records):
             return None
         return cond[0]
 
