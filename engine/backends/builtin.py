@@ -820,7 +820,8 @@ class BuiltinBackend(PagedRunner):
         """The chunks' memory bases ``(B, F, C, h, w)`` (with their context noise, as the
         model reads them) as the first step's prediction, in chunks of at least
         ``first_step_from_memory`` steps outside a prompt switch's guided chunks whose views
-        hold nothing stale (remembered under an earlier prompt); else None."""
+        hold nothing stale (remembered under an earlier prompt); else None (one such chunk
+        runs its whole batch on the full schedule: the batch shares its steps)."""
         least = self.config.first_step_from_memory
         if least is None or steps < least or any(
                 r.guided or bool(r.known[:, 1].any()) for r in records):
