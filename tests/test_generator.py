@@ -259,6 +259,32 @@ def test_first_step_from_memory_is_a_first_prediction_of_the_memory_base():
         assert np.abs(outs[0].frames.astype(int) - outs[1].frames).max() <= 1, n
 
 
+def test_step_cost_counts_the_forwards_of_a_chunk():
+    """``step_cost`` (the engine's degradation reads it) equals the forwards a chunk runs,
+    counted: with the first step from memory and the last step's cache (the landscape's
+    defaults) 4 steps cost 3, 3 steps 4 (σ 0.33 > 0.3: the fill runs), 2 steps 3, 1 step 2."""
+    gen = tiny_generator(first_step_from_memory=4, last_step_cache_sigma=0.3)
+    sigmas = []
+    forward = gen._forward
+
+    def spy(x, sigma, cond, ctx):
+        sigmas.append(sigma)
+        return forward(x, sigma, cond, ctx)
+
+    gen._forward = spy
+    state = gen.new_state("a green meadow", seed=3)
+    gen.generate([ChunkJob(state, [0] * F, steps=2, seed=0)])
+    counted = {}
+    for steps in (4, 3, 2, 1, 4):
+        gen.finish()  # the previous chunk's deferred fill, if any
+        before = len(sigmas)
+        gen.generate([ChunkJob(state, [5] * F, steps=steps, seed=steps)])
+        gen.finish()
+        counted[steps] = len(sigmas) - before
+    assert counted == {4: 3, 3: 4, 2: 3, 1: 2}
+    assert {s: gen.step_cost(s) for s in counted} == counted
+
+
 def test_first_step_from_memory_needs_two_steps():
     with pytest.raises(ValueError, match="first_step_from_memory"):
         BuiltinConfig(first_step_from_memory=1)

@@ -98,6 +98,28 @@ def test_degrade_levels_drop_steps_then_fps():
     assert ctl.level == ctl.max_level and (ctl.steps, ctl.fps) == (1, 4)
 
 
+def test_degrade_levels_skip_step_counts_that_cost_no_less():
+    """With the built-in landscape's forwards per chunk (4 steps: 3, 3: 4, 2: 3, 1: 2) a late
+    session at 4 steps goes straight to 1 step, then lowers its fps; from 3 steps each count
+    is cheaper than the one above. A client setting rebuilds the ladder."""
+    cost = {4: 3, 3: 4, 2: 3, 1: 2}.__getitem__
+    ctl = DegradeController(4, 20, min_steps=1, min_fps=4, factor=0.75, misses=1, recover=1,
+                            step_cost=cost)
+    levels = []
+    for level in range(ctl.max_level + 1):
+        ctl.level = level
+        levels.append((ctl.steps, ctl.fps))
+    assert levels == [(4, 20), (1, 20), (1, 15), (1, 11), (1, 8), (1, 6), (1, 5), (1, 4)]
+    ctl.level = 0
+    assert ctl.record(True) == 1 and ctl.steps == 1
+    ctl.set_requested(steps=3)
+    ladder = []
+    for level in range(3):
+        ctl.level = level
+        ladder.append(ctl.steps)
+    assert ladder == [3, 2, 1]
+
+
 def test_config_validation_names_the_field():
     EngineConfig()
     for kwargs, name in [({"steps": 5}, "steps"), ({"max_sessions": 0}, "max_sessions"),

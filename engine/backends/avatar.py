@@ -84,6 +84,10 @@ class AvatarModelBackend(AvatarControlsMixin):
         self.chunk_frames = generator.chunk_frames
         self.rewind_chunks = generator.rewind_chunks
 
+    def step_cost(self, steps: int) -> int:
+        """The generator's forwards a chunk (``PagedRunner.step_cost``)."""
+        return self.gen.step_cost(steps)
+
     def _live(self, state: AvatarState) -> AvatarState:
         if not isinstance(state, AvatarState) or state.freed:
             raise ValueError("state is freed or not an avatar state")

@@ -815,6 +815,10 @@ class BuiltinBackend(PagedRunner):
             self._base_cache.popitem(last=False)
         return rgb
 
+    def _first_step_skipped(self, steps: int) -> bool:
+        least = self.config.first_step_from_memory
+        return least is not None and steps >= least
+
     def _first_x0(self, records: list[_ChunkRecord], cond: tuple,
                   steps: int) -> torch.Tensor | None:
         """The chunks' memory bases ``(B, F, C, h, w)`` (with their context noise, as the
@@ -822,8 +826,7 @@ class BuiltinBackend(PagedRunner):
         ``first_step_from_memory`` steps outside a prompt switch's guided chunks whose views
         hold nothing stale (remembered under an earlier prompt); else None (one such chunk
         runs its whole batch on the full schedule: the batch shares its steps)."""
-        least = self.config.first_step_from_memory
-        if least is None or steps < least or any(
+        if not self._first_step_skipped(steps) or any(
                 r.guided or bool(r.known[:, 1].any()) for r in records):
             return None
         return cond[0]

@@ -359,6 +359,19 @@ class PagedRunner(ABC):
         return self._noise(torch.Generator().manual_seed(job.seed)
                            if job.seed is not None else state.rng)
 
+    def step_cost(self, steps: int) -> int:
+        """Forwards of a chunk of ``steps`` denoising steps (the engine's degradation skips
+        step counts no cheaper than the one above): one a step, plus the cache fill unless
+        the last step's keys/values are kept (``last_step_cache_sigma``), less the first
+        step where :meth:`_first_x0` stands in for it (as it does outside a prompt switch)."""
+        keep = self.config.last_step_cache_sigma
+        fill = keep is None or step_sigmas(steps, self.config.shift)[-1] > keep + 1e-6
+        return steps + int(fill) - int(self._first_step_skipped(steps))
+
+    def _first_step_skipped(self, steps: int) -> bool:
+        """Whether a typical chunk of ``steps`` steps runs without its first forward."""
+        return False
+
     def _first_x0(self, records: list, cond: Any, steps: int) -> torch.Tensor | None:
         """A guess of the batch's first prediction (σ = 1), shaped like its noise, that
         replaces that step's forward (``sampler.denoise``'s ``first_x0``); None (the

@@ -114,6 +114,9 @@ class Engine:
         self._prompts = None if prepare is None else PromptPrefetcher(
             lambda c: prepare(c.text, c.blend_text, c.blend_weight), self._commands.put,
             config.prompts_per_s)
+        # NOTE: optional backend hook: a chunk's relative cost per step count, so that
+        # degradation skips step counts that cost no less than the one above (DegradeController)
+        self._step_cost = getattr(backend, "step_cost", None)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._num_batches = 0
@@ -201,7 +204,7 @@ class Engine:
                 degrade=DegradeController(
                     self.default_steps, fps, min_steps=cfg.min_steps, min_fps=cfg.min_fps,
                     factor=cfg.fps_degrade_factor, misses=cfg.degrade_after_misses,
-                    recover=cfg.recover_after_chunks),
+                    recover=cfg.recover_after_chunks, step_cost=self._step_cost),
                 stats_window_s=cfg.metrics_window_s,
                 idle_action=self.idle_action,
             )

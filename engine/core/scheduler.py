@@ -15,6 +15,7 @@ chunk's timeliness to the session's :class:`DegradeController`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -88,8 +89,11 @@ class PlayoutClock:
 
 class DegradeController:
     """Degradation levels of one session: level 0 runs the requested steps and fps; each level
-    above drops one denoising step (down to ``min_steps``), then multiplies fps by ``factor``
-    (down to ``min_fps``).
+    above drops to the next step count (down to ``min_steps``) that costs less than the one
+    above it, then multiplies fps by ``factor`` (down to ``min_fps``). ``step_cost``: a chunk's
+    relative cost at each step count (the backend's optional ``step_cost``, e.g. forwards per
+    chunk); None: cost = steps, so each level drops one step. A step count no cheaper than the
+    one above it is skipped: it would slow a late session down, or not speed it up.
 
     ``record(late)`` is called once per chunk; ``misses`` consecutive late chunks raise the
     level by one, ``recover`` consecutive on-time chunks lower it by one.
@@ -105,8 +109,10 @@ class DegradeController:
         factor: float,
         misses: int,
         recover: int,
+        step_cost: Callable[[int], float] | None = None,
     ):
         self.min_steps, self.min_fps, self.factor = min_steps, min_fps, factor
+        self._cost = step_cost or float
         self.misses, self.recover = misses, recover
         self.level = 0
         self._late_run = 0
@@ -117,13 +123,18 @@ class DegradeController:
         """New requested steps/fps (a client setting); the level is clamped to the new range."""
         if steps is not None:
             self.requested_steps = max(steps, self.min_steps)
+            ladder = [self.requested_steps]
+            for n in range(self.requested_steps - 1, self.min_steps - 1, -1):
+                if self._cost(n) < self._cost(ladder[-1]):
+                    ladder.append(n)
+            self._ladder = ladder  # the step count at each step level
         if fps is not None:
             self.requested_fps = max(fps, self.min_fps)
         self.level = min(self.level, self.max_level)
 
     @property
     def _step_levels(self) -> int:
-        return self.requested_steps - self.min_steps
+        return len(self._ladder) - 1
 
     @property
     def max_level(self) -> int:
@@ -138,7 +149,7 @@ class DegradeController:
 
     @property
     def steps(self) -> int:
-        return self.requested_steps - min(self.level, self._step_levels)
+        return self._ladder[min(self.level, self._step_levels)]
 
     @property
     def fps(self) -> int:
