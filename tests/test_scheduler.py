@@ -99,19 +99,20 @@ def test_degrade_levels_drop_steps_then_fps():
 
 
 def test_degrade_levels_skip_step_counts_that_cost_no_less():
-    """With the built-in landscape's forwards per chunk (4 steps: 3, 3: 4, 2: 3, 1: 2) a late
-    session at 4 steps goes straight to 1 step, then lowers its fps; from 3 steps each count
-    is cheaper than the one above. A client setting rebuilds the ladder."""
-    cost = {4: 3, 3: 4, 2: 3, 1: 2}.__getitem__
+    """With the built-in landscape's forwards before a chunk's frames (4 steps: 3, as many as
+    3 steps; 2: 2, 1: 1) a late session at 4 steps skips 3 steps, then lowers its fps; from 3
+    steps each count is cheaper than the one above. A client setting rebuilds the ladder."""
+    cost = {4: 3, 3: 3, 2: 2, 1: 1}.__getitem__
     ctl = DegradeController(4, 20, min_steps=1, min_fps=4, factor=0.75, misses=1, recover=1,
                             step_cost=cost)
     levels = []
     for level in range(ctl.max_level + 1):
         ctl.level = level
         levels.append((ctl.steps, ctl.fps))
-    assert levels == [(4, 20), (1, 20), (1, 15), (1, 11), (1, 8), (1, 6), (1, 5), (1, 4)]
+    assert levels == [(4, 20), (2, 20), (1, 20), (1, 15), (1, 11), (1, 8), (1, 6), (1, 5),
+                      (1, 4)]
     ctl.level = 0
-    assert ctl.record(True) == 1 and ctl.steps == 1
+    assert ctl.record(True) == 1 and ctl.steps == 2
     ctl.set_requested(steps=3)
     ladder = []
     for level in range(3):

@@ -360,13 +360,12 @@ class PagedRunner(ABC):
                            if job.seed is not None else state.rng)
 
     def step_cost(self, steps: int) -> int:
-        """Forwards of a chunk of ``steps`` denoising steps (the engine's degradation skips
-        step counts no cheaper than the one above): one a step, plus the cache fill unless
-        the last step's keys/values are kept (``last_step_cache_sigma``), less the first
-        step where :meth:`_first_x0` stands in for it (as it does outside a prompt switch)."""
-        keep = self.config.last_step_cache_sigma
-        fill = keep is None or step_sigmas(steps, self.config.shift)[-1] > keep + 1e-6
-        return steps + int(fill) - int(self._first_step_skipped(steps))
+        """Forwards between a chunk's actions and its frames at ``steps`` denoising steps (the
+        engine's degradation skips step counts no cheaper than the one above): one a step,
+        less the first where :meth:`_first_x0` stands in for it (as it does outside a prompt
+        switch). The cache fill is not counted: it runs after delivery, in the time until
+        the next chunk is due."""
+        return steps - int(self._first_step_skipped(steps))
 
     def _first_step_skipped(self, steps: int) -> bool:
         """Whether a typical chunk of ``steps`` steps runs without its first forward."""
