@@ -195,9 +195,10 @@ def last_step_cache_vs_fill(models: Models, *, steps: int, chunks: int = 4, roun
 
 def first_step_from_memory_vs_full(models: Models, *, steps: int, chunks: int = 4,
                                    rounds: int = 4, **config) -> dict:
-    """Per-chunk ms with ``first_step_from_memory`` (no forward at σ = 1) vs without
+    """Per-chunk ms with ``first_step_from_memory`` (no forward at σ = 1; the config allows
+    it from 2 steps, so ``steps`` 1 compares two full schedules) vs without
     (:func:`_alternating`)."""
-    fast = make_generator(models, max_states=1, first_step_from_memory=steps, **config)
+    fast = make_generator(models, max_states=1, first_step_from_memory=max(steps, 2), **config)
     full = make_generator(models, max_states=1, first_step_from_memory=None, **config)
     ms = _alternating({"fast": fast, "full": full}, steps=steps, chunks=chunks, rounds=rounds)
     return {"from_memory_chunk_ms": ms["fast"], "full_chunk_ms": ms["full"], "rounds": rounds,
