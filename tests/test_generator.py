@@ -208,6 +208,20 @@ def test_last_step_cache_equals_the_dense_forward_over_noisy_context():
                 last, (out[0, -F:] - want[0]).abs().max())
 
 
+def record_sigmas(gen: BuiltinBackend) -> list[float]:
+    """The noise level of every forward ``gen`` runs from now on, in order (a spy on
+    ``_forward``)."""
+    sigmas: list[float] = []
+    forward = gen._forward
+
+    def spy(x, sigma, cond, ctx):
+        sigmas.append(sigma)
+        return forward(x, sigma, cond, ctx)
+
+    gen._forward = spy
+    return sigmas
+
+
 def test_first_step_from_memory_is_a_first_prediction_of_the_memory_base():
     """``first_step_from_memory``: a 4-step chunk runs 3 forwards, none at σ = 1, and streams
     what the full schedule streams when the model's σ = 1 prediction is the chunk's memory
@@ -216,14 +230,7 @@ def test_first_step_from_memory_is_a_first_prediction_of_the_memory_base():
     setting."""
     fast = tiny_generator(first_step_from_memory=4, guidance_chunks=2)
     full = tiny_generator(first_step_from_memory=None, guidance_chunks=2)
-    sigmas = []  # the noise level of every forward of ``fast``
-    forward = fast._forward
-
-    def spy(x, sigma, cond, ctx):
-        sigmas.append(sigma)
-        return forward(x, sigma, cond, ctx)
-
-    fast._forward = spy
+    sigmas = record_sigmas(fast)
     denoise_forward = full._denoise_forward
 
     long_chunk = [True]  # the chunk being generated has >= 4 steps
@@ -265,14 +272,7 @@ def test_step_cost_counts_the_forwards_of_a_chunk():
     default) 4 steps cost 3, as many as 3 steps; 2 steps 2, 1 step 1 (their cache fills run
     after delivery, in ``finish``)."""
     gen = tiny_generator(first_step_from_memory=4, last_step_cache_sigma=0.3)
-    sigmas = []
-    forward = gen._forward
-
-    def spy(x, sigma, cond, ctx):
-        sigmas.append(sigma)
-        return forward(x, sigma, cond, ctx)
-
-    gen._forward = spy
+    sigmas = record_sigmas(gen)
     state = gen.new_state("a green meadow", seed=3)
     gen.generate([ChunkJob(state, [0] * F, steps=2, seed=0)])
     counted = {}
