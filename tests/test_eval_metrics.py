@@ -14,6 +14,7 @@ from worldstream.engine.evaluation.metrics import (
 )
 from worldstream.engine.evaluation.run import (
     DOWN,
+    IDLE,
     LEFT,
     RIGHT,
     UP,
@@ -22,6 +23,7 @@ from worldstream.engine.evaluation.run import (
     drift_metrics,
     record,
     revisit_actions,
+    travel_actions,
 )
 from worldstream.engine.worlds.scenes import SCENE_NAMES
 
@@ -156,3 +158,12 @@ def test_revisit_script_returns_the_simulators_camera(key, back):
     ep = record(41, len(acts), actions=acts)
     assert np.array_equal(ep.offsets[3], ep.offsets[-1])
     assert np.abs(ep.offsets - ep.offsets[3]).max() > 80  # it went far enough to leave the view
+
+
+@pytest.mark.parametrize("key,across", [(RIGHT, DOWN), (UP, LEFT)])
+def test_travel_before_a_revisit_leaves_the_start_view(key, across):
+    """The loop of ``revisit(travel=True)`` starts where nothing of the start view shows."""
+    acts = [IDLE] * 4 + travel_actions(across)
+    ep = record(41, len(acts), actions=acts)
+    assert np.abs(ep.offsets[-1] - ep.offsets[3]).max() > 128
+    assert np.array_equal(ep.offsets[-1], ep.offsets[-2])  # at rest when the loop starts

@@ -33,6 +33,9 @@ def test_protocol_pieces_run_on_a_tiny_model():
     assert np.isfinite(d["rollout_sharpness_ratio"]) and 0 <= d["rollout_anisotropy"] <= 1
     r = revisit(gen, steps=1, episodes=1)
     assert np.isfinite(r["revisit_psnr_db"]) and r["revisit_psnr_db_ground_truth"] > 15
+    r = revisit(gen, steps=1, episodes=1, travel=True)
+    assert (np.isfinite(r["revisit_generated_psnr_db"])
+            and r["revisit_generated_psnr_db_ground_truth"] > 15)
     assert gen.allocator.num_free() == gen.allocator.num_pages  # every state freed
 
 

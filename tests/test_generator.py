@@ -313,6 +313,27 @@ def test_a_key_from_rest_moves_the_first_frame_by_the_nearest_pixel():
     assert (state.history[-1].origins - start).tolist() == [[e, 0] for e in expected]
 
 
+def test_start_frames_stay_in_memory_where_generated_frames_see_them_better():
+    """The start frames are real: moving right, the generated frames see the start window's
+    right border columns farther from their own border than the start frames did, and still
+    do not rewrite them (a loop back to the start reads the start picture); the ground they
+    reveal beyond it is written."""
+    start = np.random.default_rng(0).integers(0, 256, (F, 128, 128, 3), dtype=np.uint8)
+    gen = tiny_generator()
+    exact_camera(gen.model.camera)
+    state = gen.new_state("a green meadow", seed=3, start_frames=start)
+    for seed in range(3):
+        (res,) = gen.generate([ChunkJob(state, [5] * F, steps=1, seed=seed)])  # right
+        gen.finish()
+        assert res.error is None
+    x0, y0 = state.history[0].origins[0]
+    assert state.history[-1].origins[-1][0] - x0 >= 4  # moved on by a few pixels
+    kept = ~centre_box(128, gen.model.config.view_box)
+    np.testing.assert_array_equal(state.memory.read(x0, y0, 128).rgb[kept], start[0][kept])
+    beyond = state.memory.read(x0 + 128, y0, 4)
+    assert beyond.current[:, :2].all()
+
+
 def test_shrink_change_hand_worked():
     change = np.array([[10, -4, 2], [-5, 3, 0], [300, 0, -300]], np.int16)
     # largest channel 10 -> 10 - 6 = 4: scale 0.4; 5 -> 0; 300 -> 294: scale 0.98
@@ -422,7 +443,7 @@ def test_residual_deadzone_keeps_remembered_pixels_under_it():
 
 
 def test_decode_refining_shows_the_models_decode_on_new_ground_being_refined():
-    """Moving right after the start frames: where a frame rewrites memory's not yet settled
+    """Moving right on from generated ground: where a frame rewrites memory's not yet settled
     pixels, ``decode_refining`` shows the decoded latents; everywhere else both settings show
     the same frame (remembered pixels plus the model's change, or the decode on unknown
     ground), from the same latents."""
@@ -432,7 +453,8 @@ def test_decode_refining_shows_the_models_decode_on_new_ground_being_refined():
         gen = tiny_generator(decode_refining=on)
         exact_camera(gen.model.camera)
         state = gen.new_state("a green meadow", seed=3, start_frames=start)
-        gen.generate([ChunkJob(state, [4] * F, steps=1, seed=0)])  # idle: nothing refined
+        # right: new ground beyond the start frames (which are final: real frames)
+        gen.generate([ChunkJob(state, [5] * F, steps=1, seed=0)])
         gen.finish()
         before = state.memory.fork()  # memory as the next chunk reads it
         (res,) = gen.generate([ChunkJob(state, [5] * F, steps=1, seed=1)])  # right

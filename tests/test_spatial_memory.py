@@ -106,6 +106,24 @@ def test_best_view_settles_each_pixel():
     assert np.array_equal(mem.read(0, 0, 128).rgb[64, 70], a[64, 70])
 
 
+def test_a_settled_write_is_final_for_the_epoch():
+    """A real frame (``settled``) is exact up to its border: no frame of the same epoch
+    rewrites it, however much farther from its own border it sees a pixel; a new epoch still
+    restyles it."""
+    mem = SpatialMemory(settle_px=16)
+    a, b, c = frame(1), frame(2), frame(3)
+    mem.write(0, 0, a, settled=True)
+    assert not mem.read(3, 0, 128).refining.any()  # cf. the hand-worked case above
+    mem.write(66, 0, b)  # sees a's border column x = 127 at 61 px from its own border
+    got = mem.read(0, 0, 128).rgb
+    np.testing.assert_array_equal(got, a)
+    # b's ground beyond a's window is written as usual
+    np.testing.assert_array_equal(mem.read(128, 0, 64).rgb, b[:64, 62:126])
+    mem.new_epoch()
+    mem.write(0, 0, c)
+    np.testing.assert_array_equal(mem.read(0, 0, 128).rgb, c)
+
+
 def test_new_epoch_marks_stale_and_restyles_on_sight():
     mem = SpatialMemory()
     a, b = frame(1), frame(2)

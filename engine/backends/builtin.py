@@ -504,7 +504,7 @@ class BuiltinBackend(PagedRunner):
         rec = self._plan([state], [actions], move=move)[0][0]
         rec.latents = self.encode_frames(frames)
         self._append(state, [rec])
-        self._commit_extra(state, rec, frames)
+        self._commit_extra(state, rec, frames, settled=True)
         self._trim_history(state)
 
     # -- a chunk ----------------------------------------------------------------------------
@@ -641,10 +641,13 @@ class BuiltinBackend(PagedRunner):
             times[i], prev = clock, origin
         return times, run
 
-    def _commit_extra(self, state: BuiltinState, rec: _ChunkRecord, frames: np.ndarray) -> None:
-        """Write a chunk's frames ``(F, H, W, 3)`` uint8 into the state's spatial memory."""
+    def _commit_extra(self, state: BuiltinState, rec: _ChunkRecord, frames: np.ndarray,
+                      settled: bool = False) -> None:
+        """Write a chunk's frames ``(F, H, W, 3)`` uint8 into the state's spatial memory;
+        ``settled`` for real frames (start frames, observed ones: final up to their border,
+        ``SpatialMemory.write``)."""
         for (x0, y0), rgb in zip(rec.origins, frames):
-            rec.undo.append(state.memory.write(x0, y0, rgb, self._exclude))
+            rec.undo.append(state.memory.write(x0, y0, rgb, self._exclude, settled=settled))
 
     def _conditioning(self, states: list[BuiltinState], records: list[_ChunkRecord]) -> tuple:
         """Conditioning tensors for a batch of chunks (one record per state): memory bases,
