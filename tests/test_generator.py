@@ -9,13 +9,14 @@ import torch
 from worldstream.engine.backends.builtin import (
     BuiltinBackend,
     BuiltinConfig,
+    detail_gain,
     residual_weight,
     shrink_change,
 )
 from worldstream.engine.core.backend import ChunkJob
 from worldstream.engine.models.builtin.attention import DenseContext, expand_frame_mask
 from worldstream.engine.models.builtin.autoencoder import build_autoencoder
-from worldstream.engine.models.builtin.spatial_memory import centre_box
+from worldstream.engine.models.builtin.spatial_memory import centre_box, model_inputs
 from worldstream.engine.models.builtin.world_dit import WorldDiT
 from worldstream.engine.models.builtin.world_noise import chunk_noise
 from worldstream.engine.worlds.actions import action_to_direction
@@ -471,6 +472,56 @@ def test_decode_refining_shows_the_models_decode_on_new_ground_being_refined():
         np.testing.assert_array_equal(shown[i][refining], dec_on[i][refining])
         assert np.abs(plain[i][refining].astype(int) - dec[i][refining]).mean() > 2
         np.testing.assert_allclose(shown[i][~refining], plain[i][~refining], atol=1)
+
+
+def test_detail_gain_hand_worked():
+    detail = np.array([[3, 0, -4], [0, 0, 0]])  # RMS sqrt(25 / 6)
+    assert detail_gain(detail, reference=1.5, cap=2.0) == 1.0  # RMS 2.04 <= 3: no limit
+    assert detail_gain(detail, reference=0.5, cap=2.0) == pytest.approx(1 / np.sqrt(25 / 6))
+    assert detail_gain(np.zeros((0, 3)), reference=0.1, cap=1.0) == 1.0
+    assert detail_gain(np.zeros((4, 3)), reference=0.1, cap=1.0) == 1.0
+
+
+def test_refining_detail_cap_limits_the_detail_carried_onto_new_ground():
+    """Moving right on from generated ground with the cap: each frame shows, where it rewrites
+    memory's not yet settled pixels, its decode plus the remembered detail (picture less
+    the decode of its base) scaled to at most ``cap`` times the RMS the autoencoder loses on
+    the start frames — each recomputed here from the memory and the autoencoder — and
+    elsewhere what it shows without the cap; after a prompt switch nothing is limited."""
+    start = np.random.default_rng(0).integers(0, 256, (F, 128, 128, 3), dtype=np.uint8)
+    cap = 0.005  # a cap that binds (the tiny random autoencoder loses more than it carries)
+    runs = {}
+    for limit in (None, cap):
+        gen = tiny_generator(refining_detail_cap=limit)
+        exact_camera(gen.model.camera)
+        state = gen.new_state("a green meadow", seed=3, start_frames=start)
+        gen.generate([ChunkJob(state, [5] * F, steps=1, seed=0)])  # right: new ground
+        gen.finish()
+        before = state.memory.fork()
+        (res,) = gen.generate([ChunkJob(state, [5] * F, steps=1, seed=1)])
+        gen.finish()
+        assert res.error is None
+        runs[limit] = (res.frames, gen, state, before)
+    (plain, _, _, _), (shown, gen, state, before) = runs[None], runs[cap]
+    lost = start.astype(np.float32) - gen.decode_latents(gen.encode_frames(start))
+    reference = float(np.sqrt(np.mean(np.square(lost))))
+    assert state.detail_reference == pytest.approx(reference, rel=1e-5)
+    rec = state.history[-1]
+    model = gen.decode_latents(rec.latents).astype(np.int16)
+    for i, (x0, y0) in enumerate(rec.origins):
+        read = before.read(x0, y0, 128)
+        picture, _ = model_inputs(read, gen.downsample)
+        base = gen.decode_latents(gen.encode_frames(picture[None]))[0].astype(np.int16)
+        detail = picture.astype(np.int16)[read.refining] - base[read.refining]
+        rms = np.sqrt(np.mean(np.square(detail.astype(np.float64))))
+        gain = cap * reference / rms
+        assert read.refining.sum() > 100 and gain < 0.5
+        expect = np.clip(model[i][read.refining] + np.rint(gain * detail), 0, 255)
+        assert np.abs(shown[i][read.refining].astype(int) - expect).max() <= 1
+        rest = read.current & ~read.refining
+        np.testing.assert_allclose(shown[i][rest], plain[i][rest], atol=1)
+    gen.set_prompt(state, "a snowy forest")
+    assert state.detail_reference is None  # the real frames seen were of the old prompt
 
 
 def test_spatial_pages_bring_back_the_overlapping_past():

@@ -189,6 +189,23 @@ class BuiltinConfig(StreamConfig):
     segment 0.32 -> 0.23 of the simulator's). Off for the avatar, whose 2-step head turns
     read worse from it (six scripted held-out episodes: 0.886 against 0.907 at the full
     gate, 0.549 against 0.775 at 0.6 of it).
+    ``refining_detail_cap``: with the pixel residual, the remembered detail a frame carries
+    onto ground still being refined (memory's pixels less the decode of their base, on
+    ``MemoryRead.refining`` pixels) is scaled, frame by frame, so that its RMS is at most
+    this many times the RMS of what the autoencoder loses on the stream's real frames (its
+    start frames or picture, observed frames; ``BuiltinState.detail_reference``; None: off,
+    and no limit after a prompt switch until real frames are seen again). Each rewrite of
+    new ground on its way in from the border adds its sample's detail to what memory held
+    (``memory + decode(x0) - decode(base)``), so a pixel settled after up to ``settle_px``
+    rewrites carries the summed detail of as many samples: what gives the day scenes their
+    sharpness and the smooth night its busy texture and streaks (on the night's real
+    frames the autoencoder loses 4 levels RMS, 8-12 by day, while the carried detail is
+    12-15 in every scene). The landscape's 2: on four moving held-out worlds (seeds
+    950,301-950,307, frames 0-600) the night's worst 40-frame sharpness 4.7 -> 2.6 times
+    the simulator's and its anisotropy 0.11 -> 0.08, the day scenes within 0.02 of before
+    (assets/builtin/MODEL_CARD.md, "The detail limit on new ground"). A per-stream
+    reference, not a constant: the same detail is too much for a night and too little for
+    a meadow; a cap of 1 softened the day scenes to 0.49-0.55 of the simulator's sharpness.
     NOTE: one thread is the default because this model's ops are small: with two OpenMP
     threads on a 2-core machine that also runs the video encoder and the event loop, every op
     waits at a barrier for a descheduled thread — measured 140 ms vs 5.9 s per 4-step chunk
@@ -212,6 +229,7 @@ class BuiltinConfig(StreamConfig):
     steady_guidance_sigma: float | None = 0.6
     last_step_cache_sigma: float | None = 0.3
     first_step_from_memory: int | None = 4
+    refining_detail_cap: float | None = 2.0
     action_guidance: float = 1.0
     neutral_action: int | None = None
     kept_factors: tuple[int, ...] = ()
@@ -234,6 +252,9 @@ class BuiltinConfig(StreamConfig):
                              f"{self.steady_guidance_sigma}")
         if self.action_guidance < 0:
             raise ValueError("action_guidance must be >= 0")
+        if self.refining_detail_cap is not None and not self.refining_detail_cap > 0:
+            raise ValueError("refining_detail_cap must be > 0 or None, got "
+                             f"{self.refining_detail_cap}")
         if self.first_step_from_memory is not None and self.first_step_from_memory < 2:
             raise ValueError("first_step_from_memory must be >= 2 steps or None, got "
                              f"{self.first_step_from_memory}")
@@ -291,6 +312,7 @@ class _MemoryViews:
     """What memory showed the frames of a chunk being generated, flattened over the batch:
     ``pictures (N, H, W, 3)`` uint8, ``current (N, H, W)`` bool (where the pixel residual
     shows them: current content, less what is being refined with ``decode_refining``),
+    ``refining`` what is being refined,
     ``base (N, C, h, w)`` their
     clean model-space latents, ``keys`` their content hashes (the base cache's keys)."""
 
@@ -298,6 +320,7 @@ class _MemoryViews:
     current: np.ndarray
     base: torch.Tensor
     keys: list[bytes]
+    refining: np.ndarray  # (N, H, W) bool current pixels the frame rewrites (MemoryRead)
     # with a base warp: per frame None (the picture as read) or (key, picture, pose) of the
     # picture it was warped from. NOTE: the pixel residual subtracts that picture's decoded
     # base, warped, rather than decoding each warped base: one decode a stream instead of one
@@ -316,6 +339,9 @@ class BuiltinState(RunnerState):
     restyle_left: int = 0  # chunks that still start a new memory epoch (after a prompt switch)
     guide_left: int = 0  # chunks still denoised with prompt guidance (after a prompt switch)
     noise_seed: int = 0  # the world-anchored noise field's seed (forks read the same world)
+    # RMS (levels) of what the autoencoder loses on the stream's last real frames, None
+    # when none were seen under the current prompt (BuiltinConfig.refining_detail_cap)
+    detail_reference: float | None = None
 
     @property
     def camera(self) -> tuple[np.ndarray, torch.Tensor]:
@@ -447,6 +473,7 @@ class BuiltinBackend(PagedRunner):
     def _on_prompt(self, state: BuiltinState) -> None:
         state.restyle_left = self.config.restyle_chunks
         state.guide_left = self.config.guidance_chunks or 0
+        state.detail_reference = None  # the real frames seen were of the old prompt
 
     # -- state lifecycle ------------------------------------------------------------------
     def new_state(
@@ -474,7 +501,7 @@ class BuiltinBackend(PagedRunner):
             deque(replace(r, undo=list(r.undo)) for r in state.history),
             state.needs_recache, memory=state.memory.fork(), start_frames=state.start_frames,
             restyle_left=state.restyle_left, guide_left=state.guide_left,
-            noise_seed=state.noise_seed,
+            noise_seed=state.noise_seed, detail_reference=state.detail_reference,
         )
 
     def _undo_extra(self, state: BuiltinState, record: _ChunkRecord) -> None:
@@ -503,6 +530,9 @@ class BuiltinBackend(PagedRunner):
                        move: bool) -> None:
         rec = self._plan([state], [actions], move=move)[0][0]
         rec.latents = self.encode_frames(frames)
+        if self.config.refining_detail_cap is not None:
+            lost = frames.astype(np.float32) - self.decode_latents(rec.latents)
+            state.detail_reference = float(np.sqrt(np.mean(np.square(lost))))
         self._append(state, [rec])
         self._commit_extra(state, rec, frames, settled=True)
         self._trim_history(state)
@@ -537,7 +567,7 @@ class BuiltinBackend(PagedRunner):
         Also returns what memory showed each frame (for the pixel residual)."""
         cfg = self.config
         size = self.width
-        records, pictures, current, sources = [], [], [], []
+        records, pictures, current, refining, sources = [], [], [], [], []
         warped_pictures: list[np.ndarray] = []  # a "warped" skip source: each memory picture posed
         for state, acts in zip(states, actions):
             if move and state.restyle_left > 0:
@@ -576,6 +606,7 @@ class BuiltinBackend(PagedRunner):
                 pictures.append(rgb)
                 current.append(read.current & ~read.refining if cfg.decode_refining
                                else read.current)
+                refining.append(read.refining)
                 known.append(torch.as_tensor(planes))
             records.append(
                 _ChunkRecord(
@@ -598,7 +629,7 @@ class BuiltinBackend(PagedRunner):
         warped = (self._encode_bases(warped_pictures, [_key(p) for p in warped_pictures])
                   if warped_pictures else None)
         views = _MemoryViews(np.stack(pictures), np.stack(current), base, keys,
-                             sources if self.base_warp is not None else None)
+                             np.stack(refining), sources if self.base_warp is not None else None)
         f = len(actions[0])
         for n, (state, rec) in enumerate(zip(states, records)):
             rec.base = base[n * f : (n + 1) * f]
@@ -843,17 +874,50 @@ class BuiltinBackend(PagedRunner):
             rgb = self.decode_latents(flat)
         else:
             model = self.decode_latents(flat.float().cpu()).astype(np.int16)
-            change = model - self._decoded_bases(views)
+            decoded = self._decoded_bases(views)
+            change = model - decoded
+            pictures = views.pictures
+            if self.config.refining_detail_cap is not None:
+                pictures = self._limit_refining_detail(states, views, decoded)
             gate = self.config.residual_gate
             weight = residual_weight(change, *gate) if gate is not None else None
             if self.config.residual_deadzone > 0:
                 change = shrink_change(change, self.config.residual_deadzone)
-            shown = np.clip(views.pictures + change, 0, 255)
+            shown = np.clip(pictures + change, 0, 255)
             if weight is not None:
                 shown = np.rint(weight * shown + (1 - weight) * model)
             rgb = np.where(views.current[..., None], shown.astype(np.uint8),
                            model.astype(np.uint8))
         return list(rgb.reshape(len(states), self.chunk_frames, self.height, self.width, 3))
+
+
+    def _limit_refining_detail(self, states, views: _MemoryViews,
+                               decoded: np.ndarray) -> np.ndarray:
+        """The memory pictures ``(N, H, W, 3)`` int16 with the detail on each frame's refining
+        pixels (picture less its decoded base ``decoded``) scaled by :func:`detail_gain`
+        against its state's ``detail_reference`` (``BuiltinConfig.refining_detail_cap``)."""
+        pictures = views.pictures.astype(np.int16)
+        f = self.chunk_frames
+        for n, state in enumerate(states):
+            if state.detail_reference is None:
+                continue
+            for i in range(n * f, (n + 1) * f):
+                refining = views.refining[i]
+                detail = pictures[i][refining] - decoded[i][refining]
+                gain = detail_gain(detail, state.detail_reference,
+                                   self.config.refining_detail_cap)
+                if gain < 1:
+                    pictures[i][refining] = decoded[i][refining] + np.rint(gain * detail)
+        return pictures
+
+
+def detail_gain(detail: np.ndarray, reference: float, cap: float) -> float:
+    """The factor in (0, 1] that brings the RMS of ``detail`` (``(..., 3)`` int levels) down to
+    at most ``cap * reference`` levels (1 when it is already, or when ``detail`` is empty)."""
+    if detail.size == 0:
+        return 1.0
+    rms = float(np.sqrt(np.mean(np.square(detail, dtype=np.float64))))
+    return min(1.0, cap * reference / rms) if rms > 0 else 1.0
 
 
 def _key(picture: np.ndarray) -> bytes:

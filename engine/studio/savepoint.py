@@ -326,6 +326,11 @@ def _import_avatar(backend, arrays: dict[str, np.ndarray], scalars: dict[str, An
 
 
 # -- built-in model
+def _optional_float(value) -> float | None:
+    """A saved scalar that may be null; ValueError/TypeError for anything but a number."""
+    return None if value is None else float(value)
+
+
 def _t2n(x) -> np.ndarray:
     return x.detach().float().cpu().contiguous().numpy()
 
@@ -383,6 +388,7 @@ def _export_builtin(gen, state) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
             "restyle_left": state.restyle_left,
             "guide_left": state.guide_left,
             "noise_seed": state.noise_seed,
+            "detail_reference": state.detail_reference,
             "table": {"num_chunks": state.table.num_chunks,
                       "sink_pages": len(state.table.sink_pages()), "pages": len(pages)},
             "history": history,
@@ -482,7 +488,9 @@ def _import_builtin(gen, arrays: dict[str, np.ndarray], scalars: dict[str, Any])
                                 start_frames=None if start is None else start.copy(),
                                 restyle_left=int(scalars["restyle_left"]),
                                 guide_left=int(scalars.get("guide_left", 0)),
-                                noise_seed=int(scalars.get("noise_seed", 0)))
+                                noise_seed=int(scalars.get("noise_seed", 0)),
+                                detail_reference=_optional_float(
+                                    scalars.get("detail_reference")))
         except BaseException:
             held = set(table.all_pages())
             table.free()
