@@ -107,9 +107,9 @@ def test_best_view_settles_each_pixel():
 
 
 def test_a_settled_write_is_final_for_the_epoch():
-    """A real frame (``settled``) is exact up to its border: no frame of the same epoch
-    rewrites it, however much farther from its own border it sees a pixel; a new epoch still
-    restyles it."""
+    """A real frame (``settled``) is exact up to its border: no generated frame of the same
+    epoch rewrites it, however much farther from its own border it sees a pixel; a later real
+    frame (the newer truth) and a new epoch do."""
     mem = SpatialMemory(settle_px=16)
     a, b, c = frame(1), frame(2), frame(3)
     mem.write(0, 0, a, settled=True)
@@ -119,6 +119,11 @@ def test_a_settled_write_is_final_for_the_epoch():
     np.testing.assert_array_equal(got, a)
     # b's ground beyond a's window is written as usual
     np.testing.assert_array_equal(mem.read(128, 0, 64).rgb, b[:64, 62:126])
+    mem.write(3, 0, c, settled=True)  # everywhere, the border too
+    np.testing.assert_array_equal(mem.read(3, 0, 128).rgb, c)
+    mem.write(0, 0, b)  # sees c's border column x = 3 at 4 px from its own: no rewrite
+    np.testing.assert_array_equal(mem.read(3, 0, 128).rgb, c)
+    c = frame(4)
     mem.new_epoch()
     mem.write(0, 0, c)
     np.testing.assert_array_equal(mem.read(0, 0, 128).rgb, c)

@@ -89,7 +89,8 @@ def memory_bases(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Replay one episode through a :class:`SpatialMemory` as the engine does: each chunk's
     frames read their base at their camera position from the memory as of the chunk's start,
-    then the chunk is written (write-once, sprite excluded); a scene switch starts an epoch.
+    then the chunk is written (best view, sprite excluded; the first chunk, a stream's real
+    start frames, settled); a scene switch starts an epoch.
 
     ``recon (L, S, S, 3)`` uint8 the frames as the engine would have written them (autoencoder
     reconstructions: in a stream memory holds decoded frames), ``camera (L, 2)`` crop origins,
@@ -110,7 +111,7 @@ def memory_bases(
             bases.append(rgb)
             known.append(planes)
         for i in span:
-            memory.write(*camera[i], recon[i], exclude)
+            memory.write(*camera[i], recon[i], exclude, settled=c == 0)
     if warp is not None:
         poses = warp.path(warp.rest, np.asarray(actions).tolist())
         bases = [warp.apply(rgb, pose) for rgb, pose in zip(bases, poses)]
