@@ -156,7 +156,7 @@ class SpatialMemory:
         # border (convolution padding); a real frame is not, and letting generated frames
         # refine its border columns replaced the start picture's edges with the model's
         # guesses: a loop out of the start view and back read 24.5 dB, 31.3 with real frames
-        # settled (assets/builtin/MODEL_CARD.md, "Real frames are final"). Among real frames
+        # settled (assets/builtin/MODEL_CARD.md, "Real frames are final, ..."). Among real frames
         # the newest wins: keeping the first (its water since moved) cost teacher-forced
         # frames 0.5 dB
         view = np.full((size, size), self.settle_px, np.int16) if settled else self._view(size)
