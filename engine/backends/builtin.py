@@ -203,7 +203,8 @@ class BuiltinConfig(StreamConfig):
     12-15 in every scene). The landscape's 2: on four moving held-out worlds (seeds
     950,301-950,307, frames 0-600) the night's worst 40-frame sharpness 4.7 -> 2.6 times
     the simulator's and its anisotropy 0.11 -> 0.08, the day scenes within 0.02 of before
-    (assets/builtin/MODEL_CARD.md, "The detail limit on new ground"). A per-stream
+    (assets/builtin/MODEL_CARD.md, "Real frames are final, and the detail limit on new
+    ground"). A per-stream
     reference, not a constant: the same detail is too much for a night and too little for
     a meadow; a cap of 1 softened the day scenes to 0.49-0.55 of the simulator's sharpness.
     NOTE: one thread is the default because this model's ops are small: with two OpenMP
@@ -889,7 +890,6 @@ class BuiltinBackend(PagedRunner):
             rgb = np.where(views.current[..., None], shown.astype(np.uint8),
                            model.astype(np.uint8))
         return list(rgb.reshape(len(states), self.chunk_frames, self.height, self.width, 3))
-
 
     def _limit_refining_detail(self, states, views: _MemoryViews,
                                decoded: np.ndarray) -> np.ndarray:
