@@ -166,6 +166,24 @@ def register(sub) -> None:
         "default: 4 for the landscape, off for the avatar); a negative value switches it off",
     )
     p.add_argument(
+        "--refining-detail-cap",
+        type=float,
+        default=None,
+        metavar="TIMES",
+        help="limit the detail carried onto new ground being refined to TIMES what the "
+        "autoencoder loses on the stream's real frames (default: the world's streaming "
+        "default: 2 for the landscape, off for the avatar); a negative value switches it off",
+    )
+    p.add_argument(
+        "--colour-anchor",
+        type=float,
+        default=None,
+        metavar="LEVELS",
+        help="shift generated ground whose running mean colour strays more than LEVELS from "
+        "the stream's real frames' (default: the world's streaming default: 8 for the "
+        "landscape, off for the avatar); a negative value switches it off",
+    )
+    p.add_argument(
         "--decode-refining",
         action="store_true",
         default=None,
@@ -253,6 +271,8 @@ def run(args) -> int:
         "window_pose_tolerance": args.window_pose_tolerance,
         "last_step_cache_sigma": args.last_step_cache_sigma,
         "first_step_from_memory": args.first_step_from_memory,
+        "refining_detail_cap": args.refining_detail_cap,
+        "colour_anchor": args.colour_anchor,
         "decode_refining": args.decode_refining,
         "world_noise": args.world_noise,
         "world_noise_period": args.world_noise_period,
@@ -270,6 +290,9 @@ def run(args) -> int:
         kwargs["last_step_cache_sigma"] = None
     if args.first_step_from_memory is not None and args.first_step_from_memory < 0:
         kwargs["first_step_from_memory"] = None
+    for name in ("refining_detail_cap", "colour_anchor"):
+        if settings[name] is not None and settings[name] < 0:
+            kwargs[name] = None  # BuiltinConfig: None is off
     if args.steady_guidance_sigma == "off":
         kwargs["steady_guidance_sigma"] = None  # BuiltinConfig: None is off
     if args.world == "avatar":

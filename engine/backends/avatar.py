@@ -51,8 +51,8 @@ def avatar_settings(**kwargs) -> dict:
     steady prompt guidance (the look is held by the memory picture; the landscape's
     ``steady_guidance_sigma`` was measured on new ground only) and no first step from memory
     (a turn's first step must leave the head at rest: ``BuiltinConfig``) and no detail limit
-    on refined ground (the camera never moves: nothing is refined), unless ``kwargs`` name
-    them.
+    or colour anchor on generated ground (the camera never moves: there is none), unless
+    ``kwargs`` name them.
 
     NOTE: no world-anchored noise here: the avatar's camera never moves, so the field would
     give every frame the same noise, which pulls each sample towards the last one where a head
@@ -62,7 +62,8 @@ def avatar_settings(**kwargs) -> dict:
             "action_guidance": ACTION_GUIDANCE, "residual_deadzone": RESIDUAL_DEADZONE,
             "residual_gate": RESIDUAL_GATE, "window_pose_tolerance": WINDOW_POSE_TOLERANCE,
             "world_noise": False, "steady_guidance_sigma": None,
-            "first_step_from_memory": None, "refining_detail_cap": None, **kwargs}
+            "first_step_from_memory": None, "refining_detail_cap": None,
+            "colour_anchor": None, **kwargs}
 
 
 class AvatarModelBackend(AvatarControlsMixin):

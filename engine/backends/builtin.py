@@ -207,6 +207,19 @@ class BuiltinConfig(StreamConfig):
     ground"). A per-stream
     reference, not a constant: the same detail is too much for a night and too little for
     a meadow; a cap of 1 softened the day scenes to 0.49-0.55 of the simulator's sharpness.
+    ``colour_anchor``: a tolerance (levels; None: off): the running mean colour of the ground
+    the model generates (new ground and ground still being refined, the sprite excluded;
+    an exponential average over frames, :data:`ANCHOR_DECAY`) is compared, channel by
+    channel, with the mean colour of the stream's last real frames
+    (``BuiltinState.colour_reference``), and every frame shifts that ground by the part of
+    the difference beyond the tolerance, before it is shown and remembered; no anchor after
+    a prompt switch until real frames are seen again. The colour coherence of autoregressive
+    image-to-video tools (Deforum's "match frame 0" colour matching), as a mean shift with a
+    dead zone, on generated ground only and averaged over seconds so that a lake or a
+    clearing passing by does not pull it. Why: new ground is generated next to the model's
+    own earlier output, so a colour bias compounds in space — the moving night world turned
+    into a white field after ~2,500 frames (+132 levels), the snowy one darkened (-48).
+    The landscape's 8 (assets/builtin/MODEL_CARD.md, "The colour anchor").
     NOTE: one thread is the default because this model's ops are small: with two OpenMP
     threads on a 2-core machine that also runs the video encoder and the event loop, every op
     waits at a barrier for a descheduled thread — measured 140 ms vs 5.9 s per 4-step chunk
@@ -231,6 +244,7 @@ class BuiltinConfig(StreamConfig):
     last_step_cache_sigma: float | None = 0.3
     first_step_from_memory: int | None = 4
     refining_detail_cap: float | None = 2.0
+    colour_anchor: float | None = 8.0
     action_guidance: float = 1.0
     neutral_action: int | None = None
     kept_factors: tuple[int, ...] = ()
@@ -253,6 +267,9 @@ class BuiltinConfig(StreamConfig):
                              f"{self.steady_guidance_sigma}")
         if self.action_guidance < 0:
             raise ValueError("action_guidance must be >= 0")
+        if self.colour_anchor is not None and not self.colour_anchor >= 0:
+            raise ValueError(f"colour_anchor must be >= 0 levels or None, got "
+                             f"{self.colour_anchor}")
         if self.refining_detail_cap is not None and not self.refining_detail_cap > 0:
             raise ValueError("refining_detail_cap must be > 0 or None, got "
                              f"{self.refining_detail_cap}")
@@ -302,6 +319,9 @@ class _ChunkRecord:
     skip: torch.Tensor | None = None
     # (F, 2) float64 the rig's pose at each frame: a model with ``pose_path``; None otherwise
     poses: np.ndarray | None = None
+    # (3,) float64 the colour anchor's running mean colour (RGB levels) of generated ground
+    # after its last frame; None where the stream has no colour reference
+    colour_mean: np.ndarray | None = None
 
     @property
     def num_frames(self) -> int:
@@ -343,6 +363,9 @@ class BuiltinState(RunnerState):
     # RMS (levels) of what the autoencoder loses on the stream's last real frames, None
     # when none were seen under the current prompt (BuiltinConfig.refining_detail_cap)
     detail_reference: float | None = None
+    # (3,) float64 mean colour (RGB levels) of the stream's last real frames, None when none
+    # were seen under the current prompt (BuiltinConfig.colour_anchor)
+    colour_reference: np.ndarray | None = None
 
     @property
     def camera(self) -> tuple[np.ndarray, torch.Tensor]:
@@ -474,7 +497,8 @@ class BuiltinBackend(PagedRunner):
     def _on_prompt(self, state: BuiltinState) -> None:
         state.restyle_left = self.config.restyle_chunks
         state.guide_left = self.config.guidance_chunks or 0
-        state.detail_reference = None  # the real frames seen were of the old prompt
+        # the real frames seen were of the old prompt
+        state.detail_reference = state.colour_reference = None
 
     # -- state lifecycle ------------------------------------------------------------------
     def new_state(
@@ -503,6 +527,7 @@ class BuiltinBackend(PagedRunner):
             state.needs_recache, memory=state.memory.fork(), start_frames=state.start_frames,
             restyle_left=state.restyle_left, guide_left=state.guide_left,
             noise_seed=state.noise_seed, detail_reference=state.detail_reference,
+            colour_reference=state.colour_reference,
         )
 
     def _undo_extra(self, state: BuiltinState, record: _ChunkRecord) -> None:
@@ -534,6 +559,9 @@ class BuiltinBackend(PagedRunner):
         if self.config.refining_detail_cap is not None:
             lost = frames.astype(np.float32) - self.decode_latents(rec.latents)
             state.detail_reference = float(np.sqrt(np.mean(np.square(lost))))
+        if self.config.colour_anchor is not None:
+            state.colour_reference = frames.reshape(-1, 3).mean(axis=0, dtype=np.float64)
+            rec.colour_mean = state.colour_reference.copy()
         self._append(state, [rec])
         self._commit_extra(state, rec, frames, settled=True)
         self._trim_history(state)
@@ -889,7 +917,33 @@ class BuiltinBackend(PagedRunner):
                 shown = np.rint(weight * shown + (1 - weight) * model)
             rgb = np.where(views.current[..., None], shown.astype(np.uint8),
                            model.astype(np.uint8))
+        if self.config.colour_anchor is not None:
+            self._anchor_colours(states, records, rgb, views)
         return list(rgb.reshape(len(states), self.chunk_frames, self.height, self.width, 3))
+
+    def _anchor_colours(self, states, records, rgb: np.ndarray, views: _MemoryViews) -> None:
+        """Shift the generated ground of the frames ``rgb (N, H, W, 3)`` uint8, in place, by
+        the part of its running mean colour's difference from the stream's reference beyond
+        ``BuiltinConfig.colour_anchor`` levels; each record keeps the running mean after its
+        last frame (a rewind takes it back with the record)."""
+        tolerance = self.config.colour_anchor
+        generated = (~views.current | views.refining) & ~self._exclude
+        f = self.chunk_frames
+        for n, (state, rec) in enumerate(zip(states, records)):
+            mean = state.history[-1].colour_mean if state.history else None
+            reference = state.colour_reference
+            if reference is None or mean is None:
+                continue
+            for i in range(n * f, (n + 1) * f):
+                ground = generated[i]
+                if ground.sum() < ANCHOR_MIN_PIXELS:
+                    continue
+                pixels = rgb[i][ground].astype(np.float64)
+                mean = ANCHOR_DECAY * mean + (1 - ANCHOR_DECAY) * pixels.mean(axis=0)
+                gap = reference - mean
+                shift = np.sign(gap) * np.maximum(np.abs(gap) - tolerance, 0.0)
+                rgb[i][ground] = np.clip(np.rint(pixels + shift), 0, 255).astype(np.uint8)
+            rec.colour_mean = mean
 
     def _limit_refining_detail(self, states, views: _MemoryViews,
                                decoded: np.ndarray) -> np.ndarray:
@@ -909,6 +963,13 @@ class BuiltinBackend(PagedRunner):
                 if gain < 1:
                     pictures[i][refining] = decoded[i][refining] + np.rint(gain * detail)
         return pictures
+
+
+#: the colour anchor's running mean keeps this much of itself a frame (~100 frames: the
+#: ground of a few seconds of moving, not one lake passing by)
+ANCHOR_DECAY = 0.99
+#: generated pixels a frame needs for its colour to count (a frame at rest shows none)
+ANCHOR_MIN_PIXELS = 64
 
 
 def detail_gain(detail: np.ndarray, reference: float, cap: float) -> float:

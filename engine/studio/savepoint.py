@@ -331,6 +331,16 @@ def _optional_float(value) -> float | None:
     return None if value is None else float(value)
 
 
+def _optional_colour(value) -> np.ndarray | None:
+    """A saved mean colour (three numbers) that may be null; ValueError otherwise."""
+    if value is None:
+        return None
+    colour = np.asarray(value, np.float64)
+    if colour.shape != (3,):
+        raise ValueError(f"a colour is three numbers, got {value!r}")
+    return colour
+
+
 def _t2n(x) -> np.ndarray:
     return x.detach().float().cpu().contiguous().numpy()
 
@@ -358,6 +368,8 @@ def _export_builtin(gen, state) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
             arrays[f"h{i}.pose"] = np.asarray(rec.pose, np.float64)
             if rec.poses is not None:
                 arrays[f"h{i}.poses"] = np.asarray(rec.poses, np.float64)
+            if rec.colour_mean is not None:
+                arrays[f"h{i}.colour_mean"] = np.asarray(rec.colour_mean, np.float64)
             undo = []
             for j, record in enumerate(rec.undo):
                 parts = []
@@ -389,6 +401,8 @@ def _export_builtin(gen, state) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
             "guide_left": state.guide_left,
             "noise_seed": state.noise_seed,
             "detail_reference": state.detail_reference,
+            "colour_reference": (None if state.colour_reference is None
+                                 else [float(v) for v in state.colour_reference]),
             "table": {"num_chunks": state.table.num_chunks,
                       "sink_pages": len(state.table.sink_pages()), "pages": len(pages)},
             "history": history,
@@ -465,7 +479,9 @@ def _import_builtin(gen, arrays: dict[str, np.ndarray], scalars: dict[str, Any])
                           else np.zeros(2)),
                     skip=get("skip") if f"h{i}.skip" in arrays else None,
                     poses=(arrays[f"h{i}.poses"].astype(np.float64) if f"h{i}.poses" in arrays
-                           else None)))
+                           else None),
+                    colour_mean=(arrays[f"h{i}.colour_mean"].astype(np.float64).reshape(3)
+                                 if f"h{i}.colour_mean" in arrays else None)))
             m = scalars["memory"]
             memory = SpatialMemory(int(m["tile"]), int(m["max_tiles"]), int(m["settle_px"]))
             memory.epoch, memory._tick = int(m["epoch"]), int(m["tick"])
@@ -490,7 +506,9 @@ def _import_builtin(gen, arrays: dict[str, np.ndarray], scalars: dict[str, Any])
                                 guide_left=int(scalars.get("guide_left", 0)),
                                 noise_seed=int(scalars.get("noise_seed", 0)),
                                 detail_reference=_optional_float(
-                                    scalars.get("detail_reference")))
+                                    scalars.get("detail_reference")),
+                                colour_reference=_optional_colour(
+                                    scalars.get("colour_reference")))
         except BaseException:
             held = set(table.all_pages())
             table.free()
