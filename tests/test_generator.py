@@ -526,6 +526,51 @@ def test_refining_detail_cap_limits_the_detail_carried_onto_new_ground():
     assert state.detail_reference is None  # the real frames seen were of the old prompt
 
 
+def test_colour_anchor_shifts_generated_ground_by_the_running_mean_beyond_the_tolerance(
+        monkeypatch):
+    """Moving right from black start frames: with the anchor each frame of the chunk shows,
+    on the ground the model generates (not current in memory, or being refined; the sprite
+    excluded), the frame without the anchor shifted by the part of reference minus running
+    mean beyond the tolerance, the running mean recomputed here from the frames without it;
+    everything else alike. A prompt switch drops the reference: no anchor after it."""
+    import worldstream.engine.backends.builtin as builtin
+
+    monkeypatch.setattr(builtin, "ANCHOR_DECAY", 0.5)  # a shift large enough to see
+    start = np.zeros((F, 128, 128, 3), np.uint8)  # reference: black
+    tolerance = 3.0
+    runs = {}
+    for anchor in (None, tolerance):
+        gen = tiny_generator(colour_anchor=anchor)
+        exact_camera(gen.model.camera)
+        state = gen.new_state("a green meadow", seed=3, start_frames=start)
+        gen._prefill(state)  # the start frames into context and memory now
+        before = state.memory.fork()
+        (res,) = gen.generate([ChunkJob(state, [5] * F, steps=1, seed=0)])  # right
+        gen.finish()
+        assert res.error is None
+        runs[anchor] = (res.frames, state, before, gen)
+    (plain, _, _, _), (shown, state, before, gen) = runs[None], runs[tolerance]
+    np.testing.assert_array_equal(state.colour_reference, [0.0, 0.0, 0.0])
+    mean = np.zeros(3)
+    sprite = centre_box(128, gen.model.config.view_box)
+    for i, (x0, y0) in enumerate(state.history[-1].origins):
+        read = before.read(x0, y0, 128)
+        ground = (~read.current | read.refining) & ~sprite
+        assert ground.sum() > 100
+        pixels = plain[i][ground].astype(np.float64)
+        mean = 0.5 * mean + 0.5 * pixels.mean(axis=0)
+        shift = np.sign(-mean) * np.maximum(np.abs(mean) - tolerance, 0)
+        assert np.abs(shift).max() > 2
+        expect = np.clip(np.rint(pixels + shift), 0, 255)
+        assert np.abs(shown[i][ground].astype(int) - expect).max() <= 1
+        np.testing.assert_allclose(shown[i][~ground], plain[i][~ground], atol=1)
+    np.testing.assert_allclose(state.history[-1].colour_mean, mean, atol=0.05)
+    gen.set_prompt(state, "a snowy forest")
+    (res,) = gen.generate([ChunkJob(state, [5] * F, steps=1, seed=1)])
+    gen.finish()
+    assert state.colour_reference is None and state.history[-1].colour_mean is None
+
+
 def test_spatial_pages_bring_back_the_overlapping_past():
     """With ``spatial_pages`` a chunk attends, beyond its window, the older pages whose camera
     window overlaps its view most: after a loop out and back those are the first frames."""
