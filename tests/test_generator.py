@@ -19,8 +19,8 @@ from worldstream.engine.models.builtin.autoencoder import build_autoencoder
 from worldstream.engine.models.builtin.spatial_memory import centre_box, model_inputs
 from worldstream.engine.models.builtin.world_dit import WorldDiT
 from worldstream.engine.models.builtin.world_noise import chunk_noise
-from worldstream.engine.worlds.actions import action_to_direction
-from worldstream.engine.worlds.simulator import ACCEL, FRICTION
+from worldstream.engine.worlds.actions import IDLE, action_to_direction
+from worldstream.engine.worlds.simulator import ACCEL, FRICTION, WorldSimulator
 
 F = 2  # frames per chunk
 
@@ -522,8 +522,16 @@ def test_refining_detail_cap_limits_the_detail_carried_onto_new_ground():
         assert np.abs(shown[i][read.refining].astype(int) - expect).max() <= 1
         rest = read.current & ~read.refining
         np.testing.assert_allclose(shown[i][rest], plain[i][rest], atol=1)
-    gen.set_prompt(state, "a snowy forest")
-    assert state.detail_reference is None  # the real frames seen were of the old prompt
+    # a prompt switch: the reference becomes that of the frames a stream of the new prompt
+    # (of a blend, its heavier part) would start from at the same world seed
+    for blend, weight, scene in ((None, 0.0, "snow"), ("a desert", 0.3, "snow"),
+                                 ("a desert", 0.7, "desert")):
+        sim = WorldSimulator(3, scene)
+        frames = np.stack([sim.step(IDLE) for _ in range(F)])
+        lost = frames.astype(np.float32) - gen.decode_latents(gen.encode_frames(frames))
+        gen.set_prompt(state, "a snowy forest", blend_text=blend, blend_weight=weight)
+        assert state.detail_reference == pytest.approx(np.sqrt(np.mean(np.square(lost))),
+                                                       rel=1e-5)
 
 
 def test_colour_anchor_shifts_generated_ground_by_the_running_mean_beyond_the_tolerance(
@@ -532,7 +540,7 @@ def test_colour_anchor_shifts_generated_ground_by_the_running_mean_beyond_the_to
     on the ground the model generates (not current in memory, or being refined; the sprite
     excluded), the frame without the anchor shifted by the part of reference minus running
     mean beyond the tolerance, the running mean recomputed here from the frames without it;
-    everything else alike. A prompt switch drops the reference: no anchor after it."""
+    everything else alike."""
     import worldstream.engine.backends.builtin as builtin
 
     monkeypatch.setattr(builtin, "ANCHOR_DECAY", 0.5)  # a shift large enough to see
@@ -565,10 +573,49 @@ def test_colour_anchor_shifts_generated_ground_by_the_running_mean_beyond_the_to
         assert np.abs(shown[i][ground].astype(int) - expect).max() <= 1
         np.testing.assert_allclose(shown[i][~ground], plain[i][~ground], atol=1)
     np.testing.assert_allclose(state.history[-1].colour_mean, mean, atol=0.05)
-    gen.set_prompt(state, "a snowy forest")
-    (res,) = gen.generate([ChunkJob(state, [5] * F, steps=1, seed=1)])
-    gen.finish()
-    assert state.colour_reference is None and state.history[-1].colour_mean is None
+
+
+def test_a_prompt_switch_restarts_the_colour_anchor_at_the_new_scenes_reference(monkeypatch):
+    """With a running mean that never moves (decay 1) a stream anchored to its black start
+    frames shows what the same stream without the anchor shows, chunk by chunk, through a
+    prompt switch and a rewind past it, only if the running mean restarts at each new
+    reference: after the switch the mean colour of the snow scene's start frames at the
+    same world seed (computed here from the simulator), after the rewind to the chunk kept
+    against black, that reference again."""
+    import worldstream.engine.backends.builtin as builtin
+
+    monkeypatch.setattr(builtin, "ANCHOR_DECAY", 1.0)
+    start = np.zeros((F, 128, 128, 3), np.uint8)
+    sim = WorldSimulator(3, "snow")
+    snow = np.stack([sim.step(IDLE) for _ in range(F)]).reshape(-1, 3).mean(axis=0)
+    runs = {}
+    for anchor in (None, 0.0):
+        gen = tiny_generator(colour_anchor=anchor)
+        exact_camera(gen.model.camera)
+        state = gen.new_state("a green meadow", seed=3, start_frames=start)
+        shown = []
+
+        def chunk(seed, gen=gen, state=state, shown=shown):
+            (res,) = gen.generate([ChunkJob(state, [5] * F, steps=1, seed=seed)])  # right
+            assert res.error is None
+            shown.append(res.frames)
+
+        chunk(0)
+        chunk(1)
+        gen.set_prompt(state, "a snowy forest")
+        chunk(2)
+        chunk(3)
+        if anchor is not None:
+            np.testing.assert_allclose(state.colour_reference, snow)
+            np.testing.assert_array_equal(state.history[-1].colour_mean, snow)
+        gen.rewind(state, 3)  # back to the first chunk after the start, kept against black
+        chunk(4)
+        gen.finish()
+        runs[anchor] = (shown, state)
+    (plain, _), (anchored, state) = runs[None], runs[0.0]
+    for a, b in zip(plain, anchored):
+        np.testing.assert_allclose(np.asarray(a, int), np.asarray(b, int), atol=1)
+    np.testing.assert_array_equal(state.history[-1].colour_mean, state.colour_reference)
 
 
 def test_spatial_pages_bring_back_the_overlapping_past():

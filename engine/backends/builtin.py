@@ -193,8 +193,9 @@ class BuiltinConfig(StreamConfig):
     onto ground still being refined (memory's pixels less the decode of their base, on
     ``MemoryRead.refining`` pixels) is scaled, frame by frame, so that its RMS is at most
     this many times the RMS of what the autoencoder loses on the stream's real frames (its
-    start frames or picture, observed frames; ``BuiltinState.detail_reference``; None: off,
-    and no limit after a prompt switch until real frames are seen again). Each rewrite of
+    start frames or picture, observed frames; after a prompt switch, the simulator frames a
+    stream of the new prompt would start from at the same world seed — the start view in the
+    new scene's colours; ``BuiltinState.detail_reference``; None: off). Each rewrite of
     new ground on its way in from the border adds its sample's detail to what memory held
     (``memory + decode(x0) - decode(base)``), so a pixel settled after up to ``settle_px``
     rewrites carries the summed detail of as many samples: what gives the day scenes their
@@ -210,15 +211,15 @@ class BuiltinConfig(StreamConfig):
     ``colour_anchor``: a tolerance (levels; None: off): the running mean colour of the ground
     the model generates (new ground and ground still being refined, the sprite excluded;
     an exponential average over frames, :data:`ANCHOR_DECAY`) is compared, channel by
-    channel, with the mean colour of the stream's last real frames
+    channel, with the mean colour of the same reference frames as the detail limit's
     (``BuiltinState.colour_reference``), and every frame shifts that ground by the part of
-    the difference beyond the tolerance, before it is shown and remembered; no anchor after
-    a prompt switch until real frames are seen again. The colour coherence of autoregressive
-    image-to-video tools (Deforum's "match frame 0" colour matching), as a mean shift with a
-    dead zone, on generated ground only and averaged over seconds so that a lake or a
-    clearing passing by does not pull it. Why: new ground is generated next to the model's
-    own earlier output, so a colour bias compounds in space — the moving night world turned
-    into a white field after ~2,500 frames (+132 levels), the snowy one darkened (-48).
+    the difference beyond the tolerance, before it is shown and remembered; a new reference
+    (a prompt switch, real frames) restarts the running mean at it. The colour coherence of
+    autoregressive image-to-video tools (Deforum's "match frame 0" colour matching), as a
+    mean shift with a dead zone, on generated ground only and averaged over seconds so that
+    a lake or a clearing passing by does not pull it. Why: new ground is generated next to
+    the model's own earlier output, so a colour bias compounds in space — the moving night
+    world turned into a white field after ~2,500 frames (+132 levels), the snowy one darkened (-48).
     The landscape's 8 (assets/builtin/MODEL_CARD.md, "The colour anchor").
     NOTE: one thread is the default because this model's ops are small: with two OpenMP
     threads on a 2-core machine that also runs the video encoder and the event loop, every op
@@ -320,8 +321,10 @@ class _ChunkRecord:
     # (F, 2) float64 the rig's pose at each frame: a model with ``pose_path``; None otherwise
     poses: np.ndarray | None = None
     # (3,) float64 the colour anchor's running mean colour (RGB levels) of generated ground
-    # after its last frame; None where the stream has no colour reference
+    # after its last frame, and the reference (3,) float64 it was kept against; None where
+    # the stream has no colour reference
     colour_mean: np.ndarray | None = None
+    colour_reference: np.ndarray | None = None
 
     @property
     def num_frames(self) -> int:
@@ -360,11 +363,12 @@ class BuiltinState(RunnerState):
     restyle_left: int = 0  # chunks that still start a new memory epoch (after a prompt switch)
     guide_left: int = 0  # chunks still denoised with prompt guidance (after a prompt switch)
     noise_seed: int = 0  # the world-anchored noise field's seed (forks read the same world)
-    # RMS (levels) of what the autoencoder loses on the stream's last real frames, None
-    # when none were seen under the current prompt (BuiltinConfig.refining_detail_cap)
+    # RMS (levels) of what the autoencoder loses on the stream's last real frames — after a
+    # prompt switch, on the frames a stream of the new prompt would start from
+    # (BuiltinConfig.refining_detail_cap; None when that is off)
     detail_reference: float | None = None
-    # (3,) float64 mean colour (RGB levels) of the stream's last real frames, None when none
-    # were seen under the current prompt (BuiltinConfig.colour_anchor)
+    # (3,) float64 mean colour (RGB levels) of the same frames (BuiltinConfig.colour_anchor;
+    # None when that is off)
     colour_reference: np.ndarray | None = None
 
     @property
@@ -494,11 +498,18 @@ class BuiltinBackend(PagedRunner):
     def _embed(self, text: str, blend_text: str | None, weight: float) -> torch.Tensor:
         return torch.as_tensor(np.array(text_encoder.embed_blend(text, blend_text, weight)))
 
-    def _on_prompt(self, state: BuiltinState) -> None:
+    def _on_prompt(self, state: BuiltinState, blend_text: str | None, blend_weight: float
+                   ) -> None:
         state.restyle_left = self.config.restyle_chunks
         state.guide_left = self.config.guidance_chunks or 0
-        # the real frames seen were of the old prompt
-        state.detail_reference = state.colour_reference = None
+        if self.config.refining_detail_cap is not None or self.config.colour_anchor is not None:
+            # the real frames seen were of the old prompt: the references become those of the
+            # frames a stream of the new prompt (its heavier part, as the simulator backend
+            # cross-fades to) would start from at this world seed — the start view restyled,
+            # no more of the world than the stream was given
+            heavier = (blend_text if blend_text is not None and blend_weight > 0.5
+                       else state.prompt)
+            self._set_references(state, self._simulated_start(heavier, state.noise_seed))
 
     # -- state lifecycle ------------------------------------------------------------------
     def new_state(
@@ -511,9 +522,14 @@ class BuiltinBackend(PagedRunner):
         if start_frames is not None and start_frames.shape != shape:
             raise ValueError(f"start_frames must be {shape} uint8, got {start_frames.shape}")
         if start_frames is None:
-            sim = WorldSimulator(seed, text_encoder.scene_for_prompt(prompt))
-            start_frames = np.stack([sim.step(IDLE) for _ in range(self.chunk_frames)])
+            start_frames = self._simulated_start(prompt, seed)
         return super().new_state(prompt, seed, start_frames=start_frames)
+
+    def _simulated_start(self, prompt: str, seed: int) -> np.ndarray:
+        """Simulator frames ``(chunk_frames, H, W, 3)`` uint8 of the prompt's nearest scene at
+        world ``seed``, the camera at rest: a stream's default start."""
+        sim = WorldSimulator(seed, text_encoder.scene_for_prompt(prompt))
+        return np.stack([sim.step(IDLE) for _ in range(self.chunk_frames)])
 
     def _make_state(self, table, prompt, text, rng, start_frames=None) -> BuiltinState:
         return BuiltinState(table, prompt, text, rng,
@@ -556,15 +572,25 @@ class BuiltinBackend(PagedRunner):
                        move: bool) -> None:
         rec = self._plan([state], [actions], move=move)[0][0]
         rec.latents = self.encode_frames(frames)
-        if self.config.refining_detail_cap is not None:
-            lost = frames.astype(np.float32) - self.decode_latents(rec.latents)
-            state.detail_reference = float(np.sqrt(np.mean(np.square(lost))))
-        if self.config.colour_anchor is not None:
-            state.colour_reference = frames.reshape(-1, 3).mean(axis=0, dtype=np.float64)
-            rec.colour_mean = state.colour_reference.copy()
+        self._set_references(state, frames, rec.latents)
+        # the colour anchor's running mean starts at the new reference
+        rec.colour_mean = rec.colour_reference = state.colour_reference
         self._append(state, [rec])
         self._commit_extra(state, rec, frames, settled=True)
         self._trim_history(state)
+
+    def _set_references(self, state: BuiltinState, frames: np.ndarray,
+                        latents: torch.Tensor | None = None) -> None:
+        """The stream's detail and colour references (``BuiltinConfig.refining_detail_cap``,
+        ``colour_anchor``; those switched off stay None) from real frames ``(F, H, W, 3)``
+        uint8, ``latents`` their encoding when the caller has it."""
+        if self.config.refining_detail_cap is not None:
+            if latents is None:
+                latents = self.encode_frames(frames)
+            lost = frames.astype(np.float32) - self.decode_latents(latents)
+            state.detail_reference = float(np.sqrt(np.mean(np.square(lost))))
+        if self.config.colour_anchor is not None:
+            state.colour_reference = frames.reshape(-1, 3).mean(axis=0, dtype=np.float64)
 
     # -- a chunk ----------------------------------------------------------------------------
     def _validate_job(self, job: ChunkJob) -> None:
@@ -930,10 +956,15 @@ class BuiltinBackend(PagedRunner):
         generated = (~views.current | views.refining) & ~self._exclude
         f = self.chunk_frames
         for n, (state, rec) in enumerate(zip(states, records)):
-            mean = state.history[-1].colour_mean if state.history else None
             reference = state.colour_reference
-            if reference is None or mean is None:
+            if reference is None:
                 continue
+            last = state.history[-1] if state.history else None
+            mean = last.colour_mean if last is not None else None
+            if mean is None or not np.array_equal(last.colour_reference, reference):
+                # a new reference (a prompt switch, real frames; also after a rewind to chunks
+                # kept against another one) restarts the running mean at it
+                mean = reference
             for i in range(n * f, (n + 1) * f):
                 ground = generated[i]
                 if ground.sum() < ANCHOR_MIN_PIXELS:
@@ -943,7 +974,7 @@ class BuiltinBackend(PagedRunner):
                 gap = reference - mean
                 shift = np.sign(gap) * np.maximum(np.abs(gap) - tolerance, 0.0)
                 rgb[i][ground] = np.clip(np.rint(pixels + shift), 0, 255).astype(np.uint8)
-            rec.colour_mean = mean
+            rec.colour_mean, rec.colour_reference = mean, reference
 
     def _limit_refining_detail(self, states, views: _MemoryViews,
                                decoded: np.ndarray) -> np.ndarray:

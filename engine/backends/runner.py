@@ -303,8 +303,10 @@ class PagedRunner(ABC):
         """Cache-fill the state's start frames, if it has any pending."""
         return None  # optional hook: nothing by default
 
-    def _on_prompt(self, state: RunnerState) -> None:
-        """Family bookkeeping of a prompt switch (called under the lock)."""
+    def _on_prompt(self, state: RunnerState, blend_text: str | None, blend_weight: float
+                   ) -> None:
+        """Family bookkeeping of a prompt switch to ``state.prompt`` (blended with
+        ``blend_text`` at ``blend_weight``), called under the lock."""
         return None  # optional hook: nothing by default
 
     @abstractmethod
@@ -452,7 +454,7 @@ class PagedRunner(ABC):
         with self._settled():
             state.prompt, state.text = text, emb
             state.needs_recache = self.config.recache and bool(state.history)
-            self._on_prompt(state)
+            self._on_prompt(state, blend_text, blend_weight)
 
     def fork(self, state: RunnerState) -> RunnerState:
         """A copy-on-write copy of ``state`` (shared pages, its own noise generator)."""

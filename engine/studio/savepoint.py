@@ -341,6 +341,12 @@ def _optional_colour(value) -> np.ndarray | None:
     return colour
 
 
+def _saved_colour(arrays: dict[str, np.ndarray], name: str) -> np.ndarray | None:
+    """The colour ``(3,)`` float64 saved as ``name``, None when it is absent; ValueError for
+    another shape."""
+    return _optional_colour(arrays[name].tolist()) if name in arrays else None
+
+
 def _t2n(x) -> np.ndarray:
     return x.detach().float().cpu().contiguous().numpy()
 
@@ -368,8 +374,9 @@ def _export_builtin(gen, state) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
             arrays[f"h{i}.pose"] = np.asarray(rec.pose, np.float64)
             if rec.poses is not None:
                 arrays[f"h{i}.poses"] = np.asarray(rec.poses, np.float64)
-            if rec.colour_mean is not None:
-                arrays[f"h{i}.colour_mean"] = np.asarray(rec.colour_mean, np.float64)
+            for name in ("colour_mean", "colour_reference"):
+                if getattr(rec, name) is not None:
+                    arrays[f"h{i}.{name}"] = np.asarray(getattr(rec, name), np.float64)
             undo = []
             for j, record in enumerate(rec.undo):
                 parts = []
@@ -480,8 +487,10 @@ def _import_builtin(gen, arrays: dict[str, np.ndarray], scalars: dict[str, Any])
                     skip=get("skip") if f"h{i}.skip" in arrays else None,
                     poses=(arrays[f"h{i}.poses"].astype(np.float64) if f"h{i}.poses" in arrays
                            else None),
-                    colour_mean=(arrays[f"h{i}.colour_mean"].astype(np.float64).reshape(3)
-                                 if f"h{i}.colour_mean" in arrays else None)))
+                    # save points from before the running mean's reference hold none: it
+                    # restarts at the stream's reference on the next chunk
+                    colour_mean=_saved_colour(arrays, f"h{i}.colour_mean"),
+                    colour_reference=_saved_colour(arrays, f"h{i}.colour_reference")))
             m = scalars["memory"]
             memory = SpatialMemory(int(m["tile"]), int(m["max_tiles"]), int(m["settle_px"]))
             memory.epoch, memory._tick = int(m["epoch"]), int(m["tick"])
