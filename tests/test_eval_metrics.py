@@ -130,9 +130,25 @@ def test_drift_metrics_of_the_ground_truth_against_itself():
     assert out["rollout_anisotropy"] == out["rollout_anisotropy_ground_truth"] < 0.15
     assert out["drift_ratio_240"]["vs_sim"] == {"sharpness": 1.0, "colour": 1.0}
     assert out["luma_drift_max_abs"] == 0.0
+    assert "luma_drift_ground_truth" not in out  # no other worlds recorded
     # a rollout that darkens by 20 levels reads as -20 luma drift
     runs["runs"][0]["model"] = runs["runs"][0]["model"] - [0, 0, 20, 0, 0, 0]
     assert drift_metrics(runs)["luma_drift"]["meadow_idle"] == -20.0
+
+
+def test_luma_drifts_twin_is_the_rms_over_other_worlds_hand_worked():
+    stats = np.zeros((240, 6))
+    stats[:, 2] = 100.0
+    stats[-100:, 2] = 110.0  # this world's frames 140-240: luma 110
+    runs = {"length": 240, "runs": [
+        {"scene": "snow", "moving": False, "model": stats, "sim": stats,
+         "other_worlds_luma": [113.0, 106.0]},  # +3, -4: RMS sqrt(12.5)
+        {"scene": "snow", "moving": True, "model": stats, "sim": stats,
+         "other_worlds_luma": [110.0]}]}
+    out = drift_metrics(runs)
+    assert out["luma_drift_ground_truth"] == {"snow_idle": round(np.sqrt(12.5), 2),
+                                              "snow_moving": 0.0}
+    assert out["luma_drift_ground_truth_max"] == round(np.sqrt(12.5), 2)
 
 
 def test_rollout_segments_see_an_early_change_of_scene_that_the_end_does_not():

@@ -29,7 +29,8 @@ def test_protocol_pieces_run_on_a_tiny_model():
     assert len(action_hits(frames, ep.offsets, 2)) == 3
     d = drift_metrics(long_rollouts(gen, steps=1, length=160, scenes=["desert"]))
     assert set(d["drift_ratio_160"]) == {"vs_sim", "self", "self_ground_truth"}
-    assert set(d["luma_drift"]) == {"desert_idle", "desert_moving"}
+    assert set(d["luma_drift"]) == set(d["luma_drift_ground_truth"]) == {"desert_idle",
+                                                                          "desert_moving"}
     assert np.isfinite(d["rollout_sharpness_ratio"]) and 0 <= d["rollout_anisotropy"] <= 1
     r = revisit(gen, steps=1, episodes=1)
     assert np.isfinite(r["revisit_psnr_db"]) and r["revisit_psnr_db_ground_truth"] > 15
