@@ -9,6 +9,7 @@ import torch
 from worldstream.engine.backends.builtin import (
     BuiltinBackend,
     BuiltinConfig,
+    anchor_colour,
     detail_gain,
     residual_weight,
     shrink_change,
@@ -534,17 +535,30 @@ def test_refining_detail_cap_limits_the_detail_carried_onto_new_ground():
                                                        rel=1e-5)
 
 
-def test_colour_anchor_shifts_generated_ground_by_the_running_mean_beyond_the_tolerance(
-        monkeypatch):
-    """Moving right from black start frames: with the anchor each frame of the chunk shows,
-    on the ground the model generates (not current in memory, or being refined; the sprite
-    excluded), the frame without the anchor shifted by the part of reference minus running
-    mean beyond the tolerance, the running mean recomputed here from the frames without it;
-    everything else alike."""
+def test_anchor_colour_hand_worked():
+    pixels = np.array([[100.0, 10.0, 50.0], [60.0, 30.0, 70.0]])
+    mean = np.array([80.0, 20.0, 60.0])
+    reference = np.array([50.0, 40.0, 58.0])
+    out = anchor_colour(pixels, mean, reference, tolerance=10.0)
+    # red above the band (60): scaled by 60 / 80; green below it (30): lifted by 10; blue
+    # within it: unchanged
+    np.testing.assert_allclose(out, [[75.0, 20.0, 50.0], [45.0, 40.0, 70.0]])
+    np.testing.assert_allclose(anchor_colour(pixels, mean, mean, 0.0), pixels)
+
+
+@pytest.mark.parametrize("level", [0, 255])
+def test_colour_anchor_corrects_generated_ground_by_the_running_mean_beyond_the_tolerance(
+        monkeypatch, level):
+    """Moving right from black (white) start frames: with the anchor each frame of the chunk
+    shows, on the ground the model generates (not current in memory, or being refined; the
+    sprite excluded), the frame without the anchor brought into the tolerance band around the
+    start frames' colour by its running mean — scaled down from above black, lifted below
+    white — the running mean recomputed here from the frames without it; everything else
+    alike."""
     import worldstream.engine.backends.builtin as builtin
 
-    monkeypatch.setattr(builtin, "ANCHOR_DECAY", 0.5)  # a shift large enough to see
-    start = np.zeros((F, 128, 128, 3), np.uint8)  # reference: black
+    monkeypatch.setattr(builtin, "ANCHOR_DECAY", 0.5)  # a correction large enough to see
+    start = np.full((F, 128, 128, 3), level, np.uint8)
     tolerance = 3.0
     runs = {}
     for anchor in (None, tolerance):
@@ -558,8 +572,8 @@ def test_colour_anchor_shifts_generated_ground_by_the_running_mean_beyond_the_to
         assert res.error is None
         runs[anchor] = (res.frames, state, before, gen)
     (plain, _, _, _), (shown, state, before, gen) = runs[None], runs[tolerance]
-    np.testing.assert_array_equal(state.colour_reference, [0.0, 0.0, 0.0])
-    mean = np.zeros(3)
+    np.testing.assert_array_equal(state.colour_reference, [level] * 3)
+    mean = np.full(3, float(level))
     sprite = centre_box(128, gen.model.config.view_box)
     for i, (x0, y0) in enumerate(state.history[-1].origins):
         read = before.read(x0, y0, 128)
@@ -567,55 +581,65 @@ def test_colour_anchor_shifts_generated_ground_by_the_running_mean_beyond_the_to
         assert ground.sum() > 100
         pixels = plain[i][ground].astype(np.float64)
         mean = 0.5 * mean + 0.5 * pixels.mean(axis=0)
-        shift = np.sign(-mean) * np.maximum(np.abs(mean) - tolerance, 0)
-        assert np.abs(shift).max() > 2
-        expect = np.clip(np.rint(pixels + shift), 0, 255)
+        expect = pixels.copy()
+        for c in range(3):  # above the band: a gain to its top; below it: a shift to its foot
+            if mean[c] > level + tolerance:
+                expect[:, c] *= (level + tolerance) / mean[c]
+            elif mean[c] < level - tolerance:
+                expect[:, c] += level - tolerance - mean[c]
+        expect = np.clip(np.rint(expect), 0, 255)
+        assert np.abs(expect - pixels).max() > 2
         assert np.abs(shown[i][ground].astype(int) - expect).max() <= 1
         np.testing.assert_allclose(shown[i][~ground], plain[i][~ground], atol=1)
     np.testing.assert_allclose(state.history[-1].colour_mean, mean, atol=0.05)
 
 
-def test_a_prompt_switch_restarts_the_colour_anchor_at_the_new_scenes_reference(monkeypatch):
-    """With a running mean that never moves (decay 1) a stream anchored to its black start
-    frames shows what the same stream without the anchor shows, chunk by chunk, through a
-    prompt switch and a rewind past it, only if the running mean restarts at each new
-    reference: after the switch the mean colour of the snow scene's start frames at the
-    same world seed (computed here from the simulator), after the rewind to the chunk kept
-    against black, that reference again."""
+def test_a_prompt_switch_restarts_the_colour_anchor_at_its_first_generated_frame(monkeypatch):
+    """A running mean that never moves (decay 1) and a tolerance that never corrects: the
+    mean after the start frames is their colour; after a prompt switch the reference is the
+    snow scene's start frames' mean colour at the same world seed (computed here from the
+    simulator) and the running mean that of the first frame's generated ground after the
+    switch; after a rewind past the switch, that of the first frame generated after the
+    rewind (the chunks kept were kept against the old reference). The generated ground of
+    each frame is read from what the anchor was given."""
     import worldstream.engine.backends.builtin as builtin
 
     monkeypatch.setattr(builtin, "ANCHOR_DECAY", 1.0)
     start = np.zeros((F, 128, 128, 3), np.uint8)
     sim = WorldSimulator(3, "snow")
     snow = np.stack([sim.step(IDLE) for _ in range(F)]).reshape(-1, 3).mean(axis=0)
-    runs = {}
-    for anchor in (None, 0.0):
-        gen = tiny_generator(colour_anchor=anchor)
-        exact_camera(gen.model.camera)
-        state = gen.new_state("a green meadow", seed=3, start_frames=start)
-        shown = []
+    gen = tiny_generator(colour_anchor=1000.0)
+    exact_camera(gen.model.camera)
+    seen = []
+    spy = gen._anchor_colours
 
-        def chunk(seed, gen=gen, state=state, shown=shown):
-            (res,) = gen.generate([ChunkJob(state, [5] * F, steps=1, seed=seed)])  # right
-            assert res.error is None
-            shown.append(res.frames)
+    def anchor_colours(states, records, rgb, views):
+        generated = (~views.current | views.refining) & ~gen._exclude
+        seen.append(rgb[0][generated[0]].astype(np.float64).mean(axis=0))  # first frame
+        spy(states, records, rgb, views)
 
-        chunk(0)
-        chunk(1)
-        gen.set_prompt(state, "a snowy forest")
-        chunk(2)
-        chunk(3)
-        if anchor is not None:
-            np.testing.assert_allclose(state.colour_reference, snow)
-            np.testing.assert_array_equal(state.history[-1].colour_mean, snow)
-        gen.rewind(state, 3)  # back to the first chunk after the start, kept against black
-        chunk(4)
-        gen.finish()
-        runs[anchor] = (shown, state)
-    (plain, _), (anchored, state) = runs[None], runs[0.0]
-    for a, b in zip(plain, anchored):
-        np.testing.assert_allclose(np.asarray(a, int), np.asarray(b, int), atol=1)
-    np.testing.assert_array_equal(state.history[-1].colour_mean, state.colour_reference)
+    monkeypatch.setattr(gen, "_anchor_colours", anchor_colours)
+    state = gen.new_state("a green meadow", seed=3, start_frames=start)
+
+    def chunk(seed):
+        (res,) = gen.generate([ChunkJob(state, [5] * F, steps=1, seed=seed)])  # right
+        assert res.error is None
+        return seen[-1]
+
+    chunk(0)
+    chunk(1)
+    np.testing.assert_array_equal(state.history[-1].colour_mean, [0.0, 0.0, 0.0])
+    gen.set_prompt(state, "a snowy forest")
+    np.testing.assert_allclose(state.colour_reference, snow)
+    first = chunk(2)
+    chunk(3)
+    np.testing.assert_allclose(state.history[-1].colour_mean, first)
+    np.testing.assert_array_equal(state.history[-1].colour_reference, state.colour_reference)
+    gen.rewind(state, 3)  # back to the first chunk after the start, kept against black
+    first = chunk(4)
+    gen.finish()
+    np.testing.assert_allclose(state.history[-1].colour_mean, first)
+    assert np.abs(first - snow).max() > 1 and np.abs(first).max() > 1
 
 
 def test_spatial_pages_bring_back_the_overlapping_past():

@@ -212,15 +212,18 @@ class BuiltinConfig(StreamConfig):
     the model generates (new ground and ground still being refined, the sprite excluded;
     an exponential average over frames, :data:`ANCHOR_DECAY`) is compared, channel by
     channel, with the mean colour of the same reference frames as the detail limit's
-    (``BuiltinState.colour_reference``), and every frame shifts that ground by the part of
-    the difference beyond the tolerance, before it is shown and remembered; a new reference
-    (a prompt switch, real frames) restarts the running mean at it. The colour coherence of
-    autoregressive image-to-video tools (Deforum's "match frame 0" colour matching), as a
-    mean shift with a dead zone, on generated ground only and averaged over seconds so that
-    a lake or a clearing passing by does not pull it. Why: new ground is generated next to
+    (``BuiltinState.colour_reference``), and every frame brings that ground's channels back
+    into the tolerance band around it (:func:`anchor_colour`: darkened by a gain, lifted by a
+    shift), before it is shown and remembered. Real frames restart the running mean at their
+    mean; a prompt switch at the mean of the first generated frame after it, so the new
+    scene's colours hold from that frame on (restarted at the reference instead, the mean
+    took ~100 frames to see a night restyled as a white field). The colour coherence of
+    autoregressive image-to-video tools (Deforum's "match frame 0" colour matching), with a
+    dead zone, on generated ground only and averaged over seconds so that a lake or a
+    clearing passing by does not pull it. Why: new ground is generated next to
     the model's own earlier output, so a colour bias compounds in space — the moving night
-    world turned into a white field after ~2,500 frames (+132 levels), the snowy one darkened (-48).
-    The landscape's 8 (assets/builtin/MODEL_CARD.md, "The colour anchor").
+    world turned into a white field after ~2,500 frames (+132 levels), the snowy one
+    darkened (-48). The landscape's 8 (assets/builtin/MODEL_CARD.md, "The colour anchor").
     NOTE: one thread is the default because this model's ops are small: with two OpenMP
     threads on a 2-core machine that also runs the video encoder and the event loop, every op
     waits at a barrier for a descheduled thread — measured 140 ms vs 5.9 s per 4-step chunk
@@ -321,8 +324,8 @@ class _ChunkRecord:
     # (F, 2) float64 the rig's pose at each frame: a model with ``pose_path``; None otherwise
     poses: np.ndarray | None = None
     # (3,) float64 the colour anchor's running mean colour (RGB levels) of generated ground
-    # after its last frame, and the reference (3,) float64 it was kept against; None where
-    # the stream has no colour reference
+    # after its last frame (None where the stream has no colour reference, or no generated
+    # ground was seen since a prompt switch), and the reference (3,) float64 it was kept against
     colour_mean: np.ndarray | None = None
     colour_reference: np.ndarray | None = None
 
@@ -948,10 +951,10 @@ class BuiltinBackend(PagedRunner):
         return list(rgb.reshape(len(states), self.chunk_frames, self.height, self.width, 3))
 
     def _anchor_colours(self, states, records, rgb: np.ndarray, views: _MemoryViews) -> None:
-        """Shift the generated ground of the frames ``rgb (N, H, W, 3)`` uint8, in place, by
-        the part of its running mean colour's difference from the stream's reference beyond
-        ``BuiltinConfig.colour_anchor`` levels; each record keeps the running mean after its
-        last frame (a rewind takes it back with the record)."""
+        """Correct the generated ground of the frames ``rgb (N, H, W, 3)`` uint8, in place, by
+        :func:`anchor_colour` against the stream's reference with ``BuiltinConfig.colour_anchor``
+        levels of tolerance; each record keeps the running mean after its last frame and the
+        reference it was kept against (a rewind takes both back with the record)."""
         tolerance = self.config.colour_anchor
         generated = (~views.current | views.refining) & ~self._exclude
         f = self.chunk_frames
@@ -961,19 +964,22 @@ class BuiltinBackend(PagedRunner):
                 continue
             last = state.history[-1] if state.history else None
             mean = last.colour_mean if last is not None else None
-            if mean is None or not np.array_equal(last.colour_reference, reference):
-                # a new reference (a prompt switch, real frames; also after a rewind to chunks
-                # kept against another one) restarts the running mean at it
-                mean = reference
+            if last is not None and not np.array_equal(last.colour_reference, reference):
+                # a prompt switch (or a rewind to chunks kept against another reference): the
+                # running mean restarts at the first generated frame, so that the new scene's
+                # colours are held from it on; after real frames it starts at their mean
+                mean = None
             for i in range(n * f, (n + 1) * f):
                 ground = generated[i]
                 if ground.sum() < ANCHOR_MIN_PIXELS:
                     continue
                 pixels = rgb[i][ground].astype(np.float64)
-                mean = ANCHOR_DECAY * mean + (1 - ANCHOR_DECAY) * pixels.mean(axis=0)
-                gap = reference - mean
-                shift = np.sign(gap) * np.maximum(np.abs(gap) - tolerance, 0.0)
-                rgb[i][ground] = np.clip(np.rint(pixels + shift), 0, 255).astype(np.uint8)
+                now = pixels.mean(axis=0)
+                mean = now if mean is None else ANCHOR_DECAY * mean + (1 - ANCHOR_DECAY) * now
+                rgb[i][ground] = np.clip(np.rint(anchor_colour(pixels, mean, reference,
+                                                               tolerance)), 0, 255)
+            # (a chunk without generated ground after a switch leaves the mean unset: the
+            # restart waits for the first frame that has some)
             rec.colour_mean, rec.colour_reference = mean, reference
 
     def _limit_refining_detail(self, states, views: _MemoryViews,
@@ -1001,6 +1007,22 @@ class BuiltinBackend(PagedRunner):
 ANCHOR_DECAY = 0.99
 #: generated pixels a frame needs for its colour to count (a frame at rest shows none)
 ANCHOR_MIN_PIXELS = 64
+
+
+def anchor_colour(pixels: np.ndarray, mean: np.ndarray, reference: np.ndarray,
+                  tolerance: float) -> np.ndarray:
+    """The colour anchor's correction of generated ground ``pixels (P, 3)`` float64 (RGB
+    levels) whose running mean colour is ``mean (3,)``, against ``reference (3,)`` with
+    ``tolerance`` levels, channel by channel: a channel whose mean lies above ``reference +
+    tolerance`` is scaled down to it (a gain: contrast falls with brightness, and dark pixels
+    stay above black where a shift clipped them into black blotches), one below ``reference
+    - tolerance`` is lifted to it by a shift (a gain above 1 would also raise the contrast of
+    the blobs it lifts); within the band nothing changes. Returns ``(P, 3)`` float64,
+    unclipped."""
+    target = np.clip(mean, reference - tolerance, reference + tolerance)
+    gain = np.where(target < mean, target / np.maximum(mean, 1e-6), 1.0)
+    lift = np.where(target > mean, target - mean, 0.0)
+    return pixels * gain + lift
 
 
 def detail_gain(detail: np.ndarray, reference: float, cap: float) -> float:
