@@ -487,8 +487,8 @@ def _import_builtin(gen, arrays: dict[str, np.ndarray], scalars: dict[str, Any])
                     skip=get("skip") if f"h{i}.skip" in arrays else None,
                     poses=(arrays[f"h{i}.poses"].astype(np.float64) if f"h{i}.poses" in arrays
                            else None),
-                    # save points from before the running mean's reference hold none: it
-                    # restarts at the stream's reference on the next chunk
+                    # save points from before the running mean's reference hold none: the
+                    # next chunk restarts the mean (as after a prompt switch)
                     colour_mean=_saved_colour(arrays, f"h{i}.colour_mean"),
                     colour_reference=_saved_colour(arrays, f"h{i}.colour_reference")))
             m = scalars["memory"]
