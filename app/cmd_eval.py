@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
@@ -180,8 +181,14 @@ def register(sub) -> None:
         default=None,
         metavar="LEVELS",
         help="shift generated ground whose running mean colour strays more than LEVELS from "
-        "the stream's real frames' (default: the world's streaming default: 8 for the "
+        "the stream's colour reference (default: the world's streaming default: 2 for the "
         "landscape, off for the avatar); a negative value switches it off",
+    )
+    p.add_argument(
+        "--no-colour-prior",
+        action="store_true",
+        help="anchor colours to the stream's real frames' own mean, not shrunk toward the "
+        "scene's (the landscape's colour_prior.json)",
     )
     p.add_argument(
         "--decode-refining",
@@ -273,6 +280,7 @@ def run(args) -> int:
         "first_step_from_memory": args.first_step_from_memory,
         "refining_detail_cap": args.refining_detail_cap,
         "colour_anchor": args.colour_anchor,
+        "colour_prior": None,  # loaded with the weights; --no-colour-prior leaves it out
         "decode_refining": args.decode_refining,
         "world_noise": args.world_noise,
         "world_noise_period": args.world_noise_period,
@@ -293,6 +301,8 @@ def run(args) -> int:
     for name in ("refining_detail_cap", "colour_anchor"):
         if settings[name] is not None and settings[name] < 0:
             kwargs[name] = None  # BuiltinConfig: None is off
+    if args.no_colour_prior:
+        kwargs["colour_prior"] = None  # BuiltinConfig: None is off
     if args.steady_guidance_sigma == "off":
         kwargs["steady_guidance_sigma"] = None  # BuiltinConfig: None is off
     if args.world == "avatar":
@@ -322,9 +332,15 @@ def run(args) -> int:
         result.update(
             evaluate(gen, quick=args.quick, steps=args.steps, drift_steps=args.drift_steps)
         )
-    result["settings"] = {k: getattr(gen.config, k) for k in settings}
+    result["settings"] = _settings(gen.config, settings)
     print(json.dumps(result) if args.json else json.dumps(result, indent=2))
     return 0
+
+
+def _settings(config, names) -> dict:
+    """The evaluated settings, JSON-ready (a dataclass value, the colour prior, as a dict)."""
+    return {k: (dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v)
+            for k in names for v in [getattr(config, k)]}
 
 
 def _run_avatar(args, kwargs: dict, settings: dict) -> int:
@@ -340,6 +356,6 @@ def _run_avatar(args, kwargs: dict, settings: dict) -> int:
         result["sheet"] = str(save_avatar_sheet(gen, args.sheet, steps=args.steps))
     if not args.skip_metrics:
         result.update(evaluate(gen, quick=args.quick, steps=args.steps))
-    result["settings"] = {k: getattr(gen.config, k) for k in settings}
+    result["settings"] = _settings(gen.config, settings)
     print(json.dumps(result) if args.json else json.dumps(result, indent=2))
     return 0

@@ -17,6 +17,7 @@ from worldstream.engine.backends.builtin import (
 from worldstream.engine.core.backend import ChunkJob
 from worldstream.engine.models.builtin.attention import DenseContext, expand_frame_mask
 from worldstream.engine.models.builtin.autoencoder import build_autoencoder
+from worldstream.engine.models.builtin.colour_prior import ColourPrior
 from worldstream.engine.models.builtin.spatial_memory import centre_box, model_inputs
 from worldstream.engine.models.builtin.world_dit import WorldDiT
 from worldstream.engine.models.builtin.world_noise import chunk_noise
@@ -640,6 +641,33 @@ def test_a_prompt_switch_restarts_the_colour_anchor_at_its_first_generated_frame
     gen.finish()
     np.testing.assert_allclose(state.history[-1].colour_mean, first)
     assert np.abs(first - snow).max() > 1 and np.abs(first).max() > 1
+
+
+def test_a_colour_prior_shrinks_the_reference_toward_the_scene_colour():
+    """With a colour prior the reference is the real frames' mean colour shrunk toward the
+    prompt's scene's colour by the prior's view weight (and the running mean starts there);
+    after a prompt switch the same of the new scene's start view at the world seed (computed
+    here from the simulator); of a blend, its heavier part's; a scene the prior does not
+    know keeps its view's colour."""
+    prior = ColourPrior({"meadow": (80.0, 140.0, 90.0), "snow": (170.0, 180.0, 190.0)}, 0.25)
+    gen = tiny_generator(colour_anchor=8.0, colour_prior=prior)
+    state = gen.new_state("a green meadow", seed=3,
+                          start_frames=np.full((F, 128, 128, 3), 100, np.uint8))
+    gen._prefill(state)
+    np.testing.assert_allclose(state.colour_reference, [85.0, 130.0, 92.5])
+    np.testing.assert_allclose(state.history[-1].colour_mean, [85.0, 130.0, 92.5])
+
+    def start_view(scene):
+        sim = WorldSimulator(3, scene)
+        return np.stack([sim.step(IDLE) for _ in range(F)]).reshape(-1, 3).mean(axis=0)
+
+    snow = np.array([170.0, 180.0, 190.0])
+    for blend, weight, expect in (
+            (None, 0.0, snow + 0.25 * (start_view("snow") - snow)),
+            ("a sandy desert", 0.3, snow + 0.25 * (start_view("snow") - snow)),
+            ("a sandy desert", 0.7, start_view("desert"))):
+        gen.set_prompt(state, "a snowy forest", blend_text=blend, blend_weight=weight)
+        np.testing.assert_allclose(state.colour_reference, expect)
 
 
 def test_spatial_pages_bring_back_the_overlapping_past():

@@ -52,6 +52,8 @@ from worldstream.engine.backends.runner import (
 from worldstream.engine.core.backend import ChunkJob
 from worldstream.engine.models.builtin import text as text_encoder
 from worldstream.engine.models.builtin.autoencoder import frames_to_tensor, tensor_to_frames
+from worldstream.engine.models.builtin.colour_prior import FILENAME as COLOUR_PRIOR_FILE
+from worldstream.engine.models.builtin.colour_prior import ColourPrior
 from worldstream.engine.models.builtin.loading import (
     BUILTIN_DIR,
     load_autoencoder,
@@ -212,10 +214,11 @@ class BuiltinConfig(StreamConfig):
     the model generates (new ground and ground still being refined, the sprite excluded;
     an exponential average over frames, :data:`ANCHOR_DECAY`) is compared, channel by
     channel, with the mean colour of the same reference frames as the detail limit's
-    (``BuiltinState.colour_reference``), and every frame brings that ground's channels back
+    (``BuiltinState.colour_reference``; with ``colour_prior``, that mean shrunk toward the
+    stream's scene's mean colour), and every frame brings that ground's channels back
     into the tolerance band around it (:func:`anchor_colour`: darkened by a gain, lifted by a
-    shift), before it is shown and remembered. Real frames restart the running mean at their
-    mean; a prompt switch at the mean of the first generated frame after it, so the new
+    shift), before it is shown and remembered. Real frames restart the running mean at the
+    reference; a prompt switch at the mean of the first generated frame after it, so the new
     scene's colours hold from that frame on (restarted at the reference instead, the mean
     took ~100 frames to see a night restyled as a white field). The colour coherence of
     autoregressive image-to-video tools (Deforum's "match frame 0" colour matching), with a
@@ -223,7 +226,16 @@ class BuiltinConfig(StreamConfig):
     clearing passing by does not pull it. Why: new ground is generated next to
     the model's own earlier output, so a colour bias compounds in space — the moving night
     world turned into a white field after ~2,500 frames (+132 levels), the snowy one
-    darkened (-48). The landscape's 8 (assets/builtin/MODEL_CARD.md, "The colour anchor").
+    darkened (-48). The landscape's 2 with its colour prior (8 before it: the dead zone
+    let the model's own bias through, the moving meadow +8 levels above its start view;
+    assets/builtin/MODEL_CARD.md, "The colour anchor", "The colour prior").
+    ``colour_prior``: the landscape's per-scene mean colours and the weight a view keeps
+    (:class:`ColourPrior`, fitted on training worlds; None: the reference is the frames' own
+    mean colour). A view's mean is a poor guess at the colour of ground thousands of frames
+    away (a start view by a lake is darker than the world it opens onto): with it the moving
+    meadow's generated ground stayed at its bright start view's colour while the world grew
+    darker. :func:`load_builtin_backend` loads the shipped ``colour_prior.json``
+    (assets/builtin/MODEL_CARD.md, "The colour prior").
     NOTE: one thread is the default because this model's ops are small: with two OpenMP
     threads on a 2-core machine that also runs the video encoder and the event loop, every op
     waits at a barrier for a descheduled thread — measured 140 ms vs 5.9 s per 4-step chunk
@@ -248,7 +260,8 @@ class BuiltinConfig(StreamConfig):
     last_step_cache_sigma: float | None = 0.3
     first_step_from_memory: int | None = 4
     refining_detail_cap: float | None = 2.0
-    colour_anchor: float | None = 8.0
+    colour_anchor: float | None = 2.0
+    colour_prior: ColourPrior | None = None
     action_guidance: float = 1.0
     neutral_action: int | None = None
     kept_factors: tuple[int, ...] = ()
@@ -512,7 +525,8 @@ class BuiltinBackend(PagedRunner):
             # no more of the world than the stream was given
             heavier = (blend_text if blend_text is not None and blend_weight > 0.5
                        else state.prompt)
-            self._set_references(state, self._simulated_start(heavier, state.noise_seed))
+            self._set_references(state, self._simulated_start(heavier, state.noise_seed),
+                                 heavier)
 
     # -- state lifecycle ------------------------------------------------------------------
     def new_state(
@@ -575,25 +589,29 @@ class BuiltinBackend(PagedRunner):
                        move: bool) -> None:
         rec = self._plan([state], [actions], move=move)[0][0]
         rec.latents = self.encode_frames(frames)
-        self._set_references(state, frames, rec.latents)
+        self._set_references(state, frames, state.prompt, rec.latents)
         # the colour anchor's running mean starts at the new reference
         rec.colour_mean = rec.colour_reference = state.colour_reference
         self._append(state, [rec])
         self._commit_extra(state, rec, frames, settled=True)
         self._trim_history(state)
 
-    def _set_references(self, state: BuiltinState, frames: np.ndarray,
+    def _set_references(self, state: BuiltinState, frames: np.ndarray, prompt: str,
                         latents: torch.Tensor | None = None) -> None:
         """The stream's detail and colour references (``BuiltinConfig.refining_detail_cap``,
         ``colour_anchor``; those switched off stay None) from real frames ``(F, H, W, 3)``
-        uint8, ``latents`` their encoding when the caller has it."""
+        uint8 of a stream of ``prompt`` (whose scene's colour the ``colour_prior`` shrinks
+        their mean toward), ``latents`` their encoding when the caller has it."""
         if self.config.refining_detail_cap is not None:
             if latents is None:
                 latents = self.encode_frames(frames)
             lost = frames.astype(np.float32) - self.decode_latents(latents)
             state.detail_reference = float(np.sqrt(np.mean(np.square(lost))))
         if self.config.colour_anchor is not None:
-            state.colour_reference = frames.reshape(-1, 3).mean(axis=0, dtype=np.float64)
+            view = frames.reshape(-1, 3).mean(axis=0, dtype=np.float64)
+            prior = self.config.colour_prior
+            state.colour_reference = (view if prior is None else prior.reference(
+                view, text_encoder.scene_for_prompt(prompt)))
 
     # -- a chunk ----------------------------------------------------------------------------
     def _validate_job(self, job: ChunkJob) -> None:
@@ -1067,9 +1085,13 @@ def residual_weight(change: np.ndarray, t1: float, t2: float) -> np.ndarray:
 
 
 def load_builtin_backend(path: str | Path = BUILTIN_DIR, **kwargs) -> BuiltinBackend:
-    """The shipped built-in model (``assets/builtin/{transformer,vae}``) as a backend.
-    ``kwargs`` go to :class:`BuiltinConfig`. FileNotFoundError names a missing weights file."""
+    """The shipped built-in model (``assets/builtin/{transformer,vae}``, and the colour prior
+    ``colour_prior.json`` where the folder has one) as a backend. ``kwargs`` go to
+    :class:`BuiltinConfig` (``colour_prior=None`` leaves the prior out). FileNotFoundError
+    names a missing weights file, ValueError a corrupt one."""
     path = Path(path)
+    if "colour_prior" not in kwargs and (path / COLOUR_PRIOR_FILE).is_file():
+        kwargs["colour_prior"] = ColourPrior.load(path / COLOUR_PRIOR_FILE)
     return BuiltinBackend(
         load_world_model(path / "transformer"),
         load_autoencoder(path / "vae"),
