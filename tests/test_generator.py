@@ -37,10 +37,11 @@ def tiny_generator(prev_frame: bool = False, pose_path: str | None = None,
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05)
     cfg.setdefault("attention_backend", "reference")
-    # the dense references below are unguided full schedules; steady prompt guidance and the
-    # first step from memory have their own tests
+    # the dense references below are unguided full schedules; steady prompt guidance, the
+    # first step from memory and the colour anchor have their own tests
     cfg.setdefault("steady_guidance_sigma", None)
     cfg.setdefault("first_step_from_memory", None)
+    cfg.setdefault("colour_anchor", None)
     return BuiltinBackend(model, build_autoencoder(width=8), BuiltinConfig(**cfg))
 
 
