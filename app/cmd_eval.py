@@ -339,8 +339,11 @@ def run(args) -> int:
 
 def _settings(config, names) -> dict:
     """The evaluated settings, JSON-ready (a dataclass value, the colour prior, as a dict)."""
-    return {k: (dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v)
-            for k in names for v in [getattr(config, k)]}
+    out = {}
+    for name in names:
+        value = getattr(config, name)
+        out[name] = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+    return out
 
 
 def _run_avatar(args, kwargs: dict, settings: dict) -> int:

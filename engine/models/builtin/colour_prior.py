@@ -9,8 +9,9 @@ fitted on training worlds (``engine.training.colour_prior.fit_colour_prior``), i
 
     reference = scene_mean + view_weight * (view_mean - scene_mean)
 
-with ``view_weight`` ≈ 0.2: a shrinkage estimate (James-Stein style) of the ground's colour
-toward the scene's. Stored beside the weights as ``colour_prior.json``.
+a shrinkage estimate (James-Stein style) of the ground's colour toward the scene's; the view
+weight came out 0.0-0.2 on two sets of 20 training worlds (the shipped fit: 0.0, the scene
+alone). Stored beside the weights as ``colour_prior.json``.
 """
 
 from __future__ import annotations
