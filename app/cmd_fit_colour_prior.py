@@ -14,7 +14,9 @@ def register(sub) -> None:
                        help="fit the built-in landscape's colour prior on simulated walks")
     p.add_argument("--worlds", type=int, default=20,
                    help="training world seeds 0..N-1 walked in every scene (default 20)")
-    p.add_argument("--length", type=int, default=3000, help="frames of each walk")
+    p.add_argument("--length", type=int, default=3000,
+                   help="frames of each walk (the scene's mean is taken from frame "
+                        "min(200, length / 2) on, past the start view)")
     p.add_argument("--far", type=int, default=100,
                    help="the walk's last N frames are the far ground")
     p.add_argument("--out", type=Path, default=BUILTIN_DIR / FILENAME,

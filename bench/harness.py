@@ -34,6 +34,7 @@ from worldstream.engine.models.builtin.autoencoder import build_autoencoder
 from worldstream.engine.models.builtin.loading import (
     BUILTIN_DIR,
     load_autoencoder,
+    load_colour_prior,
     load_world_model,
 )
 from worldstream.engine.models.builtin.world_dit import WorldDiT
@@ -109,6 +110,7 @@ def make_generator(models: Models, chunk_frames: int | None = None, **config) ->
     (``dtype`` may be given as ``"fp32"``/``"bf16"``)."""
     if isinstance(config.get("dtype"), str):
         config["dtype"] = {"fp32": torch.float32, "bf16": torch.bfloat16}[config["dtype"]]
+    config.setdefault("colour_prior", load_colour_prior())  # the landscape's streaming setting
     f = chunk_frames or models.model.config.chunk_frames
     return BuiltinBackend(model_for_chunk(models.model, f), copy.deepcopy(models.autoencoder),
                           BuiltinConfig(**config))

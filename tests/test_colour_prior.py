@@ -30,6 +30,9 @@ def test_reference_shrinks_the_view_toward_the_scene_hand_worked():
     ({"meadow": (1.0, 2.0)}, 0.5),
     ({"meadow": (1.0, 2.0, 300.0)}, 0.5),
     ({"meadow": (1.0, float("nan"), 3.0)}, 0.5),
+    ({"meadow": "123"}, 0.5),
+    ({"medow": (1.0, 2.0, 3.0)}, 0.5),
+    ({"meadow": (1.0, 2.0, 3.0)}, True),
 ])
 def test_a_prior_outside_its_ranges_is_refused(means, weight):
     with pytest.raises(ValueError):
@@ -43,10 +46,14 @@ def test_the_file_round_trips_and_a_bad_one_names_itself(tmp_path):
     back = ColourPrior.load(tmp_path / FILENAME)
     assert back == prior and back.source == "by hand"
     for text in ("{", '{"scene_means": {"meadow": [1, 2]}, "view_weight": 0.2}',
-                 '{"view_weight": 0.2}', "[]"):
+                 '{"view_weight": 0.2}', "[]", '{"scene_means": {"meadow": "123"}, '
+                 '"view_weight": 0.2}', '{"scene_means": {}, "view_weight": "0.2"}'):
         (tmp_path / "bad.json").write_text(text)
         with pytest.raises(ValueError, match="bad.json"):
             ColourPrior.load(tmp_path / "bad.json")
+    (tmp_path / "bad.json").write_bytes(b"\xff\xfe{")
+    with pytest.raises(ValueError, match="bad.json"):
+        ColourPrior.load(tmp_path / "bad.json")
     with pytest.raises(FileNotFoundError):
         ColourPrior.load(tmp_path / "missing.json")
 
@@ -97,3 +104,19 @@ def test_the_shipped_prior_loads_with_the_model():
     assert 0.0 <= shipped.view_weight < 0.5  # a view says little of ground far away
     assert load_builtin_backend().config.colour_prior == shipped
     assert load_builtin_backend(colour_prior=None).config.colour_prior is None
+
+
+def test_a_model_folder_without_a_prior_takes_the_shipped_one(tmp_path):
+    """The prior is the simulator's, not the weights': a retrained model's folder without
+    one gets the shipped prior; one with its own gets that."""
+    import shutil
+
+    from worldstream.engine.backends.builtin import load_builtin_backend
+
+    for part in ("transformer", "vae"):
+        shutil.copytree(BUILTIN_DIR / part, tmp_path / part)
+    shipped = ColourPrior.load(BUILTIN_DIR / FILENAME)
+    assert load_builtin_backend(tmp_path).config.colour_prior == shipped
+    own = ColourPrior({"meadow": (1.0, 2.0, 3.0)}, 0.5)
+    own.save(tmp_path / FILENAME)
+    assert load_builtin_backend(tmp_path).config.colour_prior == own

@@ -24,3 +24,23 @@ def test_refuses_other_values(option, text, capsys):
     with pytest.raises(SystemExit) as exc:
         cli.build_parser().parse_args(["eval", option, text])
     assert exc.value.code == 2 and option in capsys.readouterr().err
+
+
+def test_the_colour_prior_is_reported_and_can_be_left_out(capsys):
+    """The evaluated settings name the colour prior the model streams with (the shipped
+    file's numbers); ``--no-colour-prior`` leaves it out."""
+    import json
+
+    from worldstream.engine.models.builtin.colour_prior import FILENAME, ColourPrior
+    from worldstream.engine.models.builtin.loading import BUILTIN_DIR
+
+    shipped = ColourPrior.load(BUILTIN_DIR / FILENAME)
+    for extra, expect in (([], shipped), (["--no-colour-prior"], None)):
+        assert cli.main(["eval", "--skip-metrics", "--json", *extra]) == 0
+        settings = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["settings"]
+        got = settings["colour_prior"]
+        if expect is None:
+            assert got is None
+        else:
+            assert got["view_weight"] == expect.view_weight
+            assert {k: tuple(v) for k, v in got["scene_means"].items()} == expect.scene_means

@@ -648,8 +648,8 @@ def test_a_colour_prior_shrinks_the_reference_toward_the_scene_colour():
     """With a colour prior the reference is the real frames' mean colour shrunk toward the
     prompt's scene's colour by the prior's view weight (and the running mean starts there);
     after a prompt switch the same of the new scene's start view at the world seed (computed
-    here from the simulator); of a blend, its heavier part's; a scene the prior does not
-    know keeps its view's colour."""
+    here from the simulator); of a blend, its heavier part's, also for real frames observed
+    under the blend; a scene the prior does not know keeps its view's colour."""
     prior = ColourPrior({"meadow": (80.0, 140.0, 90.0), "snow": (170.0, 180.0, 190.0)}, 0.25)
     gen = tiny_generator(colour_anchor=8.0, colour_prior=prior)
     state = gen.new_state("a green meadow", seed=3,
@@ -669,6 +669,10 @@ def test_a_colour_prior_shrinks_the_reference_toward_the_scene_colour():
             ("a sandy desert", 0.7, start_view("desert"))):
         gen.set_prompt(state, "a snowy forest", blend_text=blend, blend_weight=weight)
         np.testing.assert_allclose(state.colour_reference, expect)
+    # real frames observed after a blend whose heavier part is the snow: the snow's colour
+    gen.set_prompt(state, "a sandy desert", blend_text="a snowy forest", blend_weight=0.7)
+    gen.observe(state, np.full((F, 128, 128, 3), 100, np.uint8), [IDLE] * F)
+    np.testing.assert_allclose(state.colour_reference, snow + 0.25 * (100.0 - snow))
 
 
 def test_spatial_pages_bring_back_the_overlapping_past():

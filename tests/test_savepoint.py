@@ -15,6 +15,7 @@ from worldstream.engine.core.api import ActionCommand, ForkCommand, PromptComman
 from worldstream.engine.core.config import EngineConfig
 from worldstream.engine.core.engine import Engine
 from worldstream.engine.core.inputlog import parse_log
+from worldstream.engine.models.builtin.colour_prior import ColourPrior
 from worldstream.engine.studio import worldio
 from worldstream.engine.studio.replay import ReplayError, replay
 from worldstream.engine.studio.savepoint import (
@@ -148,6 +149,8 @@ def test_builtin_save_load_continue_5s_is_identical(builtin):
     arrays, meta = decode(data, builtin)
     assert arrays["kv.k"].shape[1] == meta["state"]["table"]["pages"] > 0
     assert arrays["rng"].dtype == np.uint8 and arrays["mem.rgb"].shape[0] > 0
+    # the scene the colour prior reads after the switch travels with the file
+    assert meta["state"]["reference_prompt"] == "a snowy forest"
 
 
 def test_builtin_save_load_continue_at_rest_keeps_the_world_noise_clock():
@@ -215,6 +218,11 @@ def test_model_version_names_weights_and_settings(builtin):
 
     assert model_version(builtin) == model_version(load_builtin_backend())
     assert model_version(builtin) != model_version(load_builtin_backend(window_chunks=3))
+    # the colour prior's numbers are settings; its note on how it was fitted is not
+    prior = builtin.config.colour_prior
+    refitted = ColourPrior(prior.scene_means, prior.view_weight, "another note")
+    assert model_version(builtin) == model_version(load_builtin_backend(colour_prior=refitted))
+    assert model_version(builtin) != model_version(load_builtin_backend(colour_prior=None))
     assert model_version(SimBackend()) == model_version(SimBackend())
     meta = json.loads(json.dumps({"v": model_version(builtin)}))
     assert len(meta["v"]) == 64

@@ -52,11 +52,11 @@ from worldstream.engine.backends.runner import (
 from worldstream.engine.core.backend import ChunkJob
 from worldstream.engine.models.builtin import text as text_encoder
 from worldstream.engine.models.builtin.autoencoder import frames_to_tensor, tensor_to_frames
-from worldstream.engine.models.builtin.colour_prior import FILENAME as COLOUR_PRIOR_FILE
 from worldstream.engine.models.builtin.colour_prior import ColourPrior
 from worldstream.engine.models.builtin.loading import (
     BUILTIN_DIR,
     load_autoencoder,
+    load_colour_prior,
     load_world_model,
 )
 from worldstream.engine.models.builtin.spatial_memory import (
@@ -227,15 +227,16 @@ class BuiltinConfig(StreamConfig):
     the model's own earlier output, so a colour bias compounds in space — the moving night
     world turned into a white field after ~2,500 frames (+132 levels), the snowy one
     darkened (-48). The landscape's 2 with its colour prior (8 before it: the dead zone
-    let the model's own bias through, the moving meadow +8 levels above its start view;
+    let the model's own bias through, the moving meadow +7 levels above its start view;
     assets/builtin/MODEL_CARD.md, "The colour anchor", "The colour prior").
     ``colour_prior``: the landscape's per-scene mean colours and the weight a view keeps
     (:class:`ColourPrior`, fitted on training worlds; None: the reference is the frames' own
-    mean colour). A view's mean is a poor guess at the colour of ground thousands of frames
-    away (a start view by a lake is darker than the world it opens onto): with it the moving
-    meadow's generated ground stayed at its bright start view's colour while the world grew
-    darker. :func:`load_builtin_backend` loads the shipped ``colour_prior.json``
-    (assets/builtin/MODEL_CARD.md, "The colour prior").
+    mean colour; the landscape's streaming settings take the shipped one,
+    ``engine.models.builtin.loading.load_colour_prior``, as :func:`load_builtin_backend`, the
+    on-policy pool and the bench harness do). A view's mean is a poor guess at the colour of
+    ground thousands of frames away (a start view by a lake is darker than the world it opens
+    onto): with it the moving meadow's generated ground stayed at its bright start view's
+    colour while the world grew darker (assets/builtin/MODEL_CARD.md, "The colour prior").
     NOTE: one thread is the default because this model's ops are small: with two OpenMP
     threads on a 2-core machine that also runs the video encoder and the event loop, every op
     waits at a barrier for a descheduled thread — measured 140 ms vs 5.9 s per 4-step chunk
@@ -383,9 +384,13 @@ class BuiltinState(RunnerState):
     # prompt switch, on the frames a stream of the new prompt would start from
     # (BuiltinConfig.refining_detail_cap; None when that is off)
     detail_reference: float | None = None
-    # (3,) float64 mean colour (RGB levels) of the same frames (BuiltinConfig.colour_anchor;
-    # None when that is off)
+    # (3,) float64 colour (RGB levels) the colour anchor holds generated ground near: the mean
+    # of the same frames, shrunk toward the scene's mean colour by BuiltinConfig.colour_prior
+    # (BuiltinConfig.colour_anchor; None when that is off)
     colour_reference: np.ndarray | None = None
+    # the prompt whose scene the colour prior reads: the stream's, after a blended switch its
+    # heavier part's (the simulator backend's cross-fade shows that part's scene)
+    reference_prompt: str = ""
 
     @property
     def camera(self) -> tuple[np.ndarray, torch.Tensor]:
@@ -523,10 +528,10 @@ class BuiltinBackend(PagedRunner):
             # frames a stream of the new prompt (its heavier part, as the simulator backend
             # cross-fades to) would start from at this world seed — the start view restyled,
             # no more of the world than the stream was given
-            heavier = (blend_text if blend_text is not None and blend_weight > 0.5
-                       else state.prompt)
-            self._set_references(state, self._simulated_start(heavier, state.noise_seed),
-                                 heavier)
+            state.reference_prompt = (blend_text if blend_text is not None
+                                      and blend_weight > 0.5 else state.prompt)
+            self._set_references(state, self._simulated_start(state.reference_prompt,
+                                                              state.noise_seed))
 
     # -- state lifecycle ------------------------------------------------------------------
     def new_state(
@@ -551,7 +556,8 @@ class BuiltinBackend(PagedRunner):
     def _make_state(self, table, prompt, text, rng, start_frames=None) -> BuiltinState:
         return BuiltinState(table, prompt, text, rng,
                             memory=SpatialMemory(max_tiles=self.config.memory_tiles),
-                            start_frames=start_frames, noise_seed=rng.initial_seed())
+                            start_frames=start_frames, noise_seed=rng.initial_seed(),
+                            reference_prompt=prompt)
 
     def _fork_state(self, state: BuiltinState, table, rng) -> BuiltinState:
         return BuiltinState(
@@ -560,7 +566,7 @@ class BuiltinBackend(PagedRunner):
             state.needs_recache, memory=state.memory.fork(), start_frames=state.start_frames,
             restyle_left=state.restyle_left, guide_left=state.guide_left,
             noise_seed=state.noise_seed, detail_reference=state.detail_reference,
-            colour_reference=state.colour_reference,
+            colour_reference=state.colour_reference, reference_prompt=state.reference_prompt,
         )
 
     def _undo_extra(self, state: BuiltinState, record: _ChunkRecord) -> None:
@@ -589,19 +595,19 @@ class BuiltinBackend(PagedRunner):
                        move: bool) -> None:
         rec = self._plan([state], [actions], move=move)[0][0]
         rec.latents = self.encode_frames(frames)
-        self._set_references(state, frames, state.prompt, rec.latents)
+        self._set_references(state, frames, rec.latents)
         # the colour anchor's running mean starts at the new reference
         rec.colour_mean = rec.colour_reference = state.colour_reference
         self._append(state, [rec])
         self._commit_extra(state, rec, frames, settled=True)
         self._trim_history(state)
 
-    def _set_references(self, state: BuiltinState, frames: np.ndarray, prompt: str,
+    def _set_references(self, state: BuiltinState, frames: np.ndarray,
                         latents: torch.Tensor | None = None) -> None:
         """The stream's detail and colour references (``BuiltinConfig.refining_detail_cap``,
         ``colour_anchor``; those switched off stay None) from real frames ``(F, H, W, 3)``
-        uint8 of a stream of ``prompt`` (whose scene's colour the ``colour_prior`` shrinks
-        their mean toward), ``latents`` their encoding when the caller has it."""
+        uint8 (their mean colour shrunk by the ``colour_prior`` toward the scene of
+        ``state.reference_prompt``), ``latents`` their encoding when the caller has it."""
         if self.config.refining_detail_cap is not None:
             if latents is None:
                 latents = self.encode_frames(frames)
@@ -611,7 +617,7 @@ class BuiltinBackend(PagedRunner):
             view = frames.reshape(-1, 3).mean(axis=0, dtype=np.float64)
             prior = self.config.colour_prior
             state.colour_reference = (view if prior is None else prior.reference(
-                view, text_encoder.scene_for_prompt(prompt)))
+                view, text_encoder.scene_for_prompt(state.reference_prompt)))
 
     # -- a chunk ----------------------------------------------------------------------------
     def _validate_job(self, job: ChunkJob) -> None:
@@ -1085,13 +1091,15 @@ def residual_weight(change: np.ndarray, t1: float, t2: float) -> np.ndarray:
 
 
 def load_builtin_backend(path: str | Path = BUILTIN_DIR, **kwargs) -> BuiltinBackend:
-    """The shipped built-in model (``assets/builtin/{transformer,vae}``, and the colour prior
-    ``colour_prior.json`` where the folder has one) as a backend. ``kwargs`` go to
-    :class:`BuiltinConfig` (``colour_prior=None`` leaves the prior out). FileNotFoundError
-    names a missing weights file, ValueError a corrupt one."""
+    """The shipped built-in model (``assets/builtin/{transformer,vae}``) as a backend, with
+    the colour prior of ``path/colour_prior.json``, or the shipped one where the folder has
+    none (the prior is the simulator's, not the weights': a retrained model keeps it).
+    ``kwargs`` go to :class:`BuiltinConfig` (``colour_prior=None`` leaves the prior out).
+    FileNotFoundError names a missing weights file, ValueError a corrupt weights or prior
+    file."""
     path = Path(path)
-    if "colour_prior" not in kwargs and (path / COLOUR_PRIOR_FILE).is_file():
-        kwargs["colour_prior"] = ColourPrior.load(path / COLOUR_PRIOR_FILE)
+    if "colour_prior" not in kwargs:
+        kwargs["colour_prior"] = load_colour_prior(path)
     return BuiltinBackend(
         load_world_model(path / "transformer"),
         load_autoencoder(path / "vae"),

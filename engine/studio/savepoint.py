@@ -83,6 +83,8 @@ def model_version(backend: Any) -> str:
         settings = dataclasses.asdict(backend.config)
         settings.pop("cpu_threads")  # frames may differ across thread counts; files do not
         settings.pop("max_states")
+        if settings.get("colour_prior"):
+            settings["colour_prior"].pop("source")  # a note on how it was fitted, not frames
         h.update(json.dumps(settings, sort_keys=True, default=str).encode())
         h.update(str(backend.ae_dtype).encode())
     elif backend.name == "sim":
@@ -410,6 +412,7 @@ def _export_builtin(gen, state) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
             "detail_reference": state.detail_reference,
             "colour_reference": (None if state.colour_reference is None
                                  else [float(v) for v in state.colour_reference]),
+            "reference_prompt": state.reference_prompt,
             "table": {"num_chunks": state.table.num_chunks,
                       "sink_pages": len(state.table.sink_pages()), "pages": len(pages)},
             "history": history,
@@ -517,7 +520,10 @@ def _import_builtin(gen, arrays: dict[str, np.ndarray], scalars: dict[str, Any])
                                 detail_reference=_optional_float(
                                     scalars.get("detail_reference")),
                                 colour_reference=_optional_colour(
-                                    scalars.get("colour_reference")))
+                                    scalars.get("colour_reference")),
+                                # older files: the stream's own prompt
+                                reference_prompt=str(scalars.get("reference_prompt",
+                                                                 scalars["prompt"])))
         except BaseException:
             held = set(table.all_pages())
             table.free()

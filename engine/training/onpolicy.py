@@ -49,6 +49,7 @@ from worldstream.engine.models.builtin.attention import (
     block_causal_frame_mask,
     expand_frame_mask,
 )
+from worldstream.engine.models.builtin.loading import load_colour_prior
 from worldstream.engine.models.builtin.world_dit import CameraDynamics, WorldDiT
 from worldstream.engine.training.common import (
     autocast,
@@ -412,17 +413,18 @@ def build_pool(
     settings: dict | None = None,
 ) -> OnPolicyPool:
     """Roll a copy of ``model`` (eval mode, fp32) out on episodes ``index`` with the world's
-    streaming ``settings`` (:class:`BuiltinConfig` keyword arguments; None: its defaults, the
-    landscape's) in ``steps`` denoising steps, ``batch`` episodes at a time (batched forwards:
-    the rollouts need no bit-exact replay), and replay their bases; ``prompts`` the table the
-    shards' prompt indices point into."""
+    streaming ``settings`` (:class:`BuiltinConfig` keyword arguments; None: its defaults and
+    the shipped colour prior, the landscape's) in ``steps`` denoising steps, ``batch``
+    episodes at a time (batched forwards: the rollouts need no bit-exact replay), and replay
+    their bases; ``prompts`` the table the shards' prompt indices point into."""
     device = device or pick_device()
     gen = BuiltinBackend(
         copy.deepcopy(model).float(),
         copy.deepcopy(ae),
         # one restyle pass per switch: the bases are replayed by memory_bases, which starts
         # one memory epoch per scene switch (as the recorded training data does)
-        BuiltinConfig(**{**(settings or {}), "max_states": batch, "device": device.type,
+        BuiltinConfig(**{"colour_prior": load_colour_prior(), **(settings or {}),
+                         "max_states": batch, "device": device.type,
                          "cpu_threads": None, "batch_invariant": False, "restyle_chunks": 1}),
     )
     ae_enc = ae.to(device).eval()

@@ -23,17 +23,20 @@ from pathlib import Path
 
 import numpy as np
 
+from worldstream.engine.worlds.scenes import SCENE_NAMES
+
 FILENAME = "colour_prior.json"
 
 
-@dataclass(frozen=True)
+@dataclass
 class ColourPrior:
     """Per-scene mean colours (RGB levels, 0-255) and the weight a view's own mean keeps.
 
     ``scene_means``: scene name -> ``(r, g, b)`` mean colour of the scene's frames on
     training worlds. ``view_weight`` in [0, 1]: 0 trusts the scene alone, 1 the view alone.
     ``source``: how it was fitted (command and data), for the model card.
-    ValueError for a weight outside [0, 1] or a colour that is not three levels in [0, 255].
+    ValueError for a scene the landscape does not have, a weight outside [0, 1] or a colour
+    that is not a sequence of three levels in [0, 255].
     """
 
     scene_means: dict[str, tuple[float, float, float]]
@@ -41,11 +44,13 @@ class ColourPrior:
     source: str = field(default="", compare=False)
 
     def __post_init__(self):
-        if not (isinstance(self.view_weight, (int, float)) and 0.0 <= self.view_weight <= 1.0):
+        if not (_is_level(self.view_weight) and 0.0 <= self.view_weight <= 1.0):
             raise ValueError(f"view_weight must be in [0, 1], got {self.view_weight!r}")
         for scene, colour in self.scene_means.items():
-            if (len(colour) != 3 or not all(isinstance(v, (int, float)) and math.isfinite(v)
-                                            and 0.0 <= v <= 255.0 for v in colour)):
+            if scene not in SCENE_NAMES:
+                raise ValueError(f"unknown scene {scene!r}; expected one of {SCENE_NAMES}")
+            if not (isinstance(colour, (list, tuple)) and len(colour) == 3
+                    and all(_is_level(v) and 0.0 <= v <= 255.0 for v in colour)):
                 raise ValueError(f"scene {scene!r}: mean colour must be 3 levels in [0, 255], "
                                  f"got {colour!r}")
 
@@ -73,10 +78,19 @@ class ColourPrior:
         """Read one written by :meth:`save`. FileNotFoundError for a missing file, ValueError
         naming the file for one that does not hold a prior."""
         path = Path(path)
-        text = path.read_text()
+        if not path.is_file():
+            raise FileNotFoundError(f"colour prior file missing: {path} (fit it with "
+                                    "`worldstream fit-colour-prior`, or restore it from git)")
         try:
-            raw = json.loads(text)
-            return cls({k: tuple(float(v) for v in c) for k, c in raw["scene_means"].items()},
-                       float(raw["view_weight"]), str(raw.get("source", "")))
+            raw = json.loads(path.read_text())
+            means = {k: tuple(c) if isinstance(c, list) else c
+                     for k, c in raw["scene_means"].items()}
+            return cls(means, raw["view_weight"], str(raw.get("source") or ""))
         except (ValueError, KeyError, TypeError, AttributeError) as err:
             raise ValueError(f"could not read a colour prior from {path}: {err}") from err
+
+
+def _is_level(value) -> bool:
+    """A finite real number (a bool is not one)."""
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value))

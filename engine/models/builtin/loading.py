@@ -8,6 +8,8 @@ from pathlib import Path
 from diffusers import AutoencoderTiny
 from diffusers.utils import logging as diffusers_logging
 
+from worldstream.engine.models.builtin.colour_prior import FILENAME as COLOUR_PRIOR_FILE
+from worldstream.engine.models.builtin.colour_prior import ColourPrior
 from worldstream.engine.models.builtin.world_dit import WorldDiT
 
 BUILTIN_DIR = Path(__file__).resolve().parents[3] / "assets" / "builtin"
@@ -47,3 +49,11 @@ def load_autoencoder(folder: Path = BUILTIN_DIR / "vae") -> AutoencoderTiny:
 def load_world_model(folder: Path = BUILTIN_DIR / "transformer") -> WorldDiT:
     """The built-in world transformer; FileNotFoundError/ValueError naming the bad file."""
     return _load(WorldDiT, folder)
+
+
+def load_colour_prior(folder: Path = BUILTIN_DIR) -> ColourPrior:
+    """The landscape's colour prior from ``folder/colour_prior.json``, or the shipped one where
+    the folder has none (the prior comes from the simulator, not the weights: a retrained
+    model keeps it). FileNotFoundError/ValueError naming a missing or corrupt file."""
+    path = Path(folder) / COLOUR_PRIOR_FILE
+    return ColourPrior.load(path if path.is_file() else BUILTIN_DIR / COLOUR_PRIOR_FILE)
