@@ -191,6 +191,14 @@ def register(sub) -> None:
         "scene's (the landscape's colour_prior.json)",
     )
     p.add_argument(
+        "--memory-settle-px",
+        type=int,
+        default=None,
+        metavar="PX",
+        help="new ground is rewritten by every frame until a frame has seen it PX pixels "
+        "inside its border (default: the world's streaming default)",
+    )
+    p.add_argument(
         "--decode-refining",
         action="store_true",
         default=None,
@@ -282,6 +290,7 @@ def run(args) -> int:
         "colour_anchor": args.colour_anchor,
         "colour_prior": None,  # loaded with the weights; --no-colour-prior leaves it out
         "decode_refining": args.decode_refining,
+        "memory_settle_px": args.memory_settle_px,
         "world_noise": args.world_noise,
         "world_noise_period": args.world_noise_period,
         "world_noise_hold": args.world_noise_hold,

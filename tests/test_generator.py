@@ -448,6 +448,51 @@ def test_residual_deadzone_keeps_remembered_pixels_under_it():
         BuiltinConfig(residual_deadzone=255)
 
 
+def test_memory_settle_px_is_how_far_inside_new_ground_is_rewritten():
+    """Moving right from the start frames: the pixels a frame rewrites (``refining``) are
+    recomputed here from the camera windows alone — a real frame final where it covers, a
+    generated pixel keeping the largest distance from a frame border (plus one, capped at the
+    setting) it was seen at, the sprite never written — and at 32 px they reach past where
+    16 px stops."""
+    start = np.random.default_rng(0).integers(0, 256, (F, 128, 128, 3), dtype=np.uint8)
+    reached = {}
+    for settle in (16, 32):
+        gen = tiny_generator(memory_settle_px=settle, memory_chunks=16)  # every chunk kept
+        exact_camera(gen.model.camera)
+        state = gen.new_state("a green meadow", seed=3, start_frames=start)
+        assert state.memory.settle_px == settle
+        assert gen.fork(state).memory.settle_px == settle
+        for chunk in range(10):  # right: new ground; the last chunk reads memory's windows
+            before = state.memory.fork()
+            (res,) = gen.generate([ChunkJob(state, [5] * F, steps=1, seed=chunk)])
+            gen.finish()
+            assert res.error is None
+        history = list(state.history)
+        assert len(history) == 11  # the start frames and every chunk
+        windows = [(rec.origins, rec is history[0]) for rec in history[:-1]]
+        # the expected view map on a canvas around every window
+        lo = min(o.min(axis=0).min() for o, _ in windows) - 256
+        canvas = np.zeros((1024, 1024), np.int32)  # 0: never written
+        d = np.minimum(np.arange(128), np.arange(128)[::-1])
+        view = np.minimum(np.minimum(d[:, None], d[None, :]) + 1, settle)
+        for origins, real in windows:
+            for x0, y0 in origins:
+                ys, xs = slice(y0 - lo, y0 - lo + 128), slice(x0 - lo, x0 - lo + 128)
+                seen = np.full((128, 128), settle) if real else view
+                new = np.where(gen._exclude, canvas[ys, xs], np.maximum(canvas[ys, xs], seen))
+                canvas[ys, xs] = seen if real else new
+        x0, y0 = state.history[-1].origins[0]
+        old = canvas[y0 - lo : y0 - lo + 128, x0 - lo : x0 - lo + 128]
+        expected = (old > 0) & (old < view)
+        refining = before.read(x0, y0, 128).refining
+        np.testing.assert_array_equal(refining, expected)
+        assert expected.sum() > 100
+        reached[settle] = 128 - np.nonzero(refining.any(axis=0))[0].min()  # px in from the right
+    assert reached[16] <= 16 + 8 < reached[32]
+    with pytest.raises(ValueError, match="memory_settle_px"):
+        BuiltinConfig(memory_settle_px=0)
+
+
 def test_decode_refining_shows_the_models_decode_on_new_ground_being_refined():
     """Moving right on from generated ground: where a frame rewrites memory's not yet settled
     pixels, ``decode_refining`` shows the decoded latents; everywhere else both settings show

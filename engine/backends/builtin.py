@@ -85,7 +85,19 @@ class BuiltinConfig(StreamConfig):
     view their frame's camera window covers (0 = off; the spatial top-k beside the recency
     window). ``dtype``: compute dtype. ``cpu_threads``: torch intra-op threads on CPU
     (process-wide; None = leave as is). ``memory_tiles``: spatial-memory tiles (64 px) kept per
-    state (LRU beyond). ``pixel_residual``: where memory holds current content, show the
+    state (LRU beyond). ``memory_settle_px``: how far inside a frame (px from its border) a
+    generated pixel must have been seen before it is final in memory (``SpatialMemory``'s
+    ``settle_px``; the training replay keeps its 16): new ground is rewritten by every frame
+    until then, each time as memory plus the model's change, so it carries the detail of every
+    frame that rewrote it. The landscape's 24: at 16 a camera moving ``v`` px a frame
+    settled neighbouring bands of ``v/2`` columns after different numbers of rewrites, each
+    band's edge a seam of one frame's detail (the moving night's vertical lines every 6 px),
+    and new ground came out softer than the simulator's (snow 0.53-0.59 of its sharpness at
+    the worst 40 frames); 24 spreads each seam over more rewrites and lifts that to 0.62-0.71.
+    The price: a loop on generated ground comes back to 1.2 dB more change, as more of the
+    ground near the border is still being rewritten when the camera returns
+    (assets/builtin/MODEL_CARD.md, "How far in new ground settles").
+    ``pixel_residual``: where memory holds current content, show the
     remembered pixels plus the model's change to them (``memory + decode(x0) - decode(base)``)
     instead of ``decode(x0)``: remembered ground keeps its full sharpness instead of the
     autoencoder's, and the model's changes (water, clouds, creatures) still show; costs one
@@ -246,6 +258,7 @@ class BuiltinConfig(StreamConfig):
     topk_pages: int = 0
     spatial_pages: int = 0
     memory_tiles: int = 256
+    memory_settle_px: int = 24
     pixel_residual: bool = True
     residual_deadzone: float = 0.0
     residual_gate: tuple[float, float] | None = None
@@ -276,8 +289,8 @@ class BuiltinConfig(StreamConfig):
         super().__post_init__()
         if self.topk_pages < 0 or self.spatial_pages < 0:
             raise ValueError("topk_pages and spatial_pages must be >= 0")
-        if self.memory_tiles < 1 or self.restyle_chunks < 1:
-            raise ValueError("memory_tiles and restyle_chunks must be >= 1")
+        if self.memory_tiles < 1 or self.restyle_chunks < 1 or self.memory_settle_px < 1:
+            raise ValueError("memory_tiles, memory_settle_px and restyle_chunks must be >= 1")
         if self.guidance < 0 or (self.guidance_chunks is not None and self.guidance_chunks < 0):
             raise ValueError("guidance and guidance_chunks must be >= 0")
         if self.steady_guidance_sigma is not None and not 0 < self.steady_guidance_sigma <= 1:
@@ -555,7 +568,8 @@ class BuiltinBackend(PagedRunner):
 
     def _make_state(self, table, prompt, text, rng, start_frames=None) -> BuiltinState:
         return BuiltinState(table, prompt, text, rng,
-                            memory=SpatialMemory(max_tiles=self.config.memory_tiles),
+                            memory=SpatialMemory(max_tiles=self.config.memory_tiles,
+                                                settle_px=self.config.memory_settle_px),
                             start_frames=start_frames, noise_seed=rng.initial_seed(),
                             reference_prompt=prompt)
 
