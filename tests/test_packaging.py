@@ -1,6 +1,7 @@
 """The install maps every source folder under the ``worldstream`` namespace (issue 13)."""
 
 import tomllib
+from importlib.metadata import packages_distributions
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,3 +37,13 @@ def test_no_source_imports_a_bare_top_level_name():
                 ):
                     offenders.append(f"{path.relative_to(ROOT)}:{number}")
     assert offenders == []
+
+
+def test_no_installed_distribution_claims_a_top_level_folder_name():
+    # the folders are importable by their bare names wherever the repo root is on sys.path
+    # (pytest, `python -m bench`) and then shadow an installed package of the same name: with
+    # Hugging Face's `kernels` installed (transformers 5.25 requires it) transformers imported
+    # our kernels/ as theirs and no diffusers model loaded (pyproject.toml pins it out)
+    claimed = {top: sorted(set(packages_distributions().get(top, [])) - {"worldstream"})
+               for top in TOP_LEVEL}
+    assert {top: d for top, d in claimed.items() if d} == {}
