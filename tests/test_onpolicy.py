@@ -74,8 +74,14 @@ def test_forced_rollout_replays_to_exactly_what_the_generator_read():
     np.testing.assert_array_equal(origins, (eps.camera[:, f:] - eps.camera[:, f - 1 : f]))
     pictures = np.concatenate(seen["pictures"], axis=1)
     for i in range(len(eps.index)):
-        rgb, _ = memory_bases(rolls.frames[i], rolls.camera[i], eps.switch[i], f)
+        rgb, _ = memory_bases(rolls.frames[i], rolls.camera[i], eps.switch[i], f,
+                              settle_px=gen.config.memory_settle_px)
         np.testing.assert_array_equal(rgb[f:], pictures[i])
+    # the stream's settle distance matters here: the training replay's 16 reads other bases
+    assert gen.config.memory_settle_px != 16
+    assert any(not np.array_equal(memory_bases(rolls.frames[i], rolls.camera[i],
+                                               eps.switch[i], f)[0][f:], pictures[i])
+               for i in range(len(eps.index)))
     np.testing.assert_array_equal(rolls.frames[:, :f], eps.first)
     assert rolls.latents.shape == (2, 16, 4, 32, 32)
     assert np.isfinite(rolls.camera_err).all()

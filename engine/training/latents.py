@@ -86,6 +86,7 @@ def attach_poses(data: LatentDataset, rig) -> None:
 def memory_bases(
     recon: np.ndarray, camera: np.ndarray, switch: np.ndarray, chunk_frames: int,
     view_box: int = VIEW_BOX, warp=None, actions: np.ndarray | None = None,
+    settle_px: int = 16,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Replay one episode through a :class:`SpatialMemory` as the engine does: each chunk's
     frames read their base at their camera position from the memory as of the chunk's start,
@@ -97,9 +98,11 @@ def memory_bases(
     ``switch (L,)`` bool, ``view_box`` the side of the centre square never written (px);
     ``warp`` a base warp (``engine.worlds.catalog.make_base_warp``) that moves each picture to
     the pose of the episode's avatar ``actions (L,)`` from its ``rest`` pose, as the engine
-    does (None: the pictures as read). Returns base pictures ``(L, S, S, 3)`` uint8 and known
+    does (None: the pictures as read); ``settle_px`` the memory's settle distance (16, as the
+    shipped weights were trained; on-policy replays pass the stream's,
+    ``BuiltinConfig.memory_settle_px``). Returns base pictures ``(L, S, S, 3)`` uint8 and known
     planes ``(L, 2, S/d, S/d)`` float32."""
-    memory = SpatialMemory()
+    memory = SpatialMemory(settle_px=settle_px)
     exclude = centre_box(recon.shape[1], view_box)
     bases, known = [], []
     for c in range(0, len(recon), chunk_frames):

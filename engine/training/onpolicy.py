@@ -237,14 +237,15 @@ def collect_rollouts(
 @torch.no_grad()
 def onpolicy_bases(
     ae, rolls: Rollouts, eps: EpisodeSpec, chunk_frames: int, device: torch.device,
-    model_config,
+    model_config, settle_px: int = 16,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Memory bases of the generated frames, replayed as ``memory_bases`` replays the
     reconstructions, with the view box and base warp of the model (``model_config``, a
-    :class:`WorldDiT` config) as the engine reads them: ``base (E, L, C, h, w)`` float16 raw
-    autoencoder latents (encoded as the training data was, :func:`ae_encode`) and ``known (E,
-    L, 2, h, w)`` uint8 (fractions × 255; equal to the original data's, since they depend only
-    on the camera path and switches)."""
+    :class:`WorldDiT` config) and the settle distance of the stream that generated them
+    (``settle_px``, ``BuiltinConfig.memory_settle_px``), as the engine reads them: ``base (E,
+    L, C, h, w)`` float16 raw autoencoder latents (encoded as the training data was,
+    :func:`ae_encode`) and ``known (E, L, 2, h, w)`` uint8 (fractions × 255; equal to the
+    original data's, since they depend only on the camera path and switches)."""
     bases, knowns = [], []
     n = rolls.frames.shape[1]
     mc = model_config
@@ -252,7 +253,7 @@ def onpolicy_bases(
     for i in range(len(rolls.frames)):
         rgb, planes = memory_bases(
             rolls.frames[i], rolls.camera[i], eps.switch[i, :n], chunk_frames, mc.view_box,
-            warp, eps.actions[i, :n],
+            warp, eps.actions[i, :n], settle_px,
         )
         bases.append(ae_encode(ae, rgb, device).cpu().half())
         knowns.append(torch.as_tensor(planes * 255).round().to(torch.uint8))
@@ -433,7 +434,8 @@ def build_pool(
     for a in tqdm(range(0, len(index), batch), desc=f"on-policy round {round}", unit="batch"):
         eps = load_episodes(shard_dirs, index[a : a + batch], chunk)
         rolls = collect_rollouts(gen, eps, steps, seed=round, prompts=prompts)
-        base, _ = onpolicy_bases(ae_enc, rolls, eps, chunk, device, model.config)
+        base, _ = onpolicy_bases(ae_enc, rolls, eps, chunk, device, model.config,
+                                 gen.config.memory_settle_px)
         bases.append(base)
         lats.append(model.denormalize(rolls.latents).half())
         errs.append(rolls.camera_err.reshape(-1, 2))
