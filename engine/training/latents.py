@@ -17,7 +17,12 @@ from worldstream.engine.models.builtin.autoencoder import (
     frames_to_tensor,
     tensor_to_frames,
 )
-from worldstream.engine.models.builtin.spatial_memory import SpatialMemory, centre_box, model_inputs
+from worldstream.engine.models.builtin.spatial_memory import (
+    SETTLE_PX,
+    SpatialMemory,
+    centre_box,
+    model_inputs,
+)
 from worldstream.engine.training.common import autocast, pick_device
 from worldstream.engine.worlds.catalog import make_base_warp
 from worldstream.engine.worlds.recorder import PROMPTS, load_shard
@@ -86,7 +91,7 @@ def attach_poses(data: LatentDataset, rig) -> None:
 def memory_bases(
     recon: np.ndarray, camera: np.ndarray, switch: np.ndarray, chunk_frames: int,
     view_box: int = VIEW_BOX, warp=None, actions: np.ndarray | None = None,
-    settle_px: int = 16,
+    settle_px: int = SETTLE_PX,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Replay one episode through a :class:`SpatialMemory` as the engine does: each chunk's
     frames read their base at their camera position from the memory as of the chunk's start,

@@ -50,6 +50,7 @@ from worldstream.engine.models.builtin.attention import (
     expand_frame_mask,
 )
 from worldstream.engine.models.builtin.loading import load_colour_prior
+from worldstream.engine.models.builtin.spatial_memory import SETTLE_PX
 from worldstream.engine.models.builtin.world_dit import CameraDynamics, WorldDiT
 from worldstream.engine.training.common import (
     autocast,
@@ -237,7 +238,7 @@ def collect_rollouts(
 @torch.no_grad()
 def onpolicy_bases(
     ae, rolls: Rollouts, eps: EpisodeSpec, chunk_frames: int, device: torch.device,
-    model_config, settle_px: int = 16,
+    model_config, settle_px: int = SETTLE_PX,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Memory bases of the generated frames, replayed as ``memory_bases`` replays the
     reconstructions, with the view box and base warp of the model (``model_config``, a

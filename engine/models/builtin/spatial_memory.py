@@ -30,6 +30,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 UNKNOWN = -1  # epoch of a pixel never written
+#: how far inside a frame (px) a generated pixel is final by default: the training replay's
+#: distance (a stream may settle farther in: ``BuiltinConfig.memory_settle_px``)
+SETTLE_PX = 16
 
 
 @dataclass
@@ -71,7 +74,7 @@ class SpatialMemory:
     to the right, ``y`` downwards (image convention).
     """
 
-    def __init__(self, tile: int = 64, max_tiles: int = 256, settle_px: int = 16):
+    def __init__(self, tile: int = 64, max_tiles: int = 256, settle_px: int = SETTLE_PX):
         if tile < 1 or max_tiles < 1 or settle_px < 1:
             raise ValueError("tile, max_tiles and settle_px must be >= 1")
         self.tile, self.max_tiles, self.settle_px = tile, max_tiles, settle_px
