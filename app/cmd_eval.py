@@ -176,6 +176,14 @@ def register(sub) -> None:
         "default: 2 for the landscape, off for the avatar); a negative value switches it off",
     )
     p.add_argument(
+        "--refining-detail-shading",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="keep the detail carried onto new ground being refined as shading of the "
+        "decoded colour under it (default: the world's streaming default: on for the "
+        "landscape, off for the avatar); --no-refining-detail-shading keeps its colour too",
+    )
+    p.add_argument(
         "--colour-anchor",
         type=float,
         default=None,
@@ -287,6 +295,7 @@ def run(args) -> int:
         "last_step_cache_sigma": args.last_step_cache_sigma,
         "first_step_from_memory": args.first_step_from_memory,
         "refining_detail_cap": args.refining_detail_cap,
+        "refining_detail_shading": args.refining_detail_shading,
         "colour_anchor": args.colour_anchor,
         "colour_prior": None,  # loaded with the weights; --no-colour-prior leaves it out
         "decode_refining": args.decode_refining,

@@ -4,7 +4,9 @@ import numpy as np
 import pytest
 
 from worldstream.engine.evaluation.metrics import (
+    OFF_PALETTE_LEVELS,
     SceneClassifier,
+    ScenePalette,
     anisotropy,
     image_shift,
     mean_luma,
@@ -23,9 +25,12 @@ from worldstream.engine.evaluation.run import (
     drift_metrics,
     record,
     revisit_actions,
+    scene_palette,
+    segment_means,
     travel_actions,
 )
 from worldstream.engine.worlds.scenes import SCENE_NAMES
+from worldstream.engine.worlds.simulator import player_mask
 
 
 def test_psnr_hand_worked():
@@ -112,6 +117,40 @@ def test_anisotropy_separates_terrain_from_stripes():
     assert anisotropy(np.ascontiguousarray(stripes.transpose(1, 0, 2))) > 0.95
 
 
+def test_scene_palette_hand_worked():
+    """Two colours on a 64 x 64 frame: a pixel within OFF_PALETTE_LEVELS of either is on the
+    palette, one beyond it off; the sprite's box never counts."""
+    frame = np.zeros((1, 64, 64, 3), np.uint8)
+    frame[0, :, 32:] = (200, 100, 50)
+    palette = ScenePalette(frame)
+    assert palette.colours.tolist() == [[0, 0, 0], [200, 100, 50]]
+    keep = ~player_mask(64)
+    test = np.zeros((64, 64, 3), np.uint8)
+    test[:4, :4] = (12, 16, 0)  # 20 levels from black: on
+    test[-4:, -4:] = (212, 100, 67)  # sqrt(144 + 289) = 20.8 levels from the colour: off
+    assert palette.off_fraction(test) == pytest.approx(16 / keep.sum())
+    test[player_mask(64)] = (255, 0, 255)  # the sprite's box is not read
+    assert palette.off_fraction(test) == pytest.approx(16 / keep.sum())
+    assert palette.off_fraction(test, levels=21) == 0.0
+    with pytest.raises(ValueError, match="frames"):
+        ScenePalette(frame[0])
+
+
+@pytest.mark.parametrize("scene", SCENE_NAMES)
+def test_scene_palette_holds_other_worlds_and_refuses_a_foreign_colour(scene):
+    """Every frame of another world of the scene is on its palette (the evaluation's worlds
+    are not among those the palette was read from); a magenta patch of 32 x 32 px, a colour
+    no scene draws, is off it, exactly its area."""
+    palette = scene_palette(scene)
+    frames = record(900_301, 200, scene).frames[::10]
+    assert max(palette.off_fraction(f) for f in frames) <= 0.001
+    assert OFF_PALETTE_LEVELS == 20.0
+    painted = frames[5].copy()
+    painted[:32, :32] = (255, 0, 255)
+    area = 32 * 32 / (~player_mask(128)).sum()
+    assert palette.off_fraction(painted) == pytest.approx(area, abs=0.001)
+
+
 def test_mean_luma_hand_worked():
     img = np.zeros((8, 8, 3), np.uint8)
     img[..., 1] = 100  # green only: luma 0.587 * 100
@@ -149,6 +188,30 @@ def test_luma_drifts_twin_is_the_rms_over_other_worlds_hand_worked():
     assert out["luma_drift_ground_truth"] == {"snow_idle": round(np.sqrt(12.5), 2),
                                               "snow_moving": 0.0}
     assert out["luma_drift_ground_truth_max"] == round(np.sqrt(12.5), 2)
+
+
+def test_off_palette_segments_hand_worked():
+    """The worst 40-frame segment's mean fraction off the palette, its mean over the frames,
+    the simulator's and the autoencoder's twins, over the moving runs."""
+    stats = np.array([_frame_stats(f) for f in record(35, 80, "desert").frames])
+    a = np.zeros(80)
+    a[40:] = 0.5  # segments 0.0 and 0.5
+    b = np.full(80, 0.1)
+    b[:20] = 0.9  # segments 0.5 and 0.1
+    run = {"scene": "desert", "moving": True, "model": stats, "sim": stats}
+    runs = {"length": 80, "runs": [
+        {**run, "off_palette": a, "off_palette_sim": np.zeros(80),
+         "off_palette_autoencoder": np.array([0.02, 0.04])},
+        {**run, "off_palette": b, "off_palette_sim": np.full(80, 0.001),
+         "off_palette_autoencoder": np.array([0.01])}]}
+    assert segment_means(b) == pytest.approx([0.5, 0.1])
+    out = drift_metrics(runs)
+    assert out["rollout_off_palette"] == 0.5
+    assert out["rollout_off_palette_mean"] == pytest.approx((0.25 + 0.3) / 2)
+    assert out["rollout_off_palette_ground_truth"] == 0.001
+    assert out["rollout_off_palette_autoencoder"] == 0.03
+    del runs["runs"][0]["off_palette"]  # runs recorded without it: no such metric
+    assert "rollout_off_palette" not in drift_metrics(runs)
 
 
 def test_rollout_segments_see_an_early_change_of_scene_that_the_end_does_not():

@@ -12,6 +12,7 @@ from worldstream.engine.backends.builtin import (
     anchor_colour,
     detail_gain,
     residual_weight,
+    shading_detail,
     shrink_change,
 )
 from worldstream.engine.core.backend import ChunkJob
@@ -493,26 +494,46 @@ def test_memory_settle_px_is_how_far_inside_new_ground_is_rewritten():
         BuiltinConfig(memory_settle_px=0)
 
 
+def _onto_new_ground(**cfg):
+    """A tiny generator with ``cfg`` started from random frames, moved right for two chunks
+    (the second rewriting new ground the first generated beyond the start frames, which are
+    final: real frames): ``(frames of the second chunk, generator, state, memory as the
+    second chunk read it)``."""
+    start = np.random.default_rng(0).integers(0, 256, (F, 128, 128, 3), dtype=np.uint8)
+    gen = tiny_generator(**cfg)
+    exact_camera(gen.model.camera)
+    state = gen.new_state("a green meadow", seed=3, start_frames=start)
+    gen.generate([ChunkJob(state, [5] * F, steps=1, seed=0)])  # right: new ground
+    gen.finish()
+    before = state.memory.fork()
+    (res,) = gen.generate([ChunkJob(state, [5] * F, steps=1, seed=1)])  # right
+    gen.finish()
+    assert res.error is None
+    return res.frames, gen, state, before
+
+
+def _carried_detail(gen, memory, x0: int, y0: int):
+    """Recomputed from ``memory`` and the autoencoder, for the view at ``(x0, y0)``: its
+    ``MemoryRead``, and on its refining pixels the decode of its base and the detail memory
+    carries over it (picture less that decode), ``(P, 3)`` int16 each."""
+    read = memory.read(x0, y0, 128)
+    picture, _ = model_inputs(read, gen.downsample)
+    base = gen.decode_latents(gen.encode_frames(picture[None]))[0].astype(np.int16)
+    under = base[read.refining]
+    return read, under, picture.astype(np.int16)[read.refining] - under
+
+
 def test_decode_refining_shows_the_models_decode_on_new_ground_being_refined():
     """Moving right on from generated ground: where a frame rewrites memory's not yet settled
     pixels, ``decode_refining`` shows the decoded latents; everywhere else both settings show
     the same frame (remembered pixels plus the model's change, or the decode on unknown
     ground), from the same latents."""
-    start = np.random.default_rng(0).integers(0, 256, (F, 128, 128, 3), dtype=np.uint8)
     runs = {}
     for on in (False, True):
-        gen = tiny_generator(decode_refining=on)
-        exact_camera(gen.model.camera)
-        state = gen.new_state("a green meadow", seed=3, start_frames=start)
-        # right: new ground beyond the start frames (which are final: real frames)
-        gen.generate([ChunkJob(state, [5] * F, steps=1, seed=0)])
-        gen.finish()
-        before = state.memory.fork()  # memory as the next chunk reads it
-        (res,) = gen.generate([ChunkJob(state, [5] * F, steps=1, seed=1)])  # right
-        gen.finish()
-        assert res.error is None
+        frames, gen, state, before = _onto_new_ground(decode_refining=on,
+                                                      refining_detail_shading=False)
         rec = state.history[-1]
-        runs[on] = (res.frames, gen.decode_latents(rec.latents), rec.origins, before)
+        runs[on] = (frames, gen.decode_latents(rec.latents), rec.origins, before)
     (plain, dec, origins, before), (shown, dec_on, origins_on, _) = runs[False], runs[True]
     np.testing.assert_array_equal(origins, origins_on)
     assert np.abs(dec.astype(int) - dec_on).max() <= 1  # the same latents (float noise)
@@ -538,20 +559,11 @@ def test_refining_detail_cap_limits_the_detail_carried_onto_new_ground():
     the decode of its base) scaled to at most ``cap`` times the RMS the autoencoder loses on
     the start frames — each recomputed here from the memory and the autoencoder — and
     elsewhere what it shows without the cap; after a prompt switch nothing is limited."""
+    # _onto_new_ground's start frames
     start = np.random.default_rng(0).integers(0, 256, (F, 128, 128, 3), dtype=np.uint8)
     cap = 0.005  # a cap that binds (the tiny random autoencoder loses more than it carries)
-    runs = {}
-    for limit in (None, cap):
-        gen = tiny_generator(refining_detail_cap=limit)
-        exact_camera(gen.model.camera)
-        state = gen.new_state("a green meadow", seed=3, start_frames=start)
-        gen.generate([ChunkJob(state, [5] * F, steps=1, seed=0)])  # right: new ground
-        gen.finish()
-        before = state.memory.fork()
-        (res,) = gen.generate([ChunkJob(state, [5] * F, steps=1, seed=1)])
-        gen.finish()
-        assert res.error is None
-        runs[limit] = (res.frames, gen, state, before)
+    runs = {limit: _onto_new_ground(refining_detail_cap=limit, refining_detail_shading=False)
+            for limit in (None, cap)}
     (plain, _, _, _), (shown, gen, state, before) = runs[None], runs[cap]
     lost = start.astype(np.float32) - gen.decode_latents(gen.encode_frames(start))
     reference = float(np.sqrt(np.mean(np.square(lost))))
@@ -559,10 +571,7 @@ def test_refining_detail_cap_limits_the_detail_carried_onto_new_ground():
     rec = state.history[-1]
     model = gen.decode_latents(rec.latents).astype(np.int16)
     for i, (x0, y0) in enumerate(rec.origins):
-        read = before.read(x0, y0, 128)
-        picture, _ = model_inputs(read, gen.downsample)
-        base = gen.decode_latents(gen.encode_frames(picture[None]))[0].astype(np.int16)
-        detail = picture.astype(np.int16)[read.refining] - base[read.refining]
+        read, _, detail = _carried_detail(gen, before, x0, y0)
         rms = np.sqrt(np.mean(np.square(detail.astype(np.float64))))
         gain = cap * reference / rms
         assert read.refining.sum() > 100 and gain < 0.5
@@ -580,6 +589,43 @@ def test_refining_detail_cap_limits_the_detail_carried_onto_new_ground():
         gen.set_prompt(state, "a snowy forest", blend_text=blend, blend_weight=weight)
         assert state.detail_reference == pytest.approx(np.sqrt(np.mean(np.square(lost))),
                                                        rel=1e-5)
+
+
+def test_shading_detail_hand_worked():
+    colour = np.array([[99, 99, 99], [199, 99, 49], [0, 0, 0]])  # +1: (100,100,100), ...
+    detail = np.array([[5.0, 5.0, 5.0], [10.0, -10.0, 0.0], [3.0, 0.0, 0.0]])
+    out = shading_detail(detail, colour)
+    np.testing.assert_allclose(out[0], [5, 5, 5])  # along the grey: all of it is shading
+    # (200,100,50)·(10,-10,0) = 1000 over |c|² = 52,500: 0.019 of the colour
+    np.testing.assert_allclose(out[1], np.array([200, 100, 50]) * 1000 / 52_500)
+    np.testing.assert_allclose(out[2], [1, 1, 1])  # black shades along (1, 1, 1)
+    # what is dropped is orthogonal to the colour: a hue of its own
+    np.testing.assert_allclose(np.sum((detail - out)[:2] * (colour[:2] + 1), axis=-1), 0,
+                               atol=1e-9)
+
+
+def test_refining_detail_shading_keeps_only_the_carried_detail_along_the_decoded_colour():
+    """Moving right on from generated ground: each frame shows, where it rewrites memory's
+    not yet settled pixels, its decode plus the remembered detail (picture less the decode of
+    its base) projected onto that decoded base colour — recomputed here from the memory and
+    the autoencoder — and elsewhere what it shows without the setting."""
+    runs = {on: _onto_new_ground(refining_detail_shading=on, refining_detail_cap=None)
+            for on in (False, True)}
+    (plain, _, _, _), (shown, gen, state, before) = runs[False], runs[True]
+    rec = state.history[-1]
+    model = gen.decode_latents(rec.latents).astype(np.int16)
+    for i, (x0, y0) in enumerate(rec.origins):
+        read, under, detail = _carried_detail(gen, before, x0, y0)
+        assert read.refining.sum() > 100
+        shade = shading_detail(detail.astype(np.float64), under)
+        expect = np.clip(model[i][read.refining] + np.rint(shade), 0, 255)
+        assert np.abs(shown[i][read.refining].astype(int) - expect).max() <= 1
+        # and it changed something: the random start frames' detail has colours of its own
+        # (the tiny model's decodes are dark, so it is small: 1.9 levels when written)
+        full = np.clip(model[i][read.refining] + detail, 0, 255)
+        assert np.abs(expect - full).mean() > 1
+        rest = read.current & ~read.refining
+        np.testing.assert_allclose(shown[i][rest], plain[i][rest], atol=1)
 
 
 def test_anchor_colour_hand_worked():

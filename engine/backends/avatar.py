@@ -63,6 +63,7 @@ def avatar_settings(**kwargs) -> dict:
             "residual_gate": RESIDUAL_GATE, "window_pose_tolerance": WINDOW_POSE_TOLERANCE,
             "world_noise": False, "steady_guidance_sigma": None,
             "first_step_from_memory": None, "refining_detail_cap": None,
+            "refining_detail_shading": False,
             "colour_anchor": None, **kwargs}
 
 

@@ -222,6 +222,18 @@ class BuiltinConfig(StreamConfig):
     ground"). A per-stream
     reference, not a constant: the same detail is too much for a night and too little for
     a meadow; a cap of 1 softened the day scenes to 0.49-0.55 of the simulator's sharpness.
+    ``refining_detail_shading``: with the pixel residual, the remembered detail carried onto
+    ground still being refined (as for ``refining_detail_cap``, before its limit) keeps only
+    its shading of the decoded colour under it (:func:`shading_detail`: each pixel's detail
+    projected onto its decoded RGB, the rest dropped), so a rewrite can brighten or darken
+    new ground but not give it a colour of its own. Why: the detail a pixel carries sums
+    what several samples drew there, and their colour differences add up to colours the
+    scene does not have — the moving desert's new ground turned magenta and pale green by
+    frame 160 (49% of its pixels off the scene's palette over frames 0-400, 20% with it;
+    ``rollout_off_palette`` in ``engine.evaluation.run``; assets/builtin/MODEL_CARD.md,
+    "Detail as shading"). The simulator's own texture is shading of the same kind (each
+    class's colour times a brightness, ``engine/worlds/simulator.py``): the intrinsic-image
+    split of a picture into reflectance and shading (Barrow and Tenenbaum 1978).
     ``colour_anchor``: a tolerance (levels; None: off): the running mean colour of the ground
     the model generates (new ground and ground still being refined, the sprite excluded;
     an exponential average over frames, :data:`ANCHOR_DECAY`) is compared, channel by
@@ -274,6 +286,7 @@ class BuiltinConfig(StreamConfig):
     last_step_cache_sigma: float | None = 0.3
     first_step_from_memory: int | None = 4
     refining_detail_cap: float | None = 2.0
+    refining_detail_shading: bool = True
     colour_anchor: float | None = 2.0
     colour_prior: ColourPrior | None = None
     action_guidance: float = 1.0
@@ -973,8 +986,8 @@ class BuiltinBackend(PagedRunner):
             decoded = self._decoded_bases(views)
             change = model - decoded
             pictures = views.pictures
-            if self.config.refining_detail_cap is not None:
-                pictures = self._limit_refining_detail(states, views, decoded)
+            if self.config.refining_detail_shading or self.config.refining_detail_cap is not None:
+                pictures = self._refining_detail(states, views, decoded)
             gate = self.config.residual_gate
             weight = residual_weight(change, *gate) if gate is not None else None
             if self.config.residual_deadzone > 0:
@@ -1020,23 +1033,27 @@ class BuiltinBackend(PagedRunner):
             # restart waits for the first frame that has some)
             rec.colour_mean, rec.colour_reference = mean, reference
 
-    def _limit_refining_detail(self, states, views: _MemoryViews,
-                               decoded: np.ndarray) -> np.ndarray:
+    def _refining_detail(self, states, views: _MemoryViews, decoded: np.ndarray) -> np.ndarray:
         """The memory pictures ``(N, H, W, 3)`` int16 with the detail on each frame's refining
-        pixels (picture less its decoded base ``decoded``) scaled by :func:`detail_gain`
-        against its state's ``detail_reference`` (``BuiltinConfig.refining_detail_cap``)."""
+        pixels (picture less its decoded base ``decoded``) kept as shading of the decoded
+        colour (:func:`shading_detail`, ``BuiltinConfig.refining_detail_shading``), then
+        scaled by :func:`detail_gain` against its state's ``detail_reference``
+        (``BuiltinConfig.refining_detail_cap``)."""
         pictures = views.pictures.astype(np.int16)
+        cap, shading = self.config.refining_detail_cap, self.config.refining_detail_shading
         f = self.chunk_frames
         for n, state in enumerate(states):
-            if state.detail_reference is None:
+            limit = cap is not None and state.detail_reference is not None
+            if not (limit or shading):
                 continue
             for i in range(n * f, (n + 1) * f):
                 refining = views.refining[i]
-                detail = pictures[i][refining] - decoded[i][refining]
-                gain = detail_gain(detail, state.detail_reference,
-                                   self.config.refining_detail_cap)
-                if gain < 1:
-                    pictures[i][refining] = decoded[i][refining] + np.rint(gain * detail)
+                under = decoded[i][refining]
+                detail = (pictures[i][refining] - under).astype(np.float64)
+                if shading:
+                    detail = shading_detail(detail, under)
+                gain = detail_gain(detail, state.detail_reference, cap) if limit else 1.0
+                pictures[i][refining] = under + np.rint(gain * detail).astype(np.int16)
         return pictures
 
 
@@ -1061,6 +1078,15 @@ def anchor_colour(pixels: np.ndarray, mean: np.ndarray, reference: np.ndarray,
     gain = np.where(target < mean, target / np.maximum(mean, 1e-6), 1.0)
     lift = np.where(target > mean, target - mean, 0.0)
     return pixels * gain + lift
+
+
+def shading_detail(detail: np.ndarray, colour: np.ndarray) -> np.ndarray:
+    """The part of each pixel's ``detail`` ``(..., 3)`` (levels) along its ``colour``
+    ``(..., 3)`` (0-255 RGB; one level added, so that black has a direction): ``(d·c / c·c) c``,
+    float64. Added to ``colour`` it scales it (shading: the same hue, brighter or darker);
+    what is dropped is the detail's own colour."""
+    c = colour.astype(np.float64) + 1.0
+    return np.sum(detail * c, axis=-1, keepdims=True) / np.sum(c * c, axis=-1, keepdims=True) * c
 
 
 def detail_gain(detail: np.ndarray, reference: float, cap: float) -> float:

@@ -1,11 +1,13 @@
 """Image metrics for world-model evaluation, each validated on simulator ground truth
-(``tests/test_eval_metrics.py``): PSNR, phase-correlation motion, Laplacian sharpness, and a
-nearest-centroid scene classifier on colour histograms."""
+(``tests/test_eval_metrics.py``): PSNR, phase-correlation motion, Laplacian sharpness, a
+nearest-centroid scene classifier on colour histograms, gradient anisotropy and the fraction
+of a frame off its scene's palette."""
 
 from __future__ import annotations
 
 import numpy as np
 from scipy.signal.windows import tukey
+from scipy.spatial import cKDTree
 
 from worldstream.engine.worlds.simulator import player_mask
 
@@ -102,3 +104,31 @@ def anisotropy(rgb: np.ndarray) -> float:
 def mean_luma(rgb: np.ndarray) -> float:
     """Mean luma (Rec. 601 weights, 0-255) of a frame."""
     return float(_gray(rgb).mean())
+
+
+#: RGB distance (levels, Euclidean) beyond which a pixel counts as off its scene's palette:
+#: the autoencoder's round trip of simulator frames puts 0.1-2.6% of pixels beyond it (edges
+#: blended), a colour the simulator never draws there (a magenta blob in the desert) 40-150
+OFF_PALETTE_LEVELS = 20.0
+
+
+class ScenePalette:
+    """The colours the simulator draws in one scene: every distinct RGB value of ``frames``
+    ``(N, H, W, 3)`` uint8 (other worlds of the scene, the centred player sprite excluded;
+    terrain classes times their texture, water, creatures), searched with scipy's k-d tree."""
+
+    def __init__(self, frames: np.ndarray):
+        if frames.ndim != 4 or frames.shape[-1] != 3:
+            raise ValueError(f"frames must be (N, H, W, 3), got {frames.shape}")
+        pixels = frames[:, ~player_mask(frames.shape[1])].reshape(-1, 3)
+        self.colours = np.unique(pixels, axis=0)
+        self._tree = cKDTree(self.colours.astype(np.float64))
+
+    def off_fraction(self, rgb: np.ndarray, levels: float = OFF_PALETTE_LEVELS) -> float:
+        """Fraction in [0, 1] of the frame's pixels ``(H, W, 3)`` uint8 (sprite excluded)
+        farther than ``levels`` (Euclidean RGB) from every colour of the palette: 0 for any
+        world of the scene the simulator draws, colours the scene does not have (mottle
+        summed from several samples, a scene's colours in another scene) raise it."""
+        pixels = rgb[~player_mask(rgb.shape[0])].reshape(-1, 3).astype(np.float64)
+        dist, _ = self._tree.query(pixels, distance_upper_bound=levels + 1)
+        return float(np.mean(dist > levels))

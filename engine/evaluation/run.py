@@ -17,6 +17,10 @@ view, on ground the model generated); ``rollout_sharpness_ratio`` min over 40-fr
 segments of frames 0-600 of a moving free rollout of the model's sharpness over the
 simulator's on the same actions (``rollout_sharpness_ratio_max`` the max: the goal is a range);
 ``rollout_anisotropy`` max over the same segments of the gradient anisotropy (streaks);
+``rollout_off_palette`` max over the same segments of the fraction of pixels off the scene's
+palette (:class:`~worldstream.engine.evaluation.metrics.ScenePalette`: colours the simulator
+never draws there; ``_mean`` over all those frames, ``_autoencoder`` the autoencoder's round
+trip of the simulator's frames, the floor);
 ``rollout_luma_drift_max_abs`` max over the same segments of |mean luma of the model's frames
 minus the simulator's| (levels: a world that turns into another scene early);
 ``drift_ratio_3000`` sharpness and mean colour of frames L-100..L against the simulator's
@@ -42,6 +46,7 @@ from worldstream.engine.backends.builtin import BuiltinBackend
 from worldstream.engine.core.backend import ChunkJob
 from worldstream.engine.evaluation.metrics import (
     SceneClassifier,
+    ScenePalette,
     anisotropy,
     image_shift,
     mean_luma,
@@ -219,6 +224,12 @@ def segment_scores(model: np.ndarray, sim: np.ndarray, segment: int = 40) -> dic
             "luma": luma}
 
 
+def segment_means(values: np.ndarray, segment: int = 40) -> list[float]:
+    """Mean of each whole ``segment``-frame segment of per-frame ``values`` ``(L,)``."""
+    return [float(np.mean(values[a : a + segment]))
+            for a in range(0, len(values) - segment + 1, segment)]
+
+
 def _frame_stats(rgb: np.ndarray) -> tuple[float, float, float, float, float, float]:
     """(sharpness, anisotropy, luma, mean R, mean G, mean B) of a frame."""
     return (sharpness(rgb), anisotropy(rgb), mean_luma(rgb), *rgb.reshape(-1, 3).mean(0))
@@ -226,18 +237,27 @@ def _frame_stats(rgb: np.ndarray) -> tuple[float, float, float, float, float, fl
 
 def long_rollouts(gen: BuiltinBackend, steps: int, length: int, scenes: list[str]) -> dict:
     """For each scene, an idle and a moving rollout of ``length`` frames against the simulator
-    on the same actions: per-frame statistics of both, reduced to the drift metrics."""
+    on the same actions: per-frame statistics of both, reduced to the drift metrics. Moving
+    runs also keep the off-palette fraction (:class:`ScenePalette`) of their first
+    :data:`SEGMENT_FRAMES` frames: the model's (``off_palette``), the simulator's
+    (``off_palette_sim``) and the autoencoder's round trip of every 10th simulator frame
+    (``off_palette_autoencoder``, the floor a model behind this autoencoder can reach)."""
     out: dict = {"length": length, "scenes": scenes, "runs": []}
     for k, scene in enumerate(scenes):
+        palette = scene_palette(scene)
         for moving in (False, True):
             seed = HELDOUT_SEED0 + 300 + 2 * k + int(moving)
             acts = None if moving else [IDLE] * length
             ep = record(seed, length, scene=scene, actions=acts)
             stats = np.zeros((length, 6))
             stats[: gen.chunk_frames] = [_frame_stats(x) for x in ep.frames[: gen.chunk_frames]]
+            head = min(SEGMENT_FRAMES, length) if moving else 0
+            off = np.array([palette.off_fraction(x) for x in ep.frames[:head]])
 
-            def keep(i, frame, stats=stats):
+            def keep(i, frame, stats=stats, off=off, palette=palette):
                 stats[i] = _frame_stats(frame)
+                if i < len(off):
+                    off[i] = palette.off_fraction(frame)
 
             streamed_rollout(gen, ep, steps, seed, keep)
             real = np.array([_frame_stats(x) for x in ep.frames])
@@ -245,9 +265,29 @@ def long_rollouts(gen: BuiltinBackend, steps: int, length: int, scenes: list[str
             others = [float(np.mean([mean_luma(x) for x in record(
                 seed + OTHER_WORLD_STRIDE * (j + 1), length, scene,
                 actions=ep.actions).frames[-100:]])) for j in range(OTHER_WORLDS)]
-            out["runs"].append({"scene": scene, "moving": moving, "model": stats, "sim": real,
-                                "other_worlds_luma": others})
+            run = {"scene": scene, "moving": moving, "model": stats, "sim": real,
+                   "other_worlds_luma": others}
+            if moving:
+                run["off_palette"] = off
+                run["off_palette_sim"] = np.array(
+                    [palette.off_fraction(x) for x in ep.frames[:head]])
+                rec = gen.decode_latents(gen.encode_frames(ep.frames[:head:10]))
+                run["off_palette_autoencoder"] = np.array([palette.off_fraction(x) for x in rec])
+            out["runs"].append(run)
     return out
+
+
+#: the segment metrics read frames 0..SEGMENT_FRAMES of the moving rollouts (issue 11)
+SEGMENT_FRAMES = 600
+
+
+def scene_palette(scene: str, worlds: int = 6, frames: int = 120) -> ScenePalette:
+    """The colours the simulator draws in ``scene``: every 4th frame of ``frames`` frames of
+    human-like play in ``worlds`` held-out worlds that no evaluation episode uses."""
+    k = SCENE_NAMES.index(scene)
+    return ScenePalette(np.concatenate(
+        [record(HELDOUT_SEED0 + 600 + 10 * k + j, frames, scene).frames[::4]
+         for j in range(worlds)]))
 
 
 #: luma_drift's ground-truth twin reads this many other simulated worlds of each run's scene,
@@ -261,7 +301,7 @@ def drift_metrics(runs: dict) -> dict:
     n = runs["length"]
     last, early = slice(n - 100, n), slice(50, 150)
     moving = [r for r in runs["runs"] if r["moving"]]
-    head = min(600, n)
+    head = min(SEGMENT_FRAMES, n)
     segs = [segment_scores(r["model"][:head], r["sim"][:head]) for r in moving]
     # NOTE: the goal is a range (0.6-1.6), and the minimum alone hid the other side: a night
     # world whose new ground came out as a bright day meadow read 4-8x the simulator's
@@ -279,6 +319,18 @@ def drift_metrics(runs: dict) -> dict:
             float(max(max(s["anisotropy_sim"]) for s in segs)), 3
         ),
     }
+    if all("off_palette" in r for r in moving):
+        # NOTE: added after the sharpness ratio met its goal with the desert's new ground a
+        # mottle of magenta and pale green (assets/builtin/settle_distance.png): sharpness
+        # counts edges, not whether they are the world's colours
+        out["rollout_off_palette"] = round(float(max(
+            max(segment_means(r["off_palette"])) for r in moving)), 3)
+        out["rollout_off_palette_mean"] = round(float(np.mean(
+            [np.mean(r["off_palette"]) for r in moving])), 3)
+        out["rollout_off_palette_ground_truth"] = round(float(max(
+            max(segment_means(r["off_palette_sim"])) for r in moving)), 3)
+        out["rollout_off_palette_autoencoder"] = round(float(max(
+            np.mean(r["off_palette_autoencoder"]) for r in moving)), 3)
 
     drift = {"vs_sim": {}, "self": {}}
     for key, cols in (("sharpness", [0]), ("colour", [3, 4, 5])):
