@@ -32,6 +32,10 @@ def test_protocol_pieces_run_on_a_tiny_model():
     assert set(d["luma_drift"]) == set(d["luma_drift_ground_truth"]) == {"desert_idle",
                                                                           "desert_moving"}
     assert np.isfinite(d["rollout_sharpness_ratio"]) and 0 <= d["rollout_anisotropy"] <= 1
+    # the simulator's own frames are on the palette; a random model's colours are not
+    assert d["rollout_off_palette_ground_truth"] == 0.0
+    assert 0.1 < d["rollout_off_palette"] <= 1 and 0 < d["rollout_off_palette_mean"]
+    assert 0 <= d["rollout_off_palette_autoencoder"] <= 1
     r = revisit(gen, steps=1, episodes=1)
     assert np.isfinite(r["revisit_psnr_db"]) and r["revisit_psnr_db_ground_truth"] > 15
     r = revisit(gen, steps=1, episodes=1, travel=True)
