@@ -108,7 +108,8 @@ def mean_luma(rgb: np.ndarray) -> float:
 
 #: RGB distance (levels, Euclidean) beyond which a pixel counts as off its scene's palette:
 #: the autoencoder's round trip of simulator frames puts 0.1-2.6% of pixels beyond it (edges
-#: blended), a colour the simulator never draws there (a magenta blob in the desert) 40-150
+#: blended), while the magenta of the moving desert's new ground lay 39-80 levels from the
+#: desert's colours (10th-90th percentile; assets/builtin/MODEL_CARD.md, "Detail as shading")
 OFF_PALETTE_LEVELS = 20.0
 
 
