@@ -213,15 +213,10 @@ def segment_scores(model: np.ndarray, sim: np.ndarray, segment: int = 40) -> dic
     simulator's, mean anisotropy of each, and the model's mean luma minus the simulator's
     (levels); ``model``/``sim`` are ``(L, 3+)`` per-frame (sharpness, anisotropy, luma, ...)
     rows."""
-    ratios, aniso, aniso_sim, luma = [], [], [], []
-    for a in range(0, len(model) - segment + 1, segment):
-        m, t = model[a : a + segment], sim[a : a + segment]
-        ratios.append(m[:, 0].mean() / t[:, 0].mean())
-        aniso.append(m[:, 1].mean())
-        aniso_sim.append(t[:, 1].mean())
-        luma.append(m[:, 2].mean() - t[:, 2].mean())
-    return {"sharpness_ratio": ratios, "anisotropy": aniso, "anisotropy_sim": aniso_sim,
-            "luma": luma}
+    m = np.array([segment_means(model[:, k], segment) for k in range(3)])
+    t = np.array([segment_means(sim[:, k], segment) for k in range(3)])
+    return {"sharpness_ratio": list(m[0] / t[0]), "anisotropy": list(m[1]),
+            "anisotropy_sim": list(t[1]), "luma": list(m[2] - t[2])}
 
 
 def segment_means(values: np.ndarray, segment: int = 40) -> list[float]:
@@ -252,7 +247,8 @@ def long_rollouts(gen: BuiltinBackend, steps: int, length: int, scenes: list[str
             stats = np.zeros((length, 6))
             stats[: gen.chunk_frames] = [_frame_stats(x) for x in ep.frames[: gen.chunk_frames]]
             head = min(SEGMENT_FRAMES, length) if moving else 0
-            off = np.array([palette.off_fraction(x) for x in ep.frames[:head]])
+            off_sim = np.array([palette.off_fraction(x) for x in ep.frames[:head]])
+            off = off_sim.copy()  # the first chunk is the true one; the rest is overwritten
 
             def keep(i, frame, stats=stats, off=off, palette=palette):
                 stats[i] = _frame_stats(frame)
@@ -268,9 +264,7 @@ def long_rollouts(gen: BuiltinBackend, steps: int, length: int, scenes: list[str
             run = {"scene": scene, "moving": moving, "model": stats, "sim": real,
                    "other_worlds_luma": others}
             if moving:
-                run["off_palette"] = off
-                run["off_palette_sim"] = np.array(
-                    [palette.off_fraction(x) for x in ep.frames[:head]])
+                run["off_palette"], run["off_palette_sim"] = off, off_sim
                 rec = gen.decode_latents(gen.encode_frames(ep.frames[:head:10]))
                 run["off_palette_autoencoder"] = np.array([palette.off_fraction(x) for x in rec])
             out["runs"].append(run)
@@ -321,7 +315,7 @@ def drift_metrics(runs: dict) -> dict:
     }
     if all("off_palette" in r for r in moving):
         # NOTE: added after the sharpness ratio met its goal with the desert's new ground a
-        # mottle of magenta and pale green (assets/builtin/settle_distance.png): sharpness
+        # mottle of magenta and pale green (assets/builtin/detail_shading.png): sharpness
         # counts edges, not whether they are the world's colours
         out["rollout_off_palette"] = round(float(max(
             max(segment_means(r["off_palette"])) for r in moving)), 3)
