@@ -8,11 +8,13 @@ from worldstream.engine.evaluation.metrics import (
     SceneClassifier,
     ScenePalette,
     anisotropy,
+    boundary_density,
     image_shift,
     mean_luma,
     motion_class,
     psnr,
     sharpness,
+    terrain_classes,
 )
 from worldstream.engine.evaluation.run import (
     DOWN,
@@ -23,14 +25,17 @@ from worldstream.engine.evaluation.run import (
     _frame_stats,
     action_hits,
     drift_metrics,
+    fragmentation_metrics,
     record,
     revisit_actions,
     scene_palette,
     segment_means,
     travel_actions,
 )
+from worldstream.engine.worlds import scenes
+from worldstream.engine.worlds.actions import direction_to_action
 from worldstream.engine.worlds.scenes import SCENE_NAMES
-from worldstream.engine.worlds.simulator import player_mask
+from worldstream.engine.worlds.simulator import WorldSimulator, player_mask
 
 
 def test_psnr_hand_worked():
@@ -149,6 +154,71 @@ def test_scene_palette_holds_other_worlds_and_refuses_a_foreign_colour(scene):
     painted[:32, :32] = (255, 0, 255)
     area = 32 * 32 / (~player_mask(128)).sum()
     assert palette.off_fraction(painted) == pytest.approx(area, abs=0.001)
+
+
+def test_terrain_classes_hand_worked():
+    """A pixel takes the class whose colour, scaled within CLASS_SCALE, lies nearest: a
+    shadowed green (0.6 x) is still green, a colour darker than half of every class is read
+    at half brightness, a grey between green and blue goes to the nearer one."""
+    palette = np.array([(0, 0, 200), (0, 200, 0)])
+    rgb = np.array([[(0, 120, 0), (0, 0, 230), (0, 40, 10), (0, 90, 110)]], np.uint8)
+    # (0, 40, 10): 0.5 green (0, 100, 0) errs 60^2 + 10^2 = 3700, 0.5 blue 40^2 + 90^2 = 9700;
+    # (0, 90, 110): 0.55 blue (0, 0, 110) errs 90^2 = 8100, 0.5 green 10^2 + 110^2 = 12200
+    assert terrain_classes(rgb, palette).tolist() == [[1, 0, 1, 0]]
+
+
+def test_boundary_density_hand_worked():
+    """Two classes split down the middle of a 64 x 64 frame: one changing pair in each of
+    the rows that do not cross the sprite's box; a checkerboard changes at every pair."""
+    palette = np.array([(0, 0, 200), (0, 200, 0)])
+    frame = np.zeros((64, 64, 3), np.uint8)
+    frame[..., 2] = 200
+    frame[:, 32:] = (0, 200, 0)
+    keep = ~player_mask(64)
+    pairs = (keep[:, 1:] & keep[:, :-1]).sum() + (keep[1:] & keep[:-1]).sum()
+    rows = int(np.sum(keep[:, 31] & keep[:, 32]))
+    assert boundary_density(frame, palette) == pytest.approx(rows / pairs)
+    checker = np.where((np.add.outer(np.arange(64), np.arange(64)) % 2)[..., None] == 1,
+                       np.array([0, 200, 0], np.uint8), np.array([0, 0, 200], np.uint8))
+    assert boundary_density(checker, palette) == 1.0
+
+
+@pytest.mark.parametrize("scene", SCENE_NAMES)
+def test_terrain_classes_read_the_simulators_class_map(scene):
+    """On the simulator's own frames (moving, a held-out world) the classifier gives the true
+    terrain class to >= 99 % of the pixels outside the sprite; a mottle of the scene's own
+    classes 2 px across reads several times the real frame's boundary density."""
+    sim = WorldSimulator(900_777, scene)
+    down_right = direction_to_action(1, 1)
+    keep = ~player_mask(128)
+    palette = scenes.palette(scene)
+    for _ in range(40):
+        frame = sim.step(down_right)
+        x0, y0 = sim.crop_origin()
+        truth = sim._crop(lambda i, j: sim._tile(i, j).classes, x0, y0)
+        assert np.mean((terrain_classes(frame, palette) == truth)[keep]) >= 0.99
+    rng = np.random.default_rng(0)
+    blocks = rng.integers(0, len(palette), (64, 64)).repeat(2, 0).repeat(2, 1)
+    mottle = (np.asarray(palette)[blocks]).astype(np.uint8)
+    assert boundary_density(mottle, palette) > 3 * boundary_density(frame, palette)
+
+
+def test_fragmentation_segments_hand_worked():
+    """The worst 40-frame segment's ratio of the model's boundary density to the simulator's,
+    the whole runs' ratio, the other worlds' worst segment (the twin) and the autoencoder's."""
+    sim = np.full(80, 0.1)
+    sim[40:] = 0.05
+    run = {"fragmentation": np.concatenate([np.full(40, 0.2), np.full(40, 0.15)]),
+           "fragmentation_sim": sim,
+           "fragmentation_other_worlds": np.array([np.full(80, 0.06), np.full(80, 0.11)]),
+           "fragmentation_autoencoder": np.array([0.11] * 4 + [0.055] * 4)}
+    out = fragmentation_metrics([run])
+    assert out["rollout_fragmentation"] == 3.0  # 0.15 / 0.05
+    assert out["rollout_fragmentation_mean"] == pytest.approx(round(0.175 / 0.075, 3))
+    assert out["rollout_fragmentation_ground_truth"] == 2.2  # 0.11 / 0.05
+    # frames 0, 10, ..., 70 of the simulator: 0.1 x 4 and 0.05 x 4
+    assert out["rollout_fragmentation_autoencoder"] == pytest.approx(
+        round((0.44 + 0.22) / 8 / 0.075, 3))
 
 
 def test_mean_luma_hand_worked():

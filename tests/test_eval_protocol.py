@@ -36,6 +36,12 @@ def test_protocol_pieces_run_on_a_tiny_model():
     assert d["rollout_off_palette_ground_truth"] == 0.0
     assert 0.1 < d["rollout_off_palette"] <= 1 and 0 < d["rollout_off_palette_mean"]
     assert 0 <= d["rollout_off_palette_autoencoder"] <= 1
+    # another world of the scene strays within a factor 2 of this one's class boundaries;
+    # the tiny model's frames and its untrained autoencoder's are read (the values are
+    # hand-worked in test_eval_metrics)
+    assert 0.5 < d["rollout_fragmentation_ground_truth"] < 2
+    assert d["rollout_fragmentation_autoencoder"] >= 0
+    assert d["rollout_fragmentation"] > 0 and d["rollout_fragmentation_mean"] > 0
     r = revisit(gen, steps=1, episodes=1)
     assert np.isfinite(r["revisit_psnr_db"]) and r["revisit_psnr_db_ground_truth"] > 15
     r = revisit(gen, steps=1, episodes=1, travel=True)

@@ -48,6 +48,7 @@ from worldstream.engine.evaluation.metrics import (
     SceneClassifier,
     ScenePalette,
     anisotropy,
+    boundary_density,
     image_shift,
     mean_luma,
     motion_class,
@@ -59,6 +60,7 @@ from worldstream.engine.training.data import HELDOUT_SEED0
 from worldstream.engine.worlds.actions import IDLE, direction_to_action
 from worldstream.engine.worlds.recorder import HumanLikePolicy
 from worldstream.engine.worlds.scenes import SCENE_NAMES, SCENES
+from worldstream.engine.worlds.scenes import palette as class_palette
 from worldstream.engine.worlds.simulator import WorldSimulator
 
 FPS = 15
@@ -236,10 +238,15 @@ def long_rollouts(gen: BuiltinBackend, steps: int, length: int, scenes: list[str
     runs also keep the off-palette fraction (:class:`ScenePalette`) of their first
     :data:`SEGMENT_FRAMES` frames: the model's (``off_palette``), the simulator's
     (``off_palette_sim``) and the autoencoder's round trip of every 10th simulator frame
-    (``off_palette_autoencoder``, the floor a model behind this autoencoder can reach)."""
+    (``off_palette_autoencoder``, the floor a model behind this autoencoder can reach), and
+    the terrain-class boundary density (:func:`boundary_density`) of the same frames: the
+    model's (``fragmentation``), the simulator's (``fragmentation_sim``), the
+    autoencoder's round trip (``fragmentation_autoencoder``, every 10th frame) and the
+    simulator's in the other worlds of the luma twin on the same actions
+    (``fragmentation_other_worlds``, ``(OTHER_WORLDS, head)``)."""
     out: dict = {"length": length, "scenes": scenes, "runs": []}
     for k, scene in enumerate(scenes):
-        palette = scene_palette(scene)
+        palette, classes = scene_palette(scene), class_palette(scene)
         for moving in (False, True):
             seed = HELDOUT_SEED0 + 300 + 2 * k + int(moving)
             acts = None if moving else [IDLE] * length
@@ -248,25 +255,37 @@ def long_rollouts(gen: BuiltinBackend, steps: int, length: int, scenes: list[str
             stats[: gen.chunk_frames] = [_frame_stats(x) for x in ep.frames[: gen.chunk_frames]]
             head = min(SEGMENT_FRAMES, length) if moving else 0
             off_sim = np.array([palette.off_fraction(x) for x in ep.frames[:head]])
-            off = off_sim.copy()  # the first chunk is the true one; the rest is overwritten
+            frag_sim = np.array([boundary_density(x, classes) for x in ep.frames[:head]])
+            # the first chunk is the true one; the rest is overwritten
+            off, frag = off_sim.copy(), frag_sim.copy()
 
-            def keep(i, frame, stats=stats, off=off, palette=palette):
+            def keep(i, frame, stats=stats, off=off, frag=frag, palette=palette,
+                     classes=classes):
                 stats[i] = _frame_stats(frame)
                 if i < len(off):
                     off[i] = palette.off_fraction(frame)
+                    frag[i] = boundary_density(frame, classes)
 
             streamed_rollout(gen, ep, steps, seed, keep)
             real = np.array([_frame_stats(x) for x in ep.frames])
-            # luma_drift's twin: other worlds of the scene on the same actions
-            others = [float(np.mean([mean_luma(x) for x in record(
-                seed + OTHER_WORLD_STRIDE * (j + 1), length, scene,
-                actions=ep.actions).frames[-100:]])) for j in range(OTHER_WORLDS)]
+            # the twins of luma_drift and fragmentation: other worlds of the scene on the
+            # same actions
+            others_luma, others_frag = [], []
+            for j in range(OTHER_WORLDS):
+                other = record(seed + OTHER_WORLD_STRIDE * (j + 1), length, scene,
+                               actions=ep.actions).frames
+                others_luma.append(float(np.mean([mean_luma(x) for x in other[-100:]])))
+                others_frag.append([boundary_density(x, classes) for x in other[:head]])
             run = {"scene": scene, "moving": moving, "model": stats, "sim": real,
-                   "other_worlds_luma": others}
+                   "other_worlds_luma": others_luma}
             if moving:
                 run["off_palette"], run["off_palette_sim"] = off, off_sim
+                run["fragmentation"], run["fragmentation_sim"] = frag, frag_sim
+                run["fragmentation_other_worlds"] = np.array(others_frag)
                 rec = gen.decode_latents(gen.encode_frames(ep.frames[:head:10]))
                 run["off_palette_autoencoder"] = np.array([palette.off_fraction(x) for x in rec])
+                run["fragmentation_autoencoder"] = np.array(
+                    [boundary_density(x, classes) for x in rec])
             out["runs"].append(run)
     return out
 
@@ -282,6 +301,32 @@ def scene_palette(scene: str, worlds: int = 6, frames: int = 120) -> ScenePalett
     return ScenePalette(np.concatenate(
         [record(HELDOUT_SEED0 + 600 + 10 * k + j, frames, scene).frames[::4]
          for j in range(worlds)]))
+
+
+def fragmentation_metrics(moving: list[dict]) -> dict:
+    """``rollout_fragmentation``: the largest ratio, over the 40-frame segments of the moving
+    runs of :func:`long_rollouts`, of the model's mean terrain-class boundary density to the
+    simulator's on the same frames (1 = regions as large as the world's; a mottle reads 2-4);
+    ``_mean`` the ratio of the runs' whole means, averaged over runs; ``_ground_truth`` the
+    same worst-segment ratio for the simulator's other worlds of each run's scene on the same
+    actions (a right world that is not this one: how far the ratio strays with no fault);
+    ``_autoencoder`` the largest ratio of a run's autoencoder round trip (every 10th frame)
+    to the simulator's same frames."""
+    def worst(frames: np.ndarray, sim: np.ndarray) -> float:
+        return max(a / b for a, b in zip(segment_means(frames), segment_means(sim)))
+
+    return {
+        "rollout_fragmentation": round(float(max(
+            worst(r["fragmentation"], r["fragmentation_sim"]) for r in moving)), 3),
+        "rollout_fragmentation_mean": round(float(np.mean(
+            [np.mean(r["fragmentation"]) / np.mean(r["fragmentation_sim"]) for r in moving])), 3),
+        "rollout_fragmentation_ground_truth": round(float(max(
+            worst(other, r["fragmentation_sim"]) for r in moving
+            for other in r["fragmentation_other_worlds"])), 3),
+        "rollout_fragmentation_autoencoder": round(float(max(
+            np.mean(r["fragmentation_autoencoder"]) / np.mean(r["fragmentation_sim"][::10])
+            for r in moving)), 3),
+    }
 
 
 #: luma_drift's ground-truth twin reads this many other simulated worlds of each run's scene,
@@ -325,6 +370,12 @@ def drift_metrics(runs: dict) -> dict:
             max(segment_means(r["off_palette_sim"])) for r in moving)), 3)
         out["rollout_off_palette_autoencoder"] = round(float(max(
             np.mean(r["off_palette_autoencoder"]) for r in moving)), 3)
+    if all("fragmentation" in r for r in moving):
+        # NOTE: added when the sheet's moving snowy world was a mottle of the scene's own
+        # colours (white, grey, green and blue blobs a few px across where the simulator has
+        # regions tens of px across) that no other number read: the worst segment's
+        # terrain-class boundaries per pixel pair over the simulator's
+        out.update(fragmentation_metrics(moving))
 
     drift = {"vs_sim": {}, "self": {}}
     for key, cols in (("sharpness", [0]), ("colour", [3, 4, 5])):
