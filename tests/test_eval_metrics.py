@@ -169,7 +169,9 @@ def test_terrain_classes_hand_worked():
 
 def test_boundary_density_hand_worked():
     """Two classes split down the middle of a 64 x 64 frame: one changing pair in each of
-    the rows that do not cross the sprite's box; a checkerboard changes at every pair."""
+    the rows that do not cross the sprite's box, with or without the majority filter (a
+    straight edge keeps its place); a checkerboard changes at every pair unfiltered, and a
+    lone pixel of another class counts only unfiltered."""
     palette = np.array([(0, 0, 200), (0, 200, 0)])
     frame = np.zeros((64, 64, 3), np.uint8)
     frame[..., 2] = 200
@@ -178,16 +180,20 @@ def test_boundary_density_hand_worked():
     pairs = (keep[:, 1:] & keep[:, :-1]).sum() + (keep[1:] & keep[:-1]).sum()
     rows = int(np.sum(keep[:, 31] & keep[:, 32]))
     assert boundary_density(frame, palette) == pytest.approx(rows / pairs)
+    assert boundary_density(frame, palette, majority=1) == pytest.approx(rows / pairs)
     checker = np.where((np.add.outer(np.arange(64), np.arange(64)) % 2)[..., None] == 1,
                        np.array([0, 200, 0], np.uint8), np.array([0, 0, 200], np.uint8))
-    assert boundary_density(checker, palette) == 1.0
+    assert boundary_density(checker, palette, majority=1) == 1.0
+    frame[10, 10] = (0, 200, 0)  # a green pixel in the blue half: 4 more changing pairs
+    assert boundary_density(frame, palette, majority=1) == pytest.approx((rows + 4) / pairs)
+    assert boundary_density(frame, palette) == pytest.approx(rows / pairs)
 
 
 @pytest.mark.parametrize("scene", SCENE_NAMES)
 def test_terrain_classes_read_the_simulators_class_map(scene):
     """On the simulator's own frames (moving, a held-out world) the classifier gives the true
     terrain class to >= 99 % of the pixels outside the sprite; a mottle of the scene's own
-    classes 2 px across reads several times the real frame's boundary density."""
+    classes 4 px across reads over twice the real frame's boundary density."""
     sim = WorldSimulator(900_777, scene)
     down_right = direction_to_action(1, 1)
     keep = ~player_mask(128)
@@ -198,9 +204,9 @@ def test_terrain_classes_read_the_simulators_class_map(scene):
         truth = sim._crop(lambda i, j: sim._tile(i, j).classes, x0, y0)
         assert np.mean((terrain_classes(frame, palette) == truth)[keep]) >= 0.99
     rng = np.random.default_rng(0)
-    blocks = rng.integers(0, len(palette), (64, 64)).repeat(2, 0).repeat(2, 1)
+    blocks = rng.integers(0, len(palette), (32, 32)).repeat(4, 0).repeat(4, 1)
     mottle = (np.asarray(palette)[blocks]).astype(np.uint8)
-    assert boundary_density(mottle, palette) > 3 * boundary_density(frame, palette)
+    assert boundary_density(mottle, palette) > 2 * boundary_density(frame, palette)
 
 
 def test_fragmentation_segments_hand_worked():
