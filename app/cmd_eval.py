@@ -272,7 +272,9 @@ def run(args) -> int:
     from worldstream.engine.backends.builtin import load_builtin_backend
     from worldstream.engine.evaluation.run import evaluate
     from worldstream.engine.evaluation.sheet import save_sheet, side_by_side
+    from worldstream.engine.models.builtin import text as text_encoder
     from worldstream.engine.models.builtin.loading import BUILTIN_DIR
+    from worldstream.engine.worlds.scenes import palette as class_palette
 
     if not 1 <= args.steps <= 4:
         raise ValueError("--steps must be in [1, 4]")
@@ -341,7 +343,11 @@ def run(args) -> int:
             f'{args.sheet_actions.name}, "{args.sheet_prompt}": model (top) vs simulator '
             f"(bottom), same actions, {args.steps} steps"
         )
-        result["sheet"] = str(save_sheet(model, sim, args.sheet, title))
+        # the boundary-density label reads one scene's terrain classes: a sheet that switches
+        # scenes goes without it
+        classes = (None if switches else
+                   class_palette(text_encoder.scene_for_prompt(args.sheet_prompt)))
+        result["sheet"] = str(save_sheet(model, sim, args.sheet, title, classes=classes))
     if args.picture_sheet is not None:
         from worldstream.engine.evaluation.picture_start import photo_sheet
 

@@ -13,7 +13,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from worldstream.engine.backends.builtin import BuiltinBackend  # noqa: E402
-from worldstream.engine.evaluation.metrics import anisotropy, sharpness  # noqa: E402
+from worldstream.engine.evaluation.metrics import (  # noqa: E402
+    anisotropy,
+    boundary_density,
+    sharpness,
+)
 from worldstream.engine.evaluation.run import record, rollout  # noqa: E402
 from worldstream.engine.models.builtin import text as text_encoder  # noqa: E402
 
@@ -41,16 +45,32 @@ def side_by_side(
     return rollout(gen, ep, steps, seed, chunk_switches), ep.frames
 
 
+def frame_label(model: np.ndarray, sim: np.ndarray, classes: np.ndarray | None = None) -> str:
+    """A sheet column's label for a model frame and the simulator's, both ``(H, W, 3)``
+    uint8: the model's sharpness over the simulator's, its anisotropy and, given the scene's
+    terrain ``classes`` (``(K, 3)``), its boundary density over the simulator's."""
+    ratio = sharpness(model) / max(sharpness(sim), 1e-9)
+    label = f"sharp {ratio:.2f}\naniso {anisotropy(model):.2f}"
+    if classes is not None:
+        frag = boundary_density(model, classes) / max(boundary_density(sim, classes), 1e-9)
+        label += f"\nfrag {frag:.2f}"
+    return label
+
+
 def save_sheet(
     model: np.ndarray,
     sim: np.ndarray,
     out: str | Path,
     title: str,
     moments: tuple[int, ...] = MOMENTS,
+    classes: np.ndarray | None = None,
 ) -> Path:
     """Write the sheet: the model's frames (top row) over the simulator's (bottom row) at
-    ``moments`` (frame indices), each labelled with its frame index and the model frame's
-    sharpness relative to the simulator's. Returns the path (PNG)."""
+    ``moments`` (frame indices), each labelled with its frame index, the model frame's
+    sharpness relative to the simulator's, its gradient anisotropy and, given the scene's
+    terrain ``classes`` (``(K, 3)`` class colours, ``engine.worlds.scenes.palette``), its
+    terrain-class boundary density relative to the simulator's (``frag``:
+    ``metrics.boundary_density``). Returns the path (PNG)."""
     moments = tuple(m for m in moments if m < len(model))
     fig, axes = plt.subplots(2, len(moments), figsize=(1.6 * len(moments), 3.7), squeeze=False)
     for col, m in enumerate(moments):
@@ -61,9 +81,8 @@ def save_sheet(
             ax.set_yticks([])
             if col == 0:
                 ax.set_ylabel(name)
-        ratio = sharpness(model[m]) / max(sharpness(sim[m]), 1e-9)
         axes[0][col].set_title(f"frame {m}", fontsize=8)
-        axes[1][col].set_xlabel(f"sharp {ratio:.2f}\naniso {anisotropy(model[m]):.2f}", fontsize=7)
+        axes[1][col].set_xlabel(frame_label(model[m], sim[m], classes), fontsize=7)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     out = Path(out)
