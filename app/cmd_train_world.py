@@ -67,6 +67,16 @@ def register(sub) -> None:
              "streams run (BuiltinConfig.window_pose_tolerance; default: block-causal)",
     )
     p.add_argument(
+        "--noise-correlation", type=float, default=0.0, metavar="C",
+        help="share of the denoising noise's variance low-passed over --noise-scale latent px "
+             "(engine.models.builtin.world_noise.correlated; saved in the model's config, the "
+             "engine draws its noise the same way; default 0: white noise)",
+    )
+    p.add_argument(
+        "--noise-scale", type=float, default=2.0, metavar="PX",
+        help="standard deviation in latent px of the low-pass of --noise-correlation (default 2)",
+    )
+    p.add_argument(
         "--seed", type=int, default=0, help="RNG seed of the initialisation and the batch order"
     )
     p.add_argument(
@@ -263,6 +273,8 @@ def run(args) -> int:
         loss=args.loss,
         p_ghost=args.ghost,
         pose_window_tolerance=args.pose_window_tolerance,
+        noise_correlation=args.noise_correlation,
+        noise_scale=args.noise_scale,
     )
     print(json.dumps(result))
     return 0

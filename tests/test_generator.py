@@ -70,7 +70,7 @@ def seeded_noise(gen: BuiltinBackend, seed: int, record) -> torch.Tensor:
     if not gen.config.world_noise:
         return torch.randn((F, c, g, g), generator=torch.Generator().manual_seed(seed))
     return chunk_noise(seed, record.origins, record.field_times, gen.downsample, c, g,
-                       gen.config.world_noise_period)
+                       gen.config.world_noise_period, mc.noise_correlation, mc.noise_scale)
 
 
 def window_mask(num_chunks: int, window: int, sink: bool) -> torch.Tensor:
@@ -1197,6 +1197,33 @@ def test_world_noise_follows_the_ground_and_forks_read_the_same_world():
     assert (n_r[-1] - n_a[0]).abs().mean() > 0.5  # and the noise did move with it
     torch.testing.assert_close(seen[True][5][1], seen[True][6][1], rtol=0, atol=0)  # fork
     assert (seen[False][0][1] - seen[False][1][1]).abs().mean() > 0.5  # fresh at rest too
+
+
+def test_a_model_trained_on_correlated_noise_streams_from_the_same_noise():
+    """``WorldDiT.config.noise_correlation``/``noise_scale`` set the stream's noise: the world
+    field partly low-passed (exactly ``chunk_noise`` with them), and fresh noise with the
+    hand-worked neighbour correlation ``c·exp(−1/4s²)``."""
+    c, s = 0.5, 1.0
+    gen = tiny_generator()
+    gen.model.register_to_config(noise_correlation=c, noise_scale=s)
+    seen = []
+
+    def spy(job, st, rec, inner=gen._chunk_noise):
+        seen.append((rec, inner(job, st, rec)))
+        return seen[-1][1]
+
+    gen._chunk_noise = spy
+    state = gen.new_state("a green meadow", seed=3)
+    (res,) = gen.generate([ChunkJob(state, [5] * F, steps=1)])
+    assert res.error is None
+    rec, noise = seen[0]
+    torch.testing.assert_close(noise, seeded_noise(gen, state.noise_seed, rec), rtol=0, atol=0)
+    white = chunk_noise(state.noise_seed, rec.origins, rec.field_times, gen.downsample,
+                        noise.shape[1], noise.shape[2])
+    assert (noise - white).abs().mean() > 0.2
+    fresh = torch.cat([gen._noise(torch.Generator().manual_seed(i)) for i in range(32)])
+    corr = np.corrcoef(fresh[..., 1:].flatten(), fresh[..., :-1].flatten())[0, 1]
+    assert abs(corr - c * np.exp(-1 / (4 * s * s))) < 0.04
 
 
 def test_world_noise_holds_at_short_rests_then_drifts_and_stands_still_while_moving():

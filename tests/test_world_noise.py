@@ -1,14 +1,20 @@
 """World-anchored noise: windows of one field agree where they overlap, and the field is
-standard normal noise (checked against a canvas assembled tile by tile)."""
+standard normal noise (checked against a canvas assembled tile by tile); its low-passed share
+keeps unit variance and has the Gaussian autocorrelation worked out by hand."""
 
 import numpy as np
 import pytest
 import torch
 
 from worldstream.engine.models.builtin.world_noise import (
+    LOW_PASS_SLICE,
     TILE,
     _tile,
     chunk_noise,
+    correlated,
+    low_pass,
+    noise_margin,
+    training_noise,
     window_noise,
 )
 
@@ -79,3 +85,75 @@ def test_bad_sizes_are_refused():
         window_noise(0, 0, 0, 4, 0)
     with pytest.raises(ValueError, match="period"):
         chunk_noise(0, np.zeros((1, 2)), [0], 4, 4, 8, period=-1)
+
+
+def neighbour_corr(a: torch.Tensor, d: int) -> float:
+    """Correlation of pixels ``d`` apart along the last axis of ``a``."""
+    return float(np.corrcoef(a[..., d:].flatten(), a[..., :-d].flatten())[0, 1])
+
+
+def test_low_pass_of_a_delta_is_its_unit_norm_gaussian_kernel():
+    s = 2.0
+    m = noise_margin(s)
+    assert m == 6
+    wide = torch.zeros(1, 2 * m + 5, 2 * m + 5)
+    wide[0, m + 2, m + 2] = 1.0  # one pixel in the middle of a 5 x 5 inside
+    out = low_pass(wide, s)
+    assert out.shape == (1, 5, 5)
+    x = np.arange(-m, m + 1)
+    g = np.exp(-0.5 * (x / s) ** 2)
+    g /= np.sqrt((g ** 2).sum())
+    want = np.outer(g, g)[m - 2 : m + 3, m - 2 : m + 3]  # the kernel around its centre
+    np.testing.assert_allclose(out[0].numpy(), want, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("scale", [1.0, 2.0])
+def test_low_passed_white_noise_is_standard_normal_with_gaussian_autocorrelation(scale):
+    """A Gaussian blur of std ``s`` turns white noise's autocorrelation into a Gaussian of
+    std ``s·√2``: pixels ``d`` apart correlate ``exp(−d²/4s²)``."""
+    m = noise_margin(scale)
+    out = low_pass(torch.randn(64, 64 + 2 * m, 64 + 2 * m,
+                               generator=torch.Generator().manual_seed(0)), scale)
+    assert abs(out.std().item() - 1) < 0.03 and abs(out.mean().item()) < 0.03
+    for d in (1, 2, 4):
+        assert abs(neighbour_corr(out, d) - np.exp(-d * d / (4 * scale * scale))) < 0.03
+
+
+def test_correlated_noise_mixes_white_and_low_passed_by_share_of_variance():
+    c, s = 0.3, 2.0
+    got = training_noise((64, 4, 32, 32), torch.Generator().manual_seed(1), c, s)
+    assert got.shape == (64, 4, 32, 32)
+    assert abs(got.std().item() - 1) < 0.03
+    assert abs(neighbour_corr(got, 1) - c * np.exp(-1 / 16)) < 0.03
+    assert abs(neighbour_corr(got, 4) - c * np.exp(-1.0)) < 0.03
+    white = torch.randn(2, 8, 8)
+    assert correlated(white, torch.randn(2, 20, 20), 0.0, s) is white  # 0: white unchanged
+    # 0: the same draws as torch.randn, so a model trained on white noise streams as before
+    shape = (3, 4, 8, 8)
+    torch.testing.assert_close(training_noise(shape, torch.Generator().manual_seed(5), 0.0, s),
+                               torch.randn(shape, generator=torch.Generator().manual_seed(5)))
+
+
+def test_correlated_chunk_noise_sits_on_the_ground_and_matches_the_hand_mix():
+    c, s = 0.5, 2.0
+    origins = np.array([[0, 0], [8, 4]])  # the second window 2 latent px right, 1 down
+    got = chunk_noise(9, origins, [0, 1], 4, 4, 32, correlation=c, scale=s)
+    torch.testing.assert_close(got[1][:, :-1, :-2], got[0][:, 1:, 2:], rtol=0, atol=1e-6)
+    m = noise_margin(s)
+    want = (np.sqrt(1 - c) * window_noise(9, 0, 0, 4, 32)
+            + np.sqrt(c) * low_pass(window_noise(9, -m, -m, 4, 32 + 2 * m, LOW_PASS_SLICE), s))
+    torch.testing.assert_close(got[0], want.float(), rtol=0, atol=1e-6)
+    torch.testing.assert_close(chunk_noise(9, origins, [0, 1], 4, 4, 32, correlation=0.0),
+                               chunk_noise(9, origins, [0, 1], 4, 4, 32), rtol=0, atol=0)
+
+
+def test_bad_correlations_and_scales_are_refused():
+    for c in (-0.1, 1.0):
+        with pytest.raises(ValueError, match="correlation"):
+            chunk_noise(0, np.zeros((1, 2)), [0], 4, 4, 8, correlation=c)
+        with pytest.raises(ValueError, match="correlation"):
+            correlated(torch.zeros(8, 8), torch.zeros(20, 20), c, 2.0)
+    with pytest.raises(ValueError, match="scale"):
+        low_pass(torch.zeros(20, 20), 0.0)
+    with pytest.raises(ValueError, match="no inside"):
+        low_pass(torch.zeros(12, 12), 2.0)

@@ -67,7 +67,7 @@ from worldstream.engine.models.builtin.spatial_memory import (
     select_by_overlap,
 )
 from worldstream.engine.models.builtin.world_dit import WorldDiT
-from worldstream.engine.models.builtin.world_noise import chunk_noise
+from worldstream.engine.models.builtin.world_noise import chunk_noise, training_noise
 from worldstream.engine.training.common import cpu_has_fast_bf16
 from worldstream.engine.worlds.actions import IDLE, keys_to_action
 from worldstream.engine.worlds.catalog import make_base_warp
@@ -652,21 +652,25 @@ class BuiltinBackend(PagedRunner):
             raise ValueError(f"action ids must be in [0, {self.model.config.num_actions})")
 
     def _noise(self, generator: torch.Generator) -> torch.Tensor:
+        """Fresh noise ``(F, C, h, w)`` float32 as the model was trained on
+        (``WorldDiT.config.noise_correlation``/``noise_scale``: white, or partly low-passed)."""
         mc = self.model.config
-        return torch.randn((self.chunk_frames, mc.latent_channels, mc.latent_size,
-                            mc.latent_size), generator=generator)
+        return training_noise((self.chunk_frames, mc.latent_channels, mc.latent_size,
+                               mc.latent_size), generator, mc.noise_correlation, mc.noise_scale)
 
     def _chunk_noise(self, job: ChunkJob, state: BuiltinState, record: _ChunkRecord
                      ) -> torch.Tensor:
         """With ``world_noise``: the field of ``job.seed`` (else the stream's) read at each
-        frame's camera window and field time (``_field_clock``), ``(F, C, h, w)`` float32;
-        else fresh noise."""
+        frame's camera window and field time (``_field_clock``), ``(F, C, h, w)`` float32,
+        partly low-passed as the model was trained (``WorldDiT``'s ``noise_correlation``);
+        else fresh noise (:meth:`_noise`)."""
         if not self.config.world_noise:
             return super()._chunk_noise(job, state, record)
         mc = self.model.config
         seed = job.seed if job.seed is not None else state.noise_seed
         return chunk_noise(seed, record.origins, record.field_times, self.downsample,
-                           mc.latent_channels, mc.latent_size, self.config.world_noise_period)
+                           mc.latent_channels, mc.latent_size, self.config.world_noise_period,
+                           mc.noise_correlation, mc.noise_scale)
 
     def _plan(
         self, states: list[BuiltinState], actions: list[list[int]], move: bool = True

@@ -52,6 +52,7 @@ from worldstream.engine.models.builtin.attention import (
 from worldstream.engine.models.builtin.loading import load_colour_prior
 from worldstream.engine.models.builtin.spatial_memory import SETTLE_PX
 from worldstream.engine.models.builtin.world_dit import CameraDynamics, WorldDiT
+from worldstream.engine.models.builtin.world_noise import training_noise
 from worldstream.engine.training.common import (
     autocast,
     pick_device,
@@ -341,7 +342,8 @@ def onpolicy_loss(
     offset = torch.randint(0, 1000, (b, 1), generator=gen)
     pos = (offset + torch.arange(f)[None]).to(device)
     s = sig[..., None, None, None]
-    x = (1 - s) * clean + s * torch.randn(z.shape, generator=gen).to(device)
+    noise = training_noise(z.shape, gen, model.config.noise_correlation, model.config.noise_scale)
+    x = (1 - s) * clean + s * noise.to(device)
     known = known.to(device)
     zs = noised_skip(model, skip, gen, base_sig, 0.0, device)
     with autocast(device):

@@ -35,6 +35,7 @@ from worldstream.engine.models.builtin.attention import (
     expand_frame_mask,
 )
 from worldstream.engine.models.builtin.world_dit import CameraDynamics, WorldDiT, warm_start
+from worldstream.engine.models.builtin.world_noise import training_noise
 from worldstream.engine.training.common import (
     autocast,
     load_checkpoint,
@@ -265,7 +266,9 @@ def world_prediction(
     offset = torch.randint(0, 1000, (b, 1), generator=gen)
     pos = (offset + torch.arange(f)[None]).to(device)
     s = sig[..., None, None, None]
-    x = (1 - s) * z_in + s * torch.randn(z.shape, generator=gen).to(device)
+    cfg = model.config
+    noise = training_noise(z.shape, gen, cfg.noise_correlation, cfg.noise_scale)
+    x = (1 - s) * z_in + s * noise.to(device)
     known = known.to(device)
     zs = noised_skip(model, skip, gen, base_sig,
                      p_degrade if model.config.skip_source == "previous" else 0.0, device)
@@ -387,6 +390,8 @@ def train_world(
     loss: str = "mse",
     p_ghost: float = 0.0,
     pose_window_tolerance: float | None = None,
+    noise_correlation: float = 0.0,
+    noise_scale: float = 2.0,
 ) -> dict:
     """Train or resume up to ``steps`` steps (or ``max_minutes`` of wall time this call).
 
@@ -400,7 +405,8 @@ def train_world(
     :func:`world_prediction` (0 for both worlds' recipes). ``pose_window_tolerance``: with
     ``pose_path``, each frame attends only the earlier frames of its clip posed within this
     of it (:func:`pose_window_mask`), as a stream with ``BuiltinConfig.window_pose_tolerance``
-    runs (None: block-causal).
+    runs (None: block-causal). ``noise_correlation``, ``noise_scale``: the denoising noise
+    (``WorldDiT``'s config of the same names; 0: white, the recipe).
     ``view_box``, ``num_actions``, ``action_factors``, ``base_warp``: the world's
     (``engine.worlds.catalog``; ``data``'s bases must have been encoded with that warp).
     """
@@ -434,6 +440,8 @@ def train_world(
         skip_source=skip_source,
         pose_path=pose_path,
         skip_prior=skip_prior,
+        noise_correlation=noise_correlation,
+        noise_scale=noise_scale,
     ).to(device)
     if pose_path is not None:
         attach_poses(data, make_base_warp(pose_path, model.config.image_size))

@@ -226,6 +226,11 @@ class WorldDiT(ModelMixin, ConfigMixin):
     easing, and a model that must read it from its context drew, even from true context, a
     blend of the head at rest and the head turned all the way (it did not know how far
     along the turn a frame is); the landscape's camera path is given the same way.
+
+    ``noise_correlation`` (0.0) and ``noise_scale`` (2.0 latent px): the denoising noise the
+    model was trained on (``engine.models.builtin.world_noise.correlated``: a share
+    ``noise_correlation`` of each pixel's variance low-passed over ``noise_scale`` pixels; 0 is
+    white noise); the engine draws its initial noise the same way.
     """
 
     def normalize(self, z: torch.Tensor) -> torch.Tensor:
@@ -265,9 +270,12 @@ class WorldDiT(ModelMixin, ConfigMixin):
         skip_source: str | None = None,
         pose_path: str | None = None,
         skip_prior: float = 0.0,
+        noise_correlation: float = 0.0,
+        noise_scale: float = 2.0,
     ):
-        # chunk_frames, latent_mean/std, image_size, view_box, base_warp: how the model was
-        # trained (the engine reads them); latents are normalised per channel as (z - mean) / std
+        # chunk_frames, latent_mean/std, image_size, view_box, base_warp, noise_correlation/
+        # scale: how the model was trained (the engine reads them); latents are normalised per
+        # channel as (z - mean) / std
         super().__init__()
         if skip_source not in SKIP_SOURCES:
             raise ValueError(f"skip_source must be one of {SKIP_SOURCES}, got {skip_source!r}")

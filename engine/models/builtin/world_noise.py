@@ -73,23 +73,93 @@ def window_noise(seed: int, x: int, y: int, channels: int, size: int,
     return out
 
 
+def noise_margin(scale: float) -> int:
+    """Latent pixels of white noise needed on each side of a window for :func:`low_pass` of
+    ``scale``: three standard deviations of its Gaussian, rounded up."""
+    return int(math.ceil(3 * scale))
+
+
+def low_pass(wide: torch.Tensor, scale: float) -> torch.Tensor:
+    """White standard normal noise ``wide (..., h + 2m, w + 2m)`` (``m`` =
+    :func:`noise_margin`), blurred by a Gaussian of ``scale`` latent pixels (standard deviation)
+    and cropped by ``m`` on every side: ``(..., h, w)`` float32, still standard normal at every
+    pixel (the kernel has unit L2 norm), correlated over about ``scale`` pixels.
+    ValueError for a scale <= 0 or a field smaller than its margins."""
+    if scale <= 0:
+        raise ValueError(f"scale must be > 0 latent px, got {scale}")
+    m = noise_margin(scale)
+    if wide.shape[-1] <= 2 * m or wide.shape[-2] <= 2 * m:
+        raise ValueError(f"a field of {tuple(wide.shape[-2:])} px has no inside after the "
+                         f"margins of {m} px")
+    x = torch.arange(-m, m + 1, dtype=torch.float32)
+    g = torch.exp(-0.5 * (x / scale) ** 2)
+    g = g / g.square().sum().sqrt()  # separable: the 2-D kernel's L2 norm is this one's squared
+    lead = wide.shape[:-2]
+    flat = wide.reshape(-1, 1, *wide.shape[-2:]).float()
+    flat = torch.nn.functional.conv2d(flat, g.view(1, 1, 1, -1))
+    flat = torch.nn.functional.conv2d(flat, g.view(1, 1, -1, 1))
+    return flat.reshape(*lead, *flat.shape[-2:])
+
+
+def correlated(white: torch.Tensor, wide: torch.Tensor, correlation: float,
+               scale: float) -> torch.Tensor:
+    """``√(1−c)·white + √c·low_pass(wide, scale)`` with ``c`` = ``correlation``: standard
+    normal at every pixel, a share ``c`` of its variance spread over ``scale`` latent pixels
+    (``white (..., h, w)``, ``wide (..., h + 2m, w + 2m)`` independent white noise, float32).
+    Noise with more power at low spatial frequencies than white noise, as in the
+    multi-resolution ("pyramid") noise of Whitaker (2023) and the low-frequency emphasis of
+    FreeInit (Wu et al., ECCV 2024). ValueError for a correlation outside [0, 1)."""
+    if not 0.0 <= correlation < 1.0:
+        raise ValueError(f"correlation must be in [0, 1), got {correlation}")
+    if correlation == 0.0:
+        return white
+    return math.sqrt(1 - correlation) * white + math.sqrt(correlation) * low_pass(wide, scale)
+
+
+def training_noise(shape: tuple[int, ...], generator: torch.Generator, correlation: float,
+                   scale: float) -> torch.Tensor:
+    """Noise of ``shape (..., h, w)`` float32 as :func:`chunk_noise` draws it with the same
+    ``correlation`` and ``scale``, from ``generator`` (white when ``correlation`` is 0)."""
+    white = torch.randn(shape, generator=generator)
+    if correlation == 0.0:
+        return white
+    m = noise_margin(scale)
+    wide = torch.randn((*shape[:-2], shape[-2] + 2 * m, shape[-1] + 2 * m), generator=generator)
+    return correlated(white, wide, correlation, scale)
+
+
+#: the slice of a field whose white noise the low-pass part of :func:`chunk_noise` reads
+#: (independent of the white part's slices, which count up from 0)
+LOW_PASS_SLICE = -1
+
+
 def chunk_noise(seed: int, origins, times, downsample: int, channels: int, size: int,
-                period: int = 0) -> torch.Tensor:
+                period: int = 0, correlation: float = 0.0, scale: float = 2.0) -> torch.Tensor:
     """Initial noise of a chunk whose frames' camera windows sit at ``origins`` (``(F, 2)``
     world image px, top-left ``(x, y)``) at field times ``times`` (``F`` ints >= 0): ``(F,
     channels, size, size)`` float32, each frame the field read at the latent pixel containing
     its origin (floor division by ``downsample``), drifting over ``period`` time steps (0:
-    fixed in time, ``times`` unused). ValueError for a negative period."""
+    fixed in time, ``times`` unused). With ``correlation`` > 0, a share of each pixel's
+    variance comes from a low-passed field (:func:`correlated`; its own slice of the field,
+    fixed in time, so it too sits on the ground). ValueError for a negative period or a
+    correlation outside [0, 1)."""
     if period < 0:
         raise ValueError(f"period must be >= 0 frames, got {period}")
+    if not 0.0 <= correlation < 1.0:
+        raise ValueError(f"correlation must be in [0, 1), got {correlation}")
     frames = []
     for (ox, oy), t in zip(origins, times):
         x, y = int(ox) // downsample, int(oy) // downsample
         if period == 0:
-            frames.append(window_noise(seed, x, y, channels, size))
-            continue
-        k, r = divmod(int(t), period)
-        theta = 0.5 * math.pi * r / period
-        frames.append(math.cos(theta) * window_noise(seed, x, y, channels, size, k)
-                      + math.sin(theta) * window_noise(seed, x, y, channels, size, k + 1))
+            white = window_noise(seed, x, y, channels, size)
+        else:
+            k, r = divmod(int(t), period)
+            theta = 0.5 * math.pi * r / period
+            white = (math.cos(theta) * window_noise(seed, x, y, channels, size, k)
+                     + math.sin(theta) * window_noise(seed, x, y, channels, size, k + 1))
+        if correlation > 0.0:
+            m = noise_margin(scale)
+            wide = window_noise(seed, x - m, y - m, channels, size + 2 * m, LOW_PASS_SLICE)
+            white = correlated(white, wide, correlation, scale)
+        frames.append(white)
     return torch.stack(frames)
