@@ -1,5 +1,7 @@
 """On-policy fine-tuning data (engine.training.onpolicy): tiny random models, CPU, fp32."""
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -131,7 +133,9 @@ def test_loss_is_finite_and_trains_every_block():
 
 class _ZeroModel:
     """Stands in for a WorldDiT in :func:`onpolicy_loss`: identity normalisation, predicts 0,
-    so the loss is the weighted mean of the squared target."""
+    so the loss is the weighted mean of the squared target; trained on white noise."""
+
+    config = SimpleNamespace(noise_correlation=0.0, noise_scale=2.0)
 
     def normalize(self, x):
         return x
