@@ -196,6 +196,13 @@ def run(args) -> int:
                          "(and not --onpolicy)")
     if args.adversarial is not None and args.adversarial < 0:
         raise ValueError(f"--adversarial must be >= 0, got {args.adversarial}")
+    if (args.onpolicy or args.adversarial is not None) and (
+            args.noise_correlation != 0.0 or args.noise_scale != 2.0):
+        raise ValueError("--onpolicy and --adversarial keep the noise their model was trained "
+                         "on: leave out --noise-correlation and --noise-scale")
+    if not 0.0 <= args.noise_correlation < 1.0 or args.noise_scale <= 0:
+        raise ValueError("--noise-correlation must be in [0, 1) and --noise-scale > 0, got "
+                         f"{args.noise_correlation} and {args.noise_scale}")
     spec = world(args.world)
     warp = _base_warp(args, spec)
     if args.pose_path is not None and args.pose_path not in BASE_WARPS:

@@ -157,6 +157,15 @@ def test_train_world_resumes_and_exports(tmp_path, monkeypatch):
         train_world(data, tmp_path / "out3", tmp_path / "run3", steps=1, loss="huber", **kw)
     with pytest.raises(ValueError, match="p_ghost"):
         train_world(data, tmp_path / "out3", tmp_path / "run3", steps=1, p_ghost=1.5, **kw)
+    # trained on partly low-passed noise (before the posed run: it attaches poses to data)
+    low = train_world(data, tmp_path / "out6", tmp_path / "run6", steps=2,
+                      noise_correlation=0.3, noise_scale=1.5, **kw)
+    assert np.isfinite(low["final_loss"])
+    saved = WorldDiT.from_pretrained(tmp_path / "out6").config  # what the engine will read
+    assert (saved.noise_correlation, saved.noise_scale) == (0.3, 1.5)
+    with pytest.raises(ValueError, match="noise_correlation"):
+        train_world(data, tmp_path / "out7", tmp_path / "run7", steps=1, noise_correlation=1.0,
+                    **kw)
     masks = []
     attend = DenseContext.attend
 

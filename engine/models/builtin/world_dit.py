@@ -277,6 +277,9 @@ class WorldDiT(ModelMixin, ConfigMixin):
         # scale: how the model was trained (the engine reads them); latents are normalised per
         # channel as (z - mean) / std
         super().__init__()
+        if not 0.0 <= noise_correlation < 1.0 or noise_scale <= 0:
+            raise ValueError("noise_correlation must be in [0, 1) and noise_scale > 0 latent px, "
+                             f"got {noise_correlation} and {noise_scale}")
         if skip_source not in SKIP_SOURCES:
             raise ValueError(f"skip_source must be one of {SKIP_SOURCES}, got {skip_source!r}")
         if skip_source == "warped" and pose_path is None:
