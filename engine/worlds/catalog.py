@@ -67,7 +67,8 @@ WORLDS: dict[str, WorldSpec] = {
 #: have ``rest`` (the pose of a stream's first frames), ``path(pose, actions)`` (each frame's
 #: pose) and ``apply(picture, pose)`` (the memory picture moved to a pose)
 BASE_WARPS = {"head": "worldstream.engine.worlds.avatar.head_warp:HeadWarp",
-              "head_layer": "worldstream.engine.worlds.avatar.head_warp:LayeredHeadWarp"}
+              "head_layer": "worldstream.engine.worlds.avatar.head_warp:LayeredHeadWarp",
+              "head_rig": "worldstream.engine.worlds.avatar.head_warp:RigHeadWarp"}
 
 
 def make_base_warp(name: str, size: int):
