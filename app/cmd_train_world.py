@@ -102,7 +102,8 @@ def register(sub) -> None:
         "--pose-path", default=None, metavar="NAME",
         help="condition each frame on the pose path of a rig (engine.worlds.catalog.BASE_WARPS: "
              "'head', the avatar's head eased toward the held keys; 'head_layer', the same pose "
-             "with the head moved as a layer over the background; WorldDiT pose_path). "
+             "with the head moved as a layer over the background; 'head_rig', each part of the "
+             "character moved by the rig's own amount; WorldDiT pose_path). "
              "Fine-tunes (--onpolicy, --adversarial) keep the trained model's",
     )
     p.add_argument(
