@@ -134,15 +134,21 @@ class HeadWarp:
         return torch.stack([(xs - d[0] + 0.5) * 2 / self.size - 1,
                             (ys - d[1] + 0.5) * 2 / self.size - 1], dim=-1)[None]
 
-    def apply(self, picture: np.ndarray, pose: np.ndarray) -> np.ndarray:
-        """``picture (S, S, 3)`` uint8 (the memory picture at rest) warped to ``pose``
-        ``(2,)`` rounded to ``1 / POSE_STEPS``; the picture itself (not a copy) where that is
-        (0, 0). ValueError for another size."""
+    def _pose_key(self, picture: np.ndarray, pose: np.ndarray) -> tuple[int, int] | None:
+        """``pose`` quantised (:meth:`quantise`), or None at rest (the picture is shown as it
+        is). ValueError for a picture not ``(size, size, 3)``."""
         if picture.shape != (self.size, self.size, 3):
             raise ValueError(f"picture must be ({self.size}, {self.size}, 3), "
                              f"got {picture.shape}")
         key = self.quantise(pose)
-        if key == (0, 0):
+        return None if key == (0, 0) else key
+
+    def apply(self, picture: np.ndarray, pose: np.ndarray) -> np.ndarray:
+        """``picture (S, S, 3)`` uint8 (the memory picture at rest) warped to ``pose``
+        ``(2,)`` rounded to ``1 / POSE_STEPS``; the picture itself (not a copy) where that is
+        (0, 0). ValueError for another size."""
+        key = self._pose_key(picture, pose)
+        if key is None:
             return picture
         x = torch.from_numpy(np.ascontiguousarray(picture)).permute(2, 0, 1)[None].float()
         out = F.grid_sample(x, self._cached(self._grids, key, self._make_grid),
@@ -344,11 +350,8 @@ class RigHeadWarp(HeadWarp):
         """``picture (S, S, 3)`` uint8 (the memory picture at rest) with its parts moved to
         ``pose`` ``(2,)`` rounded to ``1 / POSE_STEPS``; the picture itself (not a copy) where
         that is (0, 0). ValueError for another size."""
-        if picture.shape != (self.size, self.size, 3):
-            raise ValueError(f"picture must be ({self.size}, {self.size}, 3), "
-                             f"got {picture.shape}")
-        key = self.quantise(pose)
-        if key == (0, 0):
+        key = self._pose_key(picture, pose)
+        if key is None:
             return picture
         grid, face = self._cached(self._maps, key, self._make_maps)
         both = torch.from_numpy(np.stack([picture, self._cleaned(picture)])).permute(0, 3, 1, 2)
