@@ -157,6 +157,23 @@ class HeadWarp:
         return out[0].permute(1, 2, 0).round().clamp(0, 255).to(torch.uint8).numpy()
 
 
+def _pixel_coords(size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(xs, ys)``, each ``(size, size)`` float32: every pixel's column and row."""
+    ys, xs = torch.meshgrid(torch.arange(size, dtype=torch.float32),
+                            torch.arange(size, dtype=torch.float32), indexing="ij")
+    return xs, ys
+
+
+def _nearest_outside(region: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(rows, cols)`` int64 ``(H, W)``: for each pixel of ``region`` (``(H, W)`` bool) the
+    nearest pixel outside it, every other pixel itself (``scipy.ndimage.
+    distance_transform_edt``'s indices): a region filled from around it, image inpainting's
+    simplest fill."""
+    rows, cols = ndimage.distance_transform_edt(region.numpy(), return_distances=False,
+                                                return_indices=True)
+    return torch.from_numpy(rows), torch.from_numpy(cols)
+
+
 def _layer_alpha(xs: torch.Tensor, ys: torch.Tensor, shift: tuple[float, float]
                  ) -> torch.Tensor:
     """``(H, W)`` float32 opacity of the head layer moved by ``shift`` (px): 1 inside the
@@ -188,13 +205,8 @@ class LayeredHeadWarp(HeadWarp):
 
     def __init__(self, size: int = 128, cache: int = 256):
         super().__init__(size, cache)
-        ys, xs = torch.meshgrid(torch.arange(size, dtype=torch.float32),
-                                torch.arange(size, dtype=torch.float32), indexing="ij")
-        self._xs, self._ys = xs, ys
-        hole = (_layer_alpha(xs, ys, (0.0, 0.0)) > 0.0).numpy()
-        rows, cols = ndimage.distance_transform_edt(hole, return_distances=False,
-                                                    return_indices=True)
-        self._fill = (torch.from_numpy(rows), torch.from_numpy(cols))  # (H, W) each
+        self._xs, self._ys = _pixel_coords(size)
+        self._fill = _nearest_outside(_layer_alpha(self._xs, self._ys, (0.0, 0.0)) > 0.0)
         self._alphas: OrderedDict[tuple[int, int], torch.Tensor] = OrderedDict()
 
     def _make_alpha(self, key: tuple[int, int]) -> torch.Tensor:
@@ -260,9 +272,7 @@ class RigHeadWarp(HeadWarp):
 
     def __init__(self, size: int = 128, cache: int = 256):
         super().__init__(size, cache)
-        ys, xs = torch.meshgrid(torch.arange(size, dtype=torch.float32),
-                                torch.arange(size, dtype=torch.float32), indexing="ij")
-        self._xs, self._ys = xs, ys
+        self._xs, self._ys = xs, ys = _pixel_coords(size)
         cx, cy = HEAD_CENTRE
         rx, ry = HEAD_RADII
         # the character's region at rest (shirt, neck, hair: wide enough for the widest face,
@@ -270,9 +280,8 @@ class RigHeadWarp(HeadWarp):
         body = (_ellipse(xs, ys, (64.0, 140.0), (54.0, 40.0))
                 | _ellipse(xs, ys, (cx, cy - 3), (rx + 5, ry + 4))
                 | ((xs - 64.0).abs() < 10) & (ys > cy + 17))
-        rows, cols = ndimage.distance_transform_edt(body.numpy(), return_distances=False,
-                                                    return_indices=True)
-        self._fill = (torch.from_numpy(cols).float(), torch.from_numpy(rows).float())
+        rows, cols = _nearest_outside(body)
+        self._fill = (cols.float(), rows.float())  # (x, y) of the pixel each one shows
         self._face = _ellipse(xs, ys, HEAD_CENTRE, HEAD_RADII)
         self._features = self._feature_parts(cx, cy)
         self._maps: OrderedDict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = (
