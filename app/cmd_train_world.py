@@ -103,7 +103,9 @@ def register(sub) -> None:
         help="condition each frame on the pose path of a rig (engine.worlds.catalog.BASE_WARPS: "
              "'head', the avatar's head eased toward the held keys; 'head_layer', the same pose "
              "with the head moved as a layer over the background; 'head_rig', each part of the "
-             "character moved by the rig's own amount; WorldDiT pose_path). "
+             "character moved by the rig's own amount; 'head_rig_fit', the same with each "
+             "character's hat, long hair, bun and face width read from its picture; WorldDiT "
+             "pose_path). "
              "Fine-tunes (--onpolicy, --adversarial) keep the trained model's",
     )
     p.add_argument(

@@ -68,7 +68,8 @@ WORLDS: dict[str, WorldSpec] = {
 #: pose) and ``apply(picture, pose)`` (the memory picture moved to a pose)
 BASE_WARPS = {"head": "worldstream.engine.worlds.avatar.head_warp:HeadWarp",
               "head_layer": "worldstream.engine.worlds.avatar.head_warp:LayeredHeadWarp",
-              "head_rig": "worldstream.engine.worlds.avatar.head_warp:RigHeadWarp"}
+              "head_rig": "worldstream.engine.worlds.avatar.head_warp:RigHeadWarp",
+              "head_rig_fit": "worldstream.engine.worlds.avatar.head_warp:FittedRigHeadWarp"}
 
 
 def make_base_warp(name: str, size: int):
