@@ -529,6 +529,13 @@ class FittedRigHeadWarp(RigHeadWarp):
     rig warp's largest errors against the simulator's turned frames (assets/avatar/
     MODEL_CARD.md)."""
 
+    def __init__(self, size: int = 128, cache: int = 256):
+        super().__init__(size, cache)
+        self._last: tuple[np.ndarray, RigBuild] | None = None
+
     def build(self, picture: np.ndarray) -> RigBuild:
-        """The build read from ``picture`` (:func:`fit_build`)."""
-        return fit_build(picture)
+        """The build read from ``picture`` (:func:`fit_build`); the last picture's is kept (a
+        stream warps one memory picture frame after frame: 0.35 ms a fit, 0.01 a compare)."""
+        if self._last is None or not np.array_equal(self._last[0], picture):
+            self._last = (picture.copy(), fit_build(picture))
+        return self._last[1]
