@@ -214,6 +214,8 @@ def test_fit_build_reads_each_characters_parts(source):
             assert abs(build.face_width - app.face_width) <= 0.08, app.look
         elif app.look != "beach":
             assert abs(build.face_width - app.face_width) <= 0.03, app.look
+    with pytest.raises(ValueError, match="128"):
+        fit_build(frames[0][:64])
 
 
 def test_fitted_rig_swings_a_caps_brim_ahead_of_the_head():

@@ -257,9 +257,9 @@ class RigBuild:
 #: the build :class:`RigHeadWarp` assumes for every picture (the face's width, no long hair,
 #: bun or hat)
 PLAIN_BUILD = RigBuild()
-#: :func:`fit_build`'s colour tolerance (RGB distance, levels): below the jitter between a
-#: look's hair and the nearest scene colour it is drawn against, above an autoencoder's error
-#: on a flat patch
+#: :func:`fit_build`'s colour tolerance (RGB distance, levels): two patches nearer than this
+#: are taken for the same part's colour (the autoencoder moves a flat patch by less; a hair and
+#: skin this alike are not told apart, tests/test_head_warp.py)
 BUILD_TOLERANCE = 40.0
 
 
@@ -286,7 +286,10 @@ def fit_build(picture: np.ndarray) -> RigBuild:
       rather than the beanie band's (0.8 of it) lies at the band's ends.
 
     A picture of no character reads as some build; the warp then moves what lies where that
-    character's parts would be."""
+    character's parts would be. ValueError for a picture not ``(128, 128, 3)`` (the places
+    are the simulator's, in px)."""
+    if picture.shape != (128, 128, 3):
+        raise ValueError(f"fit_build reads 128x128 RGB pictures, got {picture.shape}")
     hair = _patch(picture, slice(39, 41), slice(62, 67))
     skin = _patch(picture, slice(58, 64), slice(50, 55))
     face_width = 1.0
