@@ -8,13 +8,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from diffusers import AutoencoderTiny
 
 from worldstream.engine.backends.avatar import AvatarModelBackend
 from worldstream.engine.backends.avatar_sim import start_frames
 from worldstream.engine.backends.builtin import BuiltinBackend, BuiltinConfig
 from worldstream.engine.core.backend import ChunkJob
 from worldstream.engine.models.builtin.autoencoder import build_autoencoder
+from worldstream.engine.models.builtin.loading import load_autoencoder
 from worldstream.engine.models.builtin.spatial_memory import model_inputs
 from worldstream.engine.models.builtin.world_dit import WorldDiT
 from worldstream.engine.training.latents import ae_decode, ae_encode, memory_bases
@@ -189,7 +189,7 @@ def test_rig_warps_are_nearer_the_simulators_turned_heads_than_the_layered_warp(
 
 def _reconstructed(frames: np.ndarray) -> np.ndarray:
     """``frames`` through the shipped avatar autoencoder (what the memory holds)."""
-    ae = AutoencoderTiny.from_pretrained(str(ASSETS / "avatar" / "vae")).eval()
+    ae = load_autoencoder(ASSETS / "avatar" / "vae").eval()
     cpu = torch.device("cpu")
     return ae_decode(ae, ae_encode(ae, frames, cpu), cpu)
 

@@ -494,8 +494,7 @@ class RigHeadWarp(HeadWarp):
                  ys - down)
         else:  # a cap's brim swings toward the turn
             bx = cx + CAP_BRIM_LEAD * yaw
-            part(_ellipse(xs, ys, (bx, cy - 17), (0.8 * rx + 0.5, 4)),
-                 HEAD_CENTRE[0] + (xs - bx) / (1.0 - FACE_NARROWING * abs(yaw)), ys - down)
+            part(_ellipse(xs, ys, (bx, cy - 17), (0.8 * rx + 0.5, 4)), widened(bx, 0.0), ys - down)
 
     def _cleaned(self, picture: np.ndarray) -> np.ndarray:
         """The picture with the face's features at rest painted over in the skin's median
