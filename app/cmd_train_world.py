@@ -104,7 +104,8 @@ def register(sub) -> None:
              "'head', the avatar's head eased toward the held keys; 'head_layer', the same pose "
              "with the head moved as a layer over the background; 'head_rig', each part of the "
              "character moved by the rig's own amount; 'head_rig_fit', the same with each "
-             "character's hat, long hair, bun and face width read from its picture; WorldDiT "
+             "character's hat, long hair, bun and face width read from its picture; "
+             "'head_rig_bridge', the same with a glasses' bridge moved with the eyes; WorldDiT "
              "pose_path). "
              "Fine-tunes (--onpolicy, --adversarial) keep the trained model's",
     )

@@ -24,6 +24,7 @@ from worldstream.engine.worlds.avatar.head_warp import (
     CAP_BRIM_LEAD,
     LAYER_CENTRE,
     LAYER_RADII,
+    BridgedRigHeadWarp,
     FittedRigHeadWarp,
     HeadWarp,
     LayeredHeadWarp,
@@ -154,6 +155,28 @@ def test_rig_warp_moves_each_part_by_the_rigs_amount():
     np.testing.assert_array_equal(turned[:8, :8], picture[:8, :8])
 
 
+def test_bridged_rig_moves_the_glasses_bridge_with_the_eyes():
+    """Hand-made picture: background 200, the face at rest 150, a glasses' bridge (dark, 6 x 2
+    px, where the simulator draws it: centred 4 px above the features' centre, between the
+    eyes). Turned right (yaw 1) the bridged rig moves it with the features, HEAD_SHIFT +
+    FEATURE_SHIFT = 16 px, whole, and the face where it lay at rest is skin; the fitted rig
+    draws it broken, its middle skin."""
+    ys, xs = np.mgrid[0:128, 0:128]
+    cx, cy = HEAD_CENTRE
+    face = ((xs - cx) / HEAD_RADII[0]) ** 2 + ((ys - cy) / HEAD_RADII[1]) ** 2 <= 1
+    picture = np.repeat(np.where(face[..., None], 150, 200), 3, axis=2).astype(np.uint8)
+    row = int(cy) - 4
+    picture[row - 1 : row + 1, int(cx) - 3 : int(cx) + 3] = 0
+    pose = np.array([1.0, 0.0])
+    turned = BridgedRigHeadWarp().apply(picture, pose)
+    dark = np.flatnonzero(turned[row].max(axis=1) < 25)
+    assert abs(dark.mean() - (cx - 0.5 + 16)) <= 1 and abs(dark.size - 6) <= 1
+    assert np.ptp(dark) == dark.size - 1  # whole
+    np.testing.assert_array_equal(turned[row - 2 : row + 2, int(cx) - 4 : int(cx) + 5], 150)
+    dark = np.flatnonzero(FittedRigHeadWarp().apply(picture, pose)[row].max(axis=1) < 25)
+    assert np.ptp(dark) > dark.size - 1  # broken
+
+
 def _turned_head_errors(warps) -> np.ndarray:
     """``(looks, warps)`` squared error over the head crop between each warp's move of the
     picture at rest and the simulator's frame +12 after each of the eight direction keys from
@@ -179,12 +202,17 @@ def test_rig_warps_are_nearer_the_simulators_turned_heads_than_the_layered_warp(
     third or more over all looks and in at least five of the six; the fitted rig nearer still,
     by a quarter or more over all looks and in every look (each has a part or a width the
     plain rig does not)."""
-    errors = _turned_head_errors((RigHeadWarp(), LayeredHeadWarp(), FittedRigHeadWarp()))
-    rig, layered, fitted = errors.T
+    errors = _turned_head_errors((RigHeadWarp(), LayeredHeadWarp(), FittedRigHeadWarp(),
+                                  BridgedRigHeadWarp()))
+    rig, layered, fitted, bridged = errors.T
     assert rig.sum() < 0.67 * layered.sum()
     assert (rig < layered).sum() >= 5
     assert fitted.sum() < 0.75 * rig.sum()
     assert (fitted < rig).all()
+    # the bridge: nearer in the looks with glasses, within 1 % in the others
+    glasses = np.array([appearance(look, 0).glasses for look in LOOK_NAMES])
+    assert (bridged[glasses] < fitted[glasses]).all()
+    assert (bridged[~glasses] < 1.01 * fitted[~glasses]).all()
 
 
 def _reconstructed(frames: np.ndarray) -> np.ndarray:
@@ -261,6 +289,7 @@ def test_base_warp_names():
     assert isinstance(make_base_warp("head_layer", 128), LayeredHeadWarp)
     assert isinstance(make_base_warp("head_rig", 128), RigHeadWarp)
     assert isinstance(make_base_warp("head_rig_fit", 128), FittedRigHeadWarp)
+    assert isinstance(make_base_warp("head_rig_bridge", 128), BridgedRigHeadWarp)
     with pytest.raises(ValueError, match="head"):
         make_base_warp("tail", 128)
 

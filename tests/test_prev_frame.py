@@ -234,7 +234,8 @@ def test_pose_embedding_starts_at_zero_then_the_pose_is_an_input():
         trained(**x, pose=pose)
 
 
-@pytest.mark.parametrize("rig", ["head", "head_layer", "head_rig", "head_rig_fit"])
+@pytest.mark.parametrize("rig", ["head", "head_layer", "head_rig", "head_rig_fit",
+                                 "head_rig_bridge"])
 def test_a_warped_skip_source_is_the_memory_picture_warped_to_each_frames_pose(rig):
     """The engine feeds a ``"warped"`` model each frame's memory picture (the stream's first
     frame: a still camera) warped by its ``pose_path``'s warp to the head pose the keys lead

@@ -69,7 +69,9 @@ WORLDS: dict[str, WorldSpec] = {
 BASE_WARPS = {"head": "worldstream.engine.worlds.avatar.head_warp:HeadWarp",
               "head_layer": "worldstream.engine.worlds.avatar.head_warp:LayeredHeadWarp",
               "head_rig": "worldstream.engine.worlds.avatar.head_warp:RigHeadWarp",
-              "head_rig_fit": "worldstream.engine.worlds.avatar.head_warp:FittedRigHeadWarp"}
+              "head_rig_fit": "worldstream.engine.worlds.avatar.head_warp:FittedRigHeadWarp",
+              "head_rig_bridge":
+                  "worldstream.engine.worlds.avatar.head_warp:BridgedRigHeadWarp"}
 
 
 def make_base_warp(name: str, size: int):
