@@ -56,6 +56,22 @@ def test_warm_start_adds_the_previous_frame_at_zero_then_it_is_an_input():
         assert not torch.allclose(model(**x, skip=prev), want, atol=1e-3)
 
 
+def test_warm_start_grows_a_deeper_model_that_starts_as_the_trained_one():
+    """A model two blocks deeper, warm-started from a trained one, keeps its trained blocks
+    and gives exactly the trained model's output (its extra blocks add nothing until trained,
+    then they do); a shallower model is refused."""
+    trained = _trained()
+    model = WorldDiT(dim=32, depth=3, num_heads=2).eval()
+    warm_start(model, trained.state_dict())
+    x = _inputs()
+    with torch.no_grad():
+        assert torch.equal(model(**x), trained(**x))
+        model.blocks[2].ada.bias.normal_(0, 0.5)  # once trained, the new block matters
+        assert not torch.allclose(model(**x), trained(**x), atol=1e-3)
+    with pytest.raises(RuntimeError):
+        warm_start(WorldDiT(dim=32, depth=1, num_heads=2), model.state_dict())
+
+
 @pytest.mark.parametrize("prior", [0.0, 1.0])
 def test_the_mixing_map_takes_the_skip_from_the_previous_frame(prior):
     """With the map at 1 and no residual the model's x0 is the previous frame (scaled by the

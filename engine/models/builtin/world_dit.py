@@ -427,8 +427,10 @@ def warm_start(model: WorldDiT, state: dict[str, torch.Tensor]) -> None:
     with ``skip_source`` or ``pose_path`` warm-started from one without gets the stem's
     second-source input channels, the skip's mixing map and the pose embedding's outputs at
     zero, so it starts as exactly the trained model (as ControlNet's zero convolutions add a
-    condition to a trained network). RuntimeError or
-    ValueError when the shapes differ otherwise."""
+    condition to a trained network); a deeper model keeps its extra blocks, after the trained
+    ones, as initialised (adaLN-Zero: each adds nothing until trained, so the deeper model
+    also starts as the trained one). RuntimeError or ValueError when the shapes differ
+    otherwise (a shallower model included)."""
     stem = state.get("stem.weight")
     own = model.stem.weight
     if stem is not None and stem.shape != own.shape:
@@ -438,8 +440,11 @@ def warm_start(model: WorldDiT, state: dict[str, torch.Tensor]) -> None:
         pad = torch.zeros(stem.shape[0], extra, *stem.shape[2:], dtype=stem.dtype)
         state = {**state, "stem.weight": torch.cat([stem, pad], dim=1)}
     # parts the trained model has not, kept as initialised (zero outputs: no change)
-    for name in ("skip_gate", "pose_emb"):
-        part = getattr(model, name, None)
+    trained = {int(k.split(".")[1]) for k in state if k.startswith("blocks.")}
+    blocks = [f"blocks.{i}" for i in range(len(model.blocks)) if trained and i > max(trained)]
+    modules = dict(model.named_modules())
+    for name in ("skip_gate", "pose_emb", *blocks):
+        part = modules.get(name)
         if part is not None and not any(k.startswith(f"{name}.") for k in state):
             state = {**state, **{f"{name}.{k}": v.clone() for k, v in part.state_dict().items()}}
     model.load_state_dict(state)
