@@ -99,6 +99,12 @@ def register(sub) -> None:
              "trusting its second source everywhere (default 0: the base)",
     )
     p.add_argument(
+        "--skip-floor", type=float, default=None, metavar="F",
+        help="lower bound of the --skip-source mixing map (WorldDiT skip_floor, in [0, 1]): "
+             "each pixel at least F from the second source, so the memory base cannot come "
+             "through the skip as a ghost (default: unbounded)",
+    )
+    p.add_argument(
         "--pose-path", default=None, metavar="NAME",
         help="condition each frame on the pose path of a rig (engine.worlds.catalog.BASE_WARPS: "
              "'head', the avatar's head eased toward the held keys; 'head_layer', the same pose "
@@ -213,6 +219,9 @@ def run(args) -> int:
         raise ValueError(f"--pose-path must be one of {tuple(BASE_WARPS)}, got {args.pose_path!r}")
     if args.skip_prior != 0.0 and args.skip_source is None:
         raise ValueError("--skip-prior offsets the mixing map of a --skip-source")
+    if args.skip_floor is not None and (args.skip_source is None
+                                        or not 0.0 <= args.skip_floor <= 1.0):
+        raise ValueError("--skip-floor bounds the mixing map of a --skip-source, in [0, 1]")
     if args.skip_source == "warped" and args.pose_path is None:
         raise ValueError("--skip-source warped warps to a rig's pose: give --pose-path")
     shards, _ = spec.ensure_dataset(args.data)
@@ -281,6 +290,7 @@ def run(args) -> int:
         skip_source=args.skip_source,
         pose_path=args.pose_path,
         skip_prior=args.skip_prior,
+        skip_floor=args.skip_floor,
         loss=args.loss,
         p_ghost=args.ghost,
         pose_window_tolerance=args.pose_window_tolerance,

@@ -66,19 +66,18 @@ def available_backends(device: torch.device | str | None = None) -> list[str]:
 def resolve_backend(backend: str, device: torch.device) -> str:
     """Name of the backend ``backend`` stands for on ``device``.
 
-    ``auto`` reads ``WORLDSTREAM_ATTENTION`` first; otherwise CUDA -> triton, CPU -> reference
-    (measured on the 2-core dev CPU at the engine's shapes: as fast as or faster than compiled
-    flex with sparse page lists, no compile on first call; see kernels/README.md). Raises
-    ``ValueError`` for an unknown or unavailable name.
+    ``auto`` reads ``WORLDSTREAM_ATTENTION`` first; otherwise ``reference`` on every device,
+    measured the fastest at the engine's shapes on both kinds of machine it has run on: the
+    2-core dev CPU (as fast as or faster than compiled flex with sparse page lists, no compile
+    on first call) and one H200 (the Wan-1.3B stream at 16.3 fps against 14.4 with the Triton
+    kernel, which is not tuned for Hopper yet); see kernels/README.md. Raises ``ValueError``
+    for an unknown or unavailable name.
     """
     if backend == "auto":
         forced = os.environ.get(ENV_VAR, "").strip()
         if forced and forced != "auto":
             backend = forced
         else:
-            usable = available_backends(device)
-            if device.type == "cuda" and "triton" in usable:
-                return "triton"
             return "reference"
     if backend not in BACKENDS:
         raise ValueError(f"unknown attention backend {backend!r}; choose from {BACKENDS} or 'auto'")

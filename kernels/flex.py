@@ -142,7 +142,8 @@ def flex_paged_attention(
     block_lens = lens.repeat_interleave(h)
 
     out = _compiled_attend()(
-        q_flat, k_flat, v_flat, num_part, idx_part, num_full, idx_full, block_lens, scale, qbs, ps
+        q_flat, k_flat, v_flat, num_part, idx_part, num_full, idx_full, block_lens, scale,
+        qbs_pad, ps,
     )
-    out = out.reshape(h, rows_pad, qbs, d)[:, :rows].transpose(0, 1)
+    out = out.reshape(h, rows_pad, qbs_pad, d)[:, :rows, :qbs].transpose(0, 1)
     return merge_query_blocks(out, shape)

@@ -128,6 +128,8 @@ def test_backend_choice_and_env_override(monkeypatch):
     monkeypatch.delenv(ENV_VAR, raising=False)
     assert "reference" in available_backends("cpu")
     assert resolve_backend("auto", cpu) == "reference"  # measured fastest on CPU
+    # and on an H200 in the Wan stream (the Triton kernel is not tuned for Hopper yet)
+    assert resolve_backend("auto", torch.device("cuda")) == "reference"
     monkeypatch.setenv(ENV_VAR, "flex")
     assert resolve_backend("auto", cpu) == "flex"
     assert resolve_backend("reference", cpu) == "reference"  # explicit beats the variable

@@ -58,12 +58,11 @@ def test_gpu_attention_cpu_smoke_with_reference(capsys):
         "0",
     ]
     assert gpu_attention.main(argv) == 0
-    errors = [
-        float(line.split("max err ")[1].rstrip(")"))
-        for line in capsys.readouterr().out.splitlines()
-        if "max err" in line
-    ]
+    lines = [line for line in capsys.readouterr().out.splitlines() if "max err" in line]
+    errors = [float(line.split("max err ")[1].split(")")[0]) for line in lines]
     assert len(errors) == 6 and max(errors) < 1e-4
+    # the paged backend runs on a plan made once (as the engine's layers do); SDPA has none
+    assert all(("plan " in line) == (" reference " in line) for line in lines)
 
 
 def test_attention_bench_dense_mask_matches_lists():
@@ -73,3 +72,19 @@ def test_attention_bench_dense_mask_matches_lists():
     assert mask[0, 0, :64, :64].all() and not mask[0, 0, :64, 64:128].any()
     assert mask[0, 0, :64, 128:].all() and mask[0, 0, 64:, 64:128].all()
     assert not mask[0, 0, 64:, :64].any() and not mask[0, 0, 64:, 128:].any()
+
+
+def test_gpu_train_refuses_incomplete_arguments_before_recording(tmp_path):
+    """``python -m bench gpu_train`` needs ``--out`` and ``--minutes`` (or only writes a text
+    table) and refuses a bad time split, before any data is recorded."""
+    import pytest
+
+    from worldstream.bench import gpu_train
+
+    data = tmp_path / "data"
+    for argv in (["--minutes", "1"], ["--out", str(tmp_path / "o")],
+                 ["--out", str(tmp_path / "o"), "--minutes", "0"],
+                 ["--out", str(tmp_path / "o"), "--minutes", "1", "--ae-share", "1.5"]):
+        with pytest.raises(SystemExit):
+            gpu_train.main([*argv, "--data", str(data)])
+    assert not data.exists()

@@ -56,3 +56,21 @@ def test_flex_equals_reference(config):
         _check(case, dtype)
 
     run()
+
+
+def test_flex_with_padded_query_blocks_equals_reference(monkeypatch):
+    """The CUDA path: query blocks zero-padded to the kernel's 128-row tiles (here to 64 rows on
+    the CPU, blocks of 24 queries) give the reference's output. The padded block size must be
+    the one the BlockMask is built with (on an H200 a block of 1,560 queries padded to 1,664
+    was refused: "Q and KV block size must be divisible by BLOCK_M and BLOCK_N")."""
+    from worldstream.kernels import flex
+
+    monkeypatch.setattr(flex, "_Q_GRANULE", {"cpu": 64})
+
+    @settings(max_examples=6, deadline=None)
+    @given(case=paged_cases(head_dims=(32,), page_sizes=(16,), q_block_sizes=(24,),
+                            dtype=torch.float32, batch=2, n_q_blocks=2, num_pages=6, heads=2))
+    def run(case):
+        _check(case, torch.float32)
+
+    run()

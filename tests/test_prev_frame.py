@@ -97,6 +97,28 @@ def test_the_mixing_map_takes_the_skip_from_the_previous_frame(prior):
             assert torch.allclose(model(**x, skip=prev), want, atol=1e-6)
 
 
+def test_the_mixing_map_floor_clamps_it_from_below_only():
+    """With ``skip_floor`` 0.8 a map the network puts at 0 or 0.25 mixes 0.8 of the source in,
+    one at 0.9 or 1.2 is left as it is (hand-worked: x0 = clean · (base + m (prev − base)));
+    a floor outside [0, 1], or one without a skip source, is refused."""
+    model = WorldDiT(dim=32, depth=1, num_heads=2, skip_source="previous",
+                     skip_floor=0.8).eval()
+    x = _inputs()
+    prev = torch.randn(2, 3, 4, 32, 32)
+    with torch.no_grad():
+        model.out.weight.zero_()
+        model.out.bias.zero_()
+        clean = 1 - x["base_sigma"][..., None, None, None]
+        for m, used in ((0.0, 0.8), (0.25, 0.8), (0.9, 0.9), (1.2, 1.2)):
+            model.skip_gate.bias.fill_(m)
+            want = clean * (x["base"] + used * (prev - x["base"]))
+            assert torch.allclose(model(**x, skip=prev), want, atol=1e-6)
+    with pytest.raises(ValueError, match="skip_floor"):
+        WorldDiT(dim=32, depth=1, num_heads=2, skip_source="previous", skip_floor=1.5)
+    with pytest.raises(ValueError, match="skip_floor"):
+        WorldDiT(dim=32, depth=1, num_heads=2, skip_floor=0.5)
+
+
 def test_previous_frame_is_required_by_a_model_with_it_and_refused_by_one_without():
     x = _inputs()
     with pytest.raises(ValueError, match="needs a second skip source"):

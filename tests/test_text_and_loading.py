@@ -55,3 +55,35 @@ def test_step_sigmas_follow_the_shifted_schedule():
     assert step_sigmas(1, 3.0) == pytest.approx([1.0])
     with pytest.raises(ValueError):
         step_sigmas(5, 2.0)
+
+
+def test_a_text_table_serves_its_prompts_without_the_model(tmp_path, monkeypatch):
+    """``write_table`` then ``use_table``: the table's vectors are served as the model gave
+    them, with the model made unreachable (a GPU machine without the text-model package);
+    a prompt not in the table still goes to the model; a table of the wrong shape or of
+    vectors that are not unit vectors is refused and changes nothing."""
+    prompts = ["a table-served prompt", "another table-served prompt"]
+    want = [text.embed(p).copy() for p in prompts]
+    path = tmp_path / "table.npz"
+    text.write_table(path, prompts)
+    text._embed_cached.cache_clear()
+    monkeypatch.setattr(text, "_table", {})
+    assert text.use_table(path) == 2
+
+    def no_model():
+        raise AssertionError("the model was asked")
+
+    monkeypatch.setattr(text, "_model", no_model)
+    for p, w in zip(prompts, want):
+        np.testing.assert_array_equal(text.embed(p), w)
+    with pytest.raises(AssertionError, match="the model was asked"):
+        text.embed("a prompt the table lacks")
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, prompts=np.array(["x"]), vectors=np.full((1, 384), 0.5, np.float32))
+    with pytest.raises(ValueError, match="unit vectors"):
+        text.use_table(bad)
+    np.savez(bad, prompts=np.array(["x", "y"]), vectors=np.zeros((1, 384), np.float32))
+    with pytest.raises(ValueError, match="unit vectors"):
+        text.use_table(bad)
+    assert set(text._table) == set(prompts)
+    text._embed_cached.cache_clear()  # later tests get the model's embeddings again

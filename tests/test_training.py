@@ -281,3 +281,19 @@ def test_decoder_only_ema_run_keeps_the_encoder_resumes_and_rejects_bad_settings
             train_ae([shard], held, tmp_path / "vae", tmp_path / "bad", steps=1,
                      **{**kw, **bad})
     assert not (tmp_path / "bad").exists()  # refused before anything was written
+
+
+def test_shards_recorded_in_worker_processes_equal_those_recorded_in_one(tmp_path):
+    """``record_missing`` with two workers writes the same shards as one process (each shard's
+    seeds fix it), and leaves a shard already recorded as it is."""
+    from worldstream.engine.training.data import record_missing
+
+    jobs = [(tmp_path / "par" / name, seeds, 5, 0.3) for name, seeds in (("a", [0, 1]), ("b", [2]))]
+    (tmp_path / "par" / "b").mkdir(parents=True)
+    np.save(tmp_path / "par" / "b" / "camera.npy", np.zeros(1))  # "b" counts as recorded
+    record_missing(record_shard, jobs, workers=2)
+    record_missing(record_shard, [(tmp_path / "one", [0, 1], 5, 0.3)], workers=1)
+    for name in ("frames", "camera", "actions", "switch", "prompt"):
+        np.testing.assert_array_equal(np.load(tmp_path / "par" / "a" / f"{name}.npy"),
+                                      np.load(tmp_path / "one" / f"{name}.npy"))
+    assert sorted(p.name for p in (tmp_path / "par" / "b").iterdir()) == ["camera.npy"]

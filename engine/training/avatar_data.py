@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from worldstream.engine.training.data import HELDOUT_SEED0
+from worldstream.engine.training.data import HELDOUT_SEED0, record_missing
 from worldstream.engine.worlds.avatar.recorder import record_shard
 
 NUM_SHARDS = 4
@@ -17,17 +17,17 @@ SWITCH_PROB = 1 / 200
 TRAIN_SEED0 = 10_000
 
 
-def ensure_dataset(root: Path, num_shards: int = NUM_SHARDS) -> tuple[list[Path], Path]:
-    """Record missing shards (deterministic seeds); return (training shard dirs, held-out dir)."""
-    shards = []
-    for k in range(num_shards):
-        d = root / f"shard{k}"
-        if not (d / "camera.npy").exists():
-            s0 = TRAIN_SEED0 + k * EPISODES_PER_SHARD
-            record_shard(d, list(range(s0, s0 + EPISODES_PER_SHARD)), EPISODE_FRAMES,
-                         SWITCH_PROB)
-        shards.append(d)
+def ensure_dataset(root: Path, num_shards: int = NUM_SHARDS,
+                   workers: int = 1) -> tuple[list[Path], Path]:
+    """Record missing shards (deterministic seeds; ``workers`` processes, see
+    ``engine.training.data.record_missing``); return (training shard dirs, held-out dir)."""
+    shards = [root / f"shard{k}" for k in range(num_shards)]
+    jobs: list[tuple] = [
+        (d, list(range(TRAIN_SEED0 + k * EPISODES_PER_SHARD,
+                       TRAIN_SEED0 + (k + 1) * EPISODES_PER_SHARD)), EPISODE_FRAMES, SWITCH_PROB)
+        for k, d in enumerate(shards)
+    ]
     held = root / "ae_heldout"
-    if not (held / "camera.npy").exists():
-        record_shard(held, list(range(HELDOUT_SEED0, HELDOUT_SEED0 + 16)), EPISODE_FRAMES)
+    jobs.append((held, list(range(HELDOUT_SEED0, HELDOUT_SEED0 + 16)), EPISODE_FRAMES))
+    record_missing(record_shard, jobs, workers)
     return shards, held

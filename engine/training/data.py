@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from worldstream.engine.worlds.recorder import record_shard
@@ -19,16 +21,28 @@ TRANSITION_FRAMES = 0
 HELDOUT_SEED0 = 900_000  # evaluation seeds start here; training seeds stay below
 
 
-def ensure_dataset(root: Path, num_shards: int = NUM_SHARDS) -> tuple[list[Path], Path]:
-    """Record missing shards (deterministic seeds); return (training shard dirs, held-out dir)."""
-    shards = []
-    for k in range(num_shards):
-        d = root / f"shard{k}"
-        if not (d / "camera.npy").exists():
-            seeds = list(range(k * EPISODES_PER_SHARD, (k + 1) * EPISODES_PER_SHARD))
-            record_shard(d, seeds, EPISODE_FRAMES, SWITCH_PROB, TRANSITION_FRAMES)
-        shards.append(d)
+def record_missing(record: Callable, jobs: list[tuple], workers: int = 1) -> None:
+    """Run ``record(shard_dir, *args)`` for each ``(shard_dir, *args)`` job whose shard is not
+    recorded yet (no ``camera.npy``), in ``workers`` processes (the simulators are numpy on
+    one core each; a GPU machine's cores record its shards side by side). Each shard's seeds
+    fix its content, so the result does not depend on ``workers``."""
+    todo = [job for job in jobs if not (job[0] / "camera.npy").exists()]
+    if workers <= 1 or len(todo) <= 1:
+        for job in todo:
+            record(*job)
+        return
+    with ProcessPoolExecutor(min(workers, len(todo))) as pool:
+        list(pool.map(record, *zip(*todo)))
+
+
+def ensure_dataset(root: Path, num_shards: int = NUM_SHARDS,
+                   workers: int = 1) -> tuple[list[Path], Path]:
+    """Record missing shards (deterministic seeds; ``workers`` processes, see
+    :func:`record_missing`); return (training shard dirs, held-out dir)."""
+    shards = [root / f"shard{k}" for k in range(num_shards)]
+    jobs = [(d, list(range(k * EPISODES_PER_SHARD, (k + 1) * EPISODES_PER_SHARD)),
+             EPISODE_FRAMES, SWITCH_PROB, TRANSITION_FRAMES) for k, d in enumerate(shards)]
     held = root / "ae_heldout"
-    if not (held / "camera.npy").exists():
-        record_shard(held, list(range(HELDOUT_SEED0, HELDOUT_SEED0 + 16)), EPISODE_FRAMES)
+    jobs.append((held, list(range(HELDOUT_SEED0, HELDOUT_SEED0 + 16)), EPISODE_FRAMES))
+    record_missing(record_shard, jobs, workers)
     return shards, held

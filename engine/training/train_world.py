@@ -387,6 +387,7 @@ def train_world(
     skip_source: str | None = None,
     pose_path: str | None = None,
     skip_prior: float = 0.0,
+    skip_floor: float | None = None,
     loss: str = "mse",
     p_ghost: float = 0.0,
     pose_window_tolerance: float | None = None,
@@ -399,7 +400,8 @@ def train_world(
     without ``skip_source`` or ``pose_path`` may start one with them: :func:`warm_start`).
     ``skip_source``: a second skip source (``WorldDiT``'s; ``"warped"`` needs ``data.skip``).
     ``pose_path``: condition each frame on that rig's pose (``WorldDiT``'s ``pose_path``).
-    ``skip_prior``: the mixing map's offset (``WorldDiT``'s; 1.0 starts trusting the source).
+    ``skip_prior``: the mixing map's offset (``WorldDiT``'s; 1.0 starts trusting the source);
+    ``skip_floor``: the map's lower bound (``WorldDiT``'s; None: unbounded).
     ``change_weight``: see :func:`world_loss` (0 for the landscape recipe). ``loss``: "mse"
     (the recipe) or "l1" (:meth:`WorldPrediction.loss`). ``p_ghost``: see
     :func:`world_prediction` (0 for both worlds' recipes). ``pose_window_tolerance``: with
@@ -440,6 +442,7 @@ def train_world(
         skip_source=skip_source,
         pose_path=pose_path,
         skip_prior=skip_prior,
+        skip_floor=skip_floor,
         noise_correlation=noise_correlation,
         noise_scale=noise_scale,
     ).to(device)

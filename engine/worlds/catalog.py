@@ -40,10 +40,12 @@ class WorldSpec:
     change_weight: float = 0.0
     base_warp: str | None = None
 
-    def ensure_dataset(self, root: Path | None = None) -> tuple[list[Path], Path]:
-        """Record missing shards; ``(training shard dirs, held-out shard dir)``."""
+    def ensure_dataset(self, root: Path | None = None,
+                       workers: int = 1) -> tuple[list[Path], Path]:
+        """Record missing shards (in ``workers`` processes); ``(training shard dirs, held-out
+        shard dir)``."""
         module = importlib.import_module(self.dataset_module)
-        return module.ensure_dataset(root or self.data)
+        return module.ensure_dataset(root or self.data, workers=workers)
 
     @property
     def prompts(self) -> tuple[str, ...]:

@@ -17,6 +17,8 @@ from worldstream.engine.core.limits import check_prompt
 EMBED_DIM = 384
 
 _lock = threading.Lock()
+#: precomputed embeddings by prompt (:func:`use_table`), served before the model is asked
+_table: dict[str, np.ndarray] = {}
 
 
 @functools.cache
@@ -34,11 +36,38 @@ def _model():
 
 @functools.lru_cache(maxsize=4096)
 def _embed_cached(text: str) -> np.ndarray:
+    if text in _table:
+        return _table[text]
     with _lock:
         vec = _model().encode([text], normalize_embeddings=True, convert_to_numpy=True)[0]
     vec = vec.astype(np.float32)
     vec.setflags(write=False)
     return vec
+
+
+def write_table(path, prompts) -> None:
+    """Save the embeddings of ``prompts`` (strings) to ``path`` (.npz: ``prompts`` and
+    ``vectors (N, 384)`` float32), for :func:`use_table` on a machine without the text model."""
+    prompts = list(prompts)
+    np.savez(path, prompts=np.array(prompts), vectors=np.stack([embed(p) for p in prompts]))
+
+
+def use_table(path) -> int:
+    """Serve the embeddings saved by :func:`write_table` without loading the model (a GPU
+    machine that carries the repository but not the 88 MB text-model package); prompts not in
+    the table still go to the model. Returns how many prompts the table holds; raises
+    ValueError for a table whose vectors are not ``(N, 384)`` unit vectors."""
+    with np.load(path) as f:
+        prompts, vectors = [str(p) for p in f["prompts"]], f["vectors"].astype(np.float32)
+    if vectors.shape != (len(prompts), EMBED_DIM) or not np.allclose(
+            np.linalg.norm(vectors, axis=1), 1.0, atol=1e-3):
+        raise ValueError(f"{path}: expected {len(prompts)} unit vectors of {EMBED_DIM} dims, "
+                         f"got shape {vectors.shape}")
+    for prompt, vec in zip(prompts, vectors):
+        vec.setflags(write=False)
+        _table[check_prompt(prompt)] = vec
+    _embed_cached.cache_clear()
+    return len(prompts)
 
 
 def embed(text: str) -> np.ndarray:

@@ -219,6 +219,11 @@ class WorldDiT(ModelMixin, ConfigMixin):
     ghost); started at 1.0 with the layered head warp, the network still pulled it to ~0.3, a
     blend of two pictures that each miss by a pixel or two being the better answer under a
     squared error (assets/avatar/MODEL_CARD.md, v2.4), but its turns read better.
+    ``skip_floor`` (None) bounds the map from below: a map of at least 0.8, say, draws every
+    pixel mostly from the source, so the head at rest can no longer come through the skip and
+    what the source misses must come from the residual (no gradient flows to the map where it
+    sits at the floor). Why: the map's blend is the squared error's optimum, so no loss of that
+    kind and no prior trains it away (v2.7's map over a turned head: about 0.35).
 
     ``pose_path`` (None, or the name in ``engine.worlds.catalog.BASE_WARPS`` of a rig whose
     pose path conditions every frame: the avatar's head yaw and pitch eased toward the held
@@ -272,6 +277,7 @@ class WorldDiT(ModelMixin, ConfigMixin):
         skip_prior: float = 0.0,
         noise_correlation: float = 0.0,
         noise_scale: float = 2.0,
+        skip_floor: float | None = None,
     ):
         # chunk_frames, latent_mean/std, image_size, view_box, base_warp, noise_correlation/
         # scale: how the model was trained (the engine reads them); latents are normalised per
@@ -284,6 +290,9 @@ class WorldDiT(ModelMixin, ConfigMixin):
             raise ValueError(f"skip_source must be one of {SKIP_SOURCES}, got {skip_source!r}")
         if skip_source == "warped" and pose_path is None:
             raise ValueError("skip_source 'warped' warps to a rig's pose: give pose_path")
+        if skip_floor is not None and (skip_source is None or not 0.0 <= skip_floor <= 1.0):
+            raise ValueError("skip_floor bounds the mixing map of a skip_source and must be in "
+                             f"[0, 1], got {skip_floor} with skip_source {skip_source!r}")
         grid = latent_size // patch_size
         self.tokens_per_frame = grid * grid
         # 1. patch stem over [noisy latent ; base ; base σ, current, stale planes (; second
@@ -410,6 +419,8 @@ class WorldDiT(ModelMixin, ConfigMixin):
         through = base.float()
         if skip is not None:
             mix = cfg.skip_prior + self._unpatchify(self.skip_gate(h).float(), 1)  # (B,T,1,h,w)
+            if cfg.skip_floor is not None:
+                mix = mix.clamp_min(cfg.skip_floor)
             through = through + mix * (skip.float() - through)
         return x + (1 - base_sigma.float())[..., None, None, None] * through
 
