@@ -85,15 +85,21 @@ def test_the_mixing_map_takes_the_skip_from_the_previous_frame(prior):
     warm_start(model, trained.state_dict())
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(),
                                                  trained.state_dict().values()))
+    _assert_mixes(model, [(m, m) for m in (0.0, 1.0, 0.25)], prior)
+
+
+def _assert_mixes(model: WorldDiT, pairs: list[tuple[float, float]], prior: float = 0.0):
+    """With no residual and the map's network output set so that the map is ``m``, the
+    model's x0 is ``clean · (base + used · (prev − base))`` for each ``(m, used)``."""
     x = _inputs()
     prev = torch.randn(2, 3, 4, 32, 32)
     with torch.no_grad():
         model.out.weight.zero_()
         model.out.bias.zero_()
         clean = 1 - x["base_sigma"][..., None, None, None]
-        for m in (0.0, 1.0, 0.25):
+        for m, used in pairs:
             model.skip_gate.bias.fill_(m - prior)
-            want = clean * (x["base"] + m * (prev - x["base"]))
+            want = clean * (x["base"] + used * (prev - x["base"]))
             assert torch.allclose(model(**x, skip=prev), want, atol=1e-6)
 
 
@@ -103,16 +109,7 @@ def test_the_mixing_map_floor_clamps_it_from_below_only():
     a floor outside [0, 1], or one without a skip source, is refused."""
     model = WorldDiT(dim=32, depth=1, num_heads=2, skip_source="previous",
                      skip_floor=0.8).eval()
-    x = _inputs()
-    prev = torch.randn(2, 3, 4, 32, 32)
-    with torch.no_grad():
-        model.out.weight.zero_()
-        model.out.bias.zero_()
-        clean = 1 - x["base_sigma"][..., None, None, None]
-        for m, used in ((0.0, 0.8), (0.25, 0.8), (0.9, 0.9), (1.2, 1.2)):
-            model.skip_gate.bias.fill_(m)
-            want = clean * (x["base"] + used * (prev - x["base"]))
-            assert torch.allclose(model(**x, skip=prev), want, atol=1e-6)
+    _assert_mixes(model, [(0.0, 0.8), (0.25, 0.8), (0.9, 0.9), (1.2, 1.2)])
     with pytest.raises(ValueError, match="skip_floor"):
         WorldDiT(dim=32, depth=1, num_heads=2, skip_source="previous", skip_floor=1.5)
     with pytest.raises(ValueError, match="skip_floor"):

@@ -56,16 +56,17 @@ def use_table(path) -> int:
     """Serve the embeddings saved by :func:`write_table` without loading the model (a GPU
     machine that carries the repository but not the 88 MB text-model package); prompts not in
     the table still go to the model. Returns how many prompts the table holds; raises
-    ValueError for a table whose vectors are not ``(N, 384)`` unit vectors."""
+    ValueError, and changes nothing, for a table whose vectors are not ``(N, 384)`` unit
+    vectors or that holds an empty or over-long prompt."""
     with np.load(path) as f:
         prompts, vectors = [str(p) for p in f["prompts"]], f["vectors"].astype(np.float32)
     if vectors.shape != (len(prompts), EMBED_DIM) or not np.allclose(
             np.linalg.norm(vectors, axis=1), 1.0, atol=1e-3):
         raise ValueError(f"{path}: expected {len(prompts)} unit vectors of {EMBED_DIM} dims, "
                          f"got shape {vectors.shape}")
-    for prompt, vec in zip(prompts, vectors):
-        vec.setflags(write=False)
-        _table[check_prompt(prompt)] = vec
+    checked = [check_prompt(p) for p in prompts]  # a bad prompt refuses the whole table
+    vectors.setflags(write=False)
+    _table.update(zip(checked, vectors))
     _embed_cached.cache_clear()
     return len(prompts)
 
