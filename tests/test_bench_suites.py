@@ -307,3 +307,51 @@ def test_bench_dispatcher_lists_the_suites(capsys):
     for suite in ("quick", "engine", "baselines", "e2e", "soak", "scale", "report", "analyse"):
         assert suite in SUITES
     assert main(["nope"]) == 2
+
+
+def test_gpu_train_refuses_incomplete_arguments_before_recording(tmp_path):
+    """``python -m bench gpu_train`` needs ``--out`` and ``--minutes`` (or only writes a text
+    table) and refuses a bad time split, before any data is recorded."""
+    import pytest
+
+    from worldstream.bench import gpu_train
+
+    data = tmp_path / "data"
+    for argv in (["--minutes", "1"], ["--out", str(tmp_path / "o")],
+                 ["--out", str(tmp_path / "o"), "--minutes", "0"],
+                 ["--out", str(tmp_path / "o"), "--minutes", "1", "--ae-share", "1.5"]):
+        with pytest.raises(SystemExit):
+            gpu_train.main([*argv, "--data", str(data)])
+    assert not data.exists()
+
+
+def test_gpu_train_prepares_then_fine_tunes_on_the_cached_latents(tmp_path):
+    """The GPU lease's path on tiny avatar shards: ``--prepare-only`` records nothing already
+    recorded, encodes the latents and stops at step 0; the fine-tune after ``--`` resumes on
+    those caches (not encoded again), and its weights load as the model it was asked for."""
+    import json
+
+    from worldstream.bench import gpu_train
+    from worldstream.engine.models.builtin.world_dit import WorldDiT
+    from worldstream.engine.training.avatar_data import NUM_SHARDS
+    from worldstream.engine.worlds.avatar.recorder import record_shard
+
+    data = tmp_path / "data"
+    for k in range(NUM_SHARDS):
+        record_shard(data / f"shard{k}", [10_000 + k], 6)
+    record_shard(data / "ae_heldout", [900_000], 6)
+    out = tmp_path / "out"
+    tune = ["--init-from", "assets/avatar/transformer", "--depth", "4", "--skip-source",
+            "warped", "--pose-path", "head_rig_fit", "--batch", "2", "--frames", "4",
+            "--steps", "2"]
+    common = ["--world", "avatar", "--data", str(data), "--out", str(out)]
+    assert gpu_train.main([*common, "--prepare-only", "--", *tune]) == 0
+    run = out / "runs" / "world"
+    cached = [(run / f).stat().st_mtime_ns for f in ("latents.pt", "latents_warped.pt")]
+    assert json.loads((run / "world_result.json").read_text())["steps"] == 0
+    assert gpu_train.main([*common, "--minutes", "5", "--", *tune]) == 0
+    assert [(run / f).stat().st_mtime_ns for f in ("latents.pt", "latents_warped.pt")] == cached
+    assert json.loads((run / "world_result.json").read_text())["steps"] == 2
+    model = WorldDiT.from_pretrained(out / "transformer")
+    assert model.config.depth == 4 and model.config.num_actions > 9  # the avatar's actions
+    assert model.config.pose_path == "head_rig_fit"
