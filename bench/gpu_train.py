@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.out is None or (args.minutes is None and not args.prepare_only):
         raise SystemExit("--out and --minutes are needed (or --write-text-table)")
-    if args.minutes is not None and args.minutes <= 0 or not 0 < args.ae_share < 1:
+    if (args.minutes is not None and args.minutes <= 0) or not 0 < args.ae_share < 1:
         raise SystemExit("--minutes must be > 0 and --ae-share in (0, 1)")
     if args.text_table is not None:
         text.use_table(args.text_table)
@@ -76,12 +76,12 @@ def main(argv: list[str] | None = None) -> int:
     if fine_tune:
         world_cmd += args.world_args
     else:
-        ae_cmd = ["train-ae", "--world", args.world, "--data", str(data),
-                  "--run-dir", str(runs / "ae"), "--out", str(args.out / "vae"),
-                  "--steps", str(args.ae_steps), "--batch", str(args.batch)]
         if args.prepare_only:
             print(json.dumps({"recorded": str(data), "wall_min": _minutes(t0)}))
             return 0  # the latents depend on the autoencoder still to be trained
+        ae_cmd = ["train-ae", "--world", args.world, "--data", str(data),
+                  "--run-dir", str(runs / "ae"), "--out", str(args.out / "vae"),
+                  "--steps", str(args.ae_steps), "--batch", str(args.batch)]
         _check(cli(ae_cmd + ["--max-minutes", str(args.minutes * args.ae_share)]))
         world_cmd += ["--vae", str(args.out / "vae"), "--steps", str(args.world_steps),
                       "--batch", str(args.batch), *args.world_args]
