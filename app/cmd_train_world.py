@@ -105,6 +105,12 @@ def register(sub) -> None:
              "through the skip as a ghost (default: unbounded)",
     )
     p.add_argument(
+        "--backdrop-fill", action="store_true",
+        help="with --skip-source warped: show the world's background plate where a turn "
+             "uncovers the scene (WorldDiT backdrop_fill; the avatar's plate is drawn by its "
+             "simulator) instead of filling it from around",
+    )
+    p.add_argument(
         "--pose-path", default=None, metavar="NAME",
         help="condition each frame on the pose path of a rig (engine.worlds.catalog.BASE_WARPS: "
              "'head', the avatar's head eased toward the held keys; 'head_layer', the same pose "
@@ -224,6 +230,10 @@ def run(args) -> int:
         raise ValueError("--skip-floor bounds the mixing map of a --skip-source, in [0, 1]")
     if args.skip_source == "warped" and args.pose_path is None:
         raise ValueError("--skip-source warped warps to a rig's pose: give --pose-path")
+    if args.backdrop_fill and (args.skip_source != "warped" or spec.backdrop is None):
+        raise ValueError("--backdrop-fill needs --skip-source warped and a world with a "
+                         f"background plate (world {spec.name!r} has "
+                         f"{'one' if spec.backdrop is not None else 'none'})")
     shards, _ = spec.ensure_dataset(args.data)
     ae = load_autoencoder(args.vae or spec.assets / "vae")
     out = args.out or spec.assets / "transformer"
@@ -231,15 +241,19 @@ def run(args) -> int:
                          prompts=spec.prompts, view_box=spec.view_box,
                          base_warp=warp)
     skip_source, pose_path = args.skip_source, args.pose_path
+    backdrop_fill = args.backdrop_fill
     if args.onpolicy or args.adversarial is not None:  # a fine-tune keeps its model's inputs
         config = WorldDiT.load_config(args.init_from)
         skip_source, pose_path = config.get("skip_source"), config.get("pose_path")
+        backdrop_fill = bool(config.get("backdrop_fill", False))
     if skip_source == "warped":  # the same frames' memory pictures, warped to their poses
         # NOTE: a second pass over the shards (the reconstructions the warp reads are encoded
         # again); once per run directory, then read from its cache
+        backdrop = spec.backdrop if backdrop_fill else None
+        cache = "latents_warped_backdrop.pt" if backdrop_fill else "latents_warped.pt"
         warped = encode_shards(ae, shards, args.chunk_frames,
-                               cache=args.run_dir / "latents_warped.pt", prompts=spec.prompts,
-                               view_box=spec.view_box, base_warp=pose_path)
+                               cache=args.run_dir / cache, prompts=spec.prompts,
+                               view_box=spec.view_box, base_warp=pose_path, backdrop=backdrop)
         data.skip = warped.base
     # the settings every fine-tune of a trained model takes from the command line
     tuning = dict(steps=args.steps, lr=args.lr, ctx_sigma_max=args.ctx_sigma_max,
@@ -291,6 +305,7 @@ def run(args) -> int:
         pose_path=args.pose_path,
         skip_prior=args.skip_prior,
         skip_floor=args.skip_floor,
+        backdrop_fill=args.backdrop_fill,
         loss=args.loss,
         p_ghost=args.ghost,
         pose_window_tolerance=args.pose_window_tolerance,

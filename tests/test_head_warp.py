@@ -5,6 +5,8 @@ rewinds included)."""
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 import torch
@@ -34,7 +36,13 @@ from worldstream.engine.worlds.avatar.head_warp import (
     fit_build,
 )
 from worldstream.engine.worlds.avatar.looks import LOOK_NAMES, appearance
-from worldstream.engine.worlds.avatar.simulator import HEAD_CENTRE, HEAD_RADII, AvatarSimulator
+from worldstream.engine.worlds.avatar.simulator import (
+    HEAD_CENTRE,
+    HEAD_RADII,
+    AvatarSimulator,
+    backdrop,
+    scene_backdrop,
+)
 from worldstream.engine.worlds.catalog import ASSETS, make_base_warp
 
 RIGHT, UP_LEFT = direction_to_action(1, 0), direction_to_action(-1, -1)
@@ -376,3 +384,103 @@ def test_a_model_without_a_base_warp_reads_the_picture_as_is():
     gen = BuiltinBackend(model, build_autoencoder(width=8),
                          BuiltinConfig(attention_backend="reference"))
     assert gen.base_warp is None
+
+
+def test_the_simulators_frames_show_their_backdrop_outside_the_character():
+    """A frame is its look's background plate (``simulator.backdrop``) wherever the character
+    is not: outside the fitted rig's region at rest, every pixel of every look but a few of
+    the beach's (the hat brim's anti-aliased tips, under 0.5 % of the region)."""
+    rig = FittedRigHeadWarp()
+    for look in LOOK_NAMES:
+        frame = AvatarSimulator(900_100, look).step(encode_action(IDLE, 0))
+        plate = backdrop(look, 900_100)
+        assert plate.shape == (128, 128, 3) and plate.dtype == np.uint8
+        fill_x, fill_y = rig._fill(rig.build(frame))
+        region = ((fill_x != rig._xs) | (fill_y != rig._ys)).numpy()
+        outside = (frame != plate).any(-1) & ~region
+        assert outside.sum() <= 0.005 * region.sum(), look
+    assert not np.array_equal(backdrop("city", 1), backdrop("city", 2))  # jittered by seed
+    np.testing.assert_array_equal(scene_backdrop(LOOK_NAMES.index("beach"), 7),
+                                  backdrop("beach", 7))
+
+
+def test_rig_shows_the_backdrop_where_a_turn_uncovers_the_scene():
+    """With a backdrop the rig changes only pixels of the character's region at rest that no
+    part covers at the pose, and shows the backdrop there; on held-out characters turned left
+    and down-right those pixels lie nearer the simulator's frame than the nearest-pixel fill,
+    by half or more over all looks (the city's lit windows: 8,694 -> 9 levels² a pixel)."""
+    rig = FittedRigHeadWarp()
+    before = after = 0.0
+    for look in LOOK_NAMES:
+        sim = AvatarSimulator(900_100, look)
+        rest = sim.step(encode_action(IDLE, 0))
+        plate = backdrop(look, 900_100)
+        fill_x, fill_y = rig._fill(rig.build(rest))
+        region = ((fill_x != rig._xs) | (fill_y != rig._ys)).numpy()
+        for direction in (direction_to_action(-1, 0), direction_to_action(1, 1)):
+            turned = AvatarSimulator(900_100, look)
+            turned.step(encode_action(IDLE, 0))
+            actions = [encode_action(direction, 0)] * 13
+            for a in actions:
+                frame = turned.step(a).astype(np.float64)
+            pose = HeadWarp.path(HeadWarp.rest, actions)[-1]
+            filled, shown = rig.apply(rest, pose), rig.apply(rest, pose, backdrop=plate)
+            changed = (filled != shown).any(-1)
+            assert changed.sum() > 100 and not (changed & ~region).any(), look
+            np.testing.assert_array_equal(shown[changed], plate[changed])
+            before += ((filled[changed] - frame[changed]) ** 2).sum()
+            after += ((shown[changed] - frame[changed]) ** 2).sum()
+    assert after < 0.5 * before
+    assert rig.apply(rest, np.zeros(2), backdrop=plate) is rest  # at rest: the picture
+
+
+@pytest.mark.parametrize("warp", [HeadWarp(), LayeredHeadWarp(), FittedRigHeadWarp()])
+def test_a_backdrop_of_another_size_is_refused(warp):
+    rest = AvatarSimulator(1, "office").step(encode_action(IDLE, 0))
+    for bad in (np.zeros((64, 64, 3), np.uint8), np.zeros((128, 128, 3), np.float32)):
+        with pytest.raises(ValueError, match="backdrop must be"):
+            warp.apply(rest, np.array([0.5, 0.0]), backdrop=bad)
+
+
+def test_training_data_shows_each_episodes_backdrop_where_its_turns_uncover_the_scene(tmp_path):
+    """``encode_shards`` with the avatar world's backdrop: each episode's warped memory
+    pictures show the background plate of its look and world seed (the shard's ``seed``,
+    saved by the recorder) where the turn uncovers the scene, as the engine does; a shard
+    without seeds is refused by name, and the avatar's ``ensure_dataset`` adds them."""
+    from worldstream.engine.training.avatar_data import ensure_dataset
+    from worldstream.engine.training.latents import encode_shards
+    from worldstream.engine.worlds.avatar.recorder import record_shard
+    from worldstream.engine.worlds.catalog import world
+    from worldstream.engine.worlds.recorder import load_shard
+
+    shard = record_shard(tmp_path / "shard", [10_003, 10_004], 40, switch_prob=0.0)
+    arrays = load_shard(shard)
+    np.testing.assert_array_equal(arrays["seed"], [10_003, 10_004])
+    calls = []
+
+    def plate(scene: int, seed: int) -> np.ndarray:
+        calls.append((scene, seed))
+        return world("avatar").backdrop(scene, seed)
+
+    torch.manual_seed(0)
+    ae = build_autoencoder(width=8)
+    kwargs = dict(view_box=0, base_warp="head_rig_fit")
+    filled = encode_shards(ae, [shard], **kwargs)
+    shown = encode_shards(ae, [shard], backdrop=plate, **kwargs)
+    assert sorted(set(calls)) == sorted({(int(arrays["scene"][e, 0]), int(s))
+                                         for e, s in enumerate(arrays["seed"])})
+    poses = np.stack([FittedRigHeadWarp.path(HeadWarp.rest, a.tolist())
+                      for a in arrays["actions"]])
+    turned = np.abs(poses).max(-1) > 0.2
+    differ = (filled.base - shown.base).abs().flatten(2).amax(-1) > 1e-3
+    assert turned.any() and differ[torch.as_tensor(turned)].float().mean() > 0.9
+    assert not differ[torch.as_tensor(np.abs(poses).max(-1) < 1 / 64)].any()  # at rest: same
+    (shard / "seed.npy").unlink()
+    with pytest.raises(ValueError, match="no seed.npy"):
+        encode_shards(ae, [shard], backdrop=plate, **kwargs)
+    root = tmp_path / "avatar"  # shards recorded before seeds were saved: they are added
+    for name in ("shard0", "ae_heldout"):
+        shutil.copytree(shard, root / name)
+    shards, held = ensure_dataset(root, num_shards=1)
+    np.testing.assert_array_equal(load_shard(shards[0])["seed"], np.arange(10_000, 10_064))
+    np.testing.assert_array_equal(load_shard(held)["seed"], np.arange(900_000, 900_016))

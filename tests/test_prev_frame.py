@@ -16,6 +16,7 @@ from worldstream.engine.models.builtin.world_dit import WorldDiT, warm_start
 from worldstream.engine.training.latents import LatentDataset
 from worldstream.engine.training.onpolicy import OnPolicyPool
 from worldstream.engine.training.train_world import previous_frames, recipe_clips, train_world
+from worldstream.engine.worlds.actions import IDLE, direction_to_action
 
 
 def _inputs(b: int = 2, t: int = 3, seed: int = 0):
@@ -309,3 +310,67 @@ def test_a_warped_skip_source_is_the_memory_picture_warped_to_each_frames_pose(r
         assert torch.allclose(rec.skip, want, atol=1e-5)
         assert torch.allclose(rec.base, gen.encode_frames(first), atol=1e-5)
         assert (rec.skip - rec.base).abs().max() > 0.1  # the head moved
+
+
+def test_a_backdrop_fill_model_sees_the_streams_backdrop_where_a_turn_uncovers_the_scene():
+    """A model trained with ``backdrop_fill`` gets the rig's warp of the memory picture with
+    the stream's backdrop shown where the turn uncovers the scene; a model without it gets the
+    warp filled from around whatever the backdrop, and a stream without one the same."""
+    from worldstream.engine.backends.builtin import BuiltinBackend, BuiltinConfig
+    from worldstream.engine.core.backend import ChunkJob
+    from worldstream.engine.models.builtin.loading import load_autoencoder
+    from worldstream.engine.worlds.avatar.simulator import AvatarSimulator, backdrop
+    from worldstream.engine.worlds.catalog import make_base_warp, world
+
+    first = AvatarSimulator(900_004, "city").step(IDLE)[None]
+    plate = backdrop("city", 900_004)
+    left = direction_to_action(-1, 0)
+    warp = make_base_warp("head_rig_fit", 128)
+    ae = load_autoencoder(world("avatar").assets / "vae")
+    for fill in (True, False):
+        torch.manual_seed(0)
+        model = WorldDiT(dim=32, depth=1, num_heads=2, skip_source="warped",
+                         pose_path="head_rig_fit", view_box=0, backdrop_fill=fill)
+        with torch.no_grad():
+            for p in model.camera.parameters():  # a still camera, as the avatar's
+                p.zero_()
+        gen = BuiltinBackend(model.eval(), ae, BuiltinConfig(attention_backend="reference",
+                                                             ctx_noise=False))
+        for given in (plate, None):
+            state = gen.new_state("a face", seed=1, start_frames=first)
+            gen.set_backdrop(state, given)
+            for _ in range(3):
+                gen.generate([ChunkJob(state, [left], steps=1, seed=0)])
+            gen.finish()
+            rec = state.history[-1]
+            shown = given if fill else None
+            want = gen.encode_frames(warp.apply(first[0], rec.poses[-1], backdrop=shown)[None])
+            assert torch.allclose(rec.skip, want, atol=1e-5), (fill, given is None)
+            filled = gen.encode_frames(warp.apply(first[0], rec.poses[-1])[None])
+            assert (rec.skip - filled).abs().max() > 0.1 if fill and given is not None else True
+            gen.free(state)
+        with pytest.raises(ValueError, match="backdrop must be"):
+            gen.set_backdrop(state, plate[:64])
+    with pytest.raises(ValueError, match="backdrop_fill"):
+        WorldDiT(dim=32, depth=1, num_heads=2, backdrop_fill=True)
+
+
+def test_an_avatar_stream_has_its_looks_backdrop_and_a_look_switch_brings_the_new_one():
+    from worldstream.engine.backends.avatar import AvatarModelBackend
+    from worldstream.engine.backends.builtin import BuiltinBackend, BuiltinConfig
+    from worldstream.engine.models.builtin.autoencoder import build_autoencoder
+    from worldstream.engine.worlds.avatar.actions import ACTION_FACTORS, NUM_ACTIONS
+    from worldstream.engine.worlds.avatar.simulator import backdrop
+
+    model = WorldDiT(dim=32, depth=1, num_heads=2, chunk_frames=1, num_actions=NUM_ACTIONS,
+                     action_factors=ACTION_FACTORS, view_box=0)
+    backend = AvatarModelBackend(BuiltinBackend(model, build_autoencoder(width=8),
+                                                BuiltinConfig(attention_backend="reference")))
+    state = backend.new_state("a video call from the office", 12)
+    np.testing.assert_array_equal(state.inner.backdrop, backdrop("office", 12))
+    backend.set_prompt(state, "someone with a red cap in the city at night")
+    np.testing.assert_array_equal(state.inner.backdrop, backdrop("city", 12))
+    fork = backend.fork(state)
+    np.testing.assert_array_equal(fork.inner.backdrop, backdrop("city", 12))
+    for s in (state, fork):
+        backend.free(s)

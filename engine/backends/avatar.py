@@ -22,6 +22,7 @@ from worldstream.engine.core.limits import check_prompt
 from worldstream.engine.models.builtin.loading import load_autoencoder, load_world_model
 from worldstream.engine.models.builtin.text import look_for_prompt
 from worldstream.engine.worlds.avatar.actions import NUM_ACTIONS, encode_action
+from worldstream.engine.worlds.avatar.simulator import backdrop
 from worldstream.engine.worlds.catalog import world
 
 #: the avatar world's action guidance (``BuiltinConfig.action_guidance``) on expression and
@@ -97,13 +98,17 @@ class AvatarModelBackend(AvatarControlsMixin):
         return state
 
     def new_state(self, prompt: str, seed: int) -> AvatarState:
-        """A stream of the prompt's look for world ``seed``, from its first simulator frames;
+        """A stream of the prompt's look for world ``seed``, from its first simulator frames,
+        with the look's background plate as its backdrop (``BuiltinBackend.set_backdrop``);
         CapacityError when the pool is full, ValueError for a bad prompt."""
         check_prompt(prompt)
-        frames = start_frames(look_for_prompt(prompt), seed, self.chunk_frames)
+        look = look_for_prompt(prompt)
+        frames = start_frames(look, seed, self.chunk_frames)
         # NOTE: the generator prefills start frames with the landscape's IDLE id (4), which is
         # also the avatar's (idle head, neutral, silent): encode_action() == IDLE
-        return AvatarState(self.gen.new_state(prompt, seed, start_frames=frames))
+        inner = self.gen.new_state(prompt, seed, start_frames=frames)
+        self.gen.set_backdrop(inner, backdrop(look, seed))
+        return AvatarState(inner)
 
     def prepare_prompt(self, text: str, blend_text: str | None = None,
                        blend_weight: float = 0.0) -> None:
@@ -126,6 +131,7 @@ class AvatarModelBackend(AvatarControlsMixin):
         self.gen.set_prompt(inner, text, blend_text, blend_weight)
         self.gen.observe(inner, start_frames(look, inner.noise_seed, self.chunk_frames),
                          [encode_action()] * self.chunk_frames)
+        self.gen.set_backdrop(inner, backdrop(look, inner.noise_seed))
         inner.restyle_left = 0  # the memory picture is the new look's, current
 
     def fork(self, state: AvatarState) -> AvatarState:

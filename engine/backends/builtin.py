@@ -417,6 +417,10 @@ class BuiltinState(RunnerState):
     # the prompt whose scene the colour prior reads: the stream's, after a blended switch its
     # heavier part's (the simulator backend's cross-fade shows that part's scene)
     reference_prompt: str = ""
+    # (H, W, 3) uint8 the scene behind the subject (a background plate: the avatar's), shown
+    # where the rig's warp uncovers it for a model trained so (WorldDiT backdrop_fill); None:
+    # the rig fills that from around
+    backdrop: np.ndarray | None = None
 
     @property
     def camera(self) -> tuple[np.ndarray, torch.Tensor]:
@@ -573,6 +577,19 @@ class BuiltinBackend(PagedRunner):
             start_frames = self._simulated_start(prompt, seed)
         return super().new_state(prompt, seed, start_frames=start_frames)
 
+    def set_backdrop(self, state: BuiltinState, picture: np.ndarray | None) -> None:
+        """The scene behind the subject of ``state``'s stream from its next chunk on:
+        ``picture (H, W, 3)`` uint8, a background plate (the avatar's, drawn by its
+        simulator), or None. A model trained with ``backdrop_fill`` sees it where its rig's
+        warp uncovers the scene; other models ignore it. ValueError for another shape or
+        dtype, nothing changed."""
+        if picture is not None and (picture.shape != (self.height, self.width, 3)
+                                    or picture.dtype != np.uint8):
+            raise ValueError(f"a backdrop must be ({self.height}, {self.width}, 3) uint8, got "
+                             f"{picture.shape} {picture.dtype}")
+        with self._settled():
+            state.backdrop = None if picture is None else picture.copy()
+
     def _simulated_start(self, prompt: str, seed: int) -> np.ndarray:
         """Simulator frames ``(chunk_frames, H, W, 3)`` uint8 of the prompt's nearest scene at
         world ``seed``, the camera at rest: a stream's default start."""
@@ -594,6 +611,7 @@ class BuiltinBackend(PagedRunner):
             restyle_left=state.restyle_left, guide_left=state.guide_left,
             noise_seed=state.noise_seed, detail_reference=state.detail_reference,
             colour_reference=state.colour_reference, reference_prompt=state.reference_prompt,
+            backdrop=state.backdrop,
         )
 
     def _undo_extra(self, state: BuiltinState, record: _ChunkRecord) -> None:
@@ -706,12 +724,13 @@ class BuiltinBackend(PagedRunner):
             if rig is not None:
                 pose = state.pose(rig.rest)
                 poses = rig.path(pose, acts) if move else np.repeat(pose[None], len(acts), 0)
+            plate = state.backdrop if self.model.config.backdrop_fill else None
             known = []
             for i, (x0, y0) in enumerate(origins):
                 read = state.memory.read(x0, y0, size)
                 rgb, planes = model_inputs(read, self.downsample)
                 if self.model.config.skip_source == "warped":
-                    warped_pictures.append(rig.apply(rgb, poses[i]))
+                    warped_pictures.append(rig.apply(rgb, poses[i], backdrop=plate))
                 if warp is not None:
                     warped = warp.apply(rgb, poses[i])
                     sources.append(None if warped is rgb else (_key(rgb), rgb, poses[i]))

@@ -401,6 +401,8 @@ def _export_builtin(gen, state) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
                                      if keys else np.zeros((0,), np.uint8))
         if state.start_frames is not None:
             arrays["start_frames"] = state.start_frames
+        if state.backdrop is not None:
+            arrays["backdrop"] = state.backdrop
         scalars = {
             "prompt": state.prompt,
             "attention": state.attention,
@@ -510,6 +512,10 @@ def _import_builtin(gen, arrays: dict[str, np.ndarray], scalars: dict[str, Any])
             if text.shape != (gen.model.config.text_dim,):
                 raise SavepointError(f"the saved prompt embedding is {tuple(text.shape)}")
             start = arrays.get("start_frames")
+            plate = arrays.get("backdrop")  # older files: none (the rig fills from around)
+            if plate is not None and (plate.shape != (gen.height, gen.width, 3)
+                                      or plate.dtype != np.uint8):
+                raise SavepointError(f"the saved backdrop is {plate.shape} {plate.dtype}")
             return BuiltinState(table, str(scalars["prompt"]), text, rng, history,
                                 bool(scalars["needs_recache"]), attention=attention,
                                 memory=memory,
@@ -523,7 +529,8 @@ def _import_builtin(gen, arrays: dict[str, np.ndarray], scalars: dict[str, Any])
                                     scalars.get("colour_reference")),
                                 # older files: the stream's own prompt
                                 reference_prompt=str(scalars.get("reference_prompt",
-                                                                 scalars["prompt"])))
+                                                                 scalars["prompt"])),
+                                backdrop=None if plate is None else plate.copy())
         except BaseException:
             held = set(table.all_pages())
             table.free()

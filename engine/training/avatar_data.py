@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from worldstream.engine.training.data import HELDOUT_SEED0, record_missing
 from worldstream.engine.worlds.avatar.recorder import record_shard
 
@@ -30,4 +32,7 @@ def ensure_dataset(root: Path, num_shards: int = NUM_SHARDS,
     held = root / "ae_heldout"
     jobs.append((held, list(range(HELDOUT_SEED0, HELDOUT_SEED0 + 16)), EPISODE_FRAMES))
     record_missing(record_shard, jobs, workers)
+    for job in jobs:  # shards recorded before the recorder saved their seeds
+        if not (job[0] / "seed.npy").exists():
+            np.save(job[0] / "seed.npy", np.asarray(job[1], np.int64))
     return shards, held

@@ -388,6 +388,7 @@ def train_world(
     pose_path: str | None = None,
     skip_prior: float = 0.0,
     skip_floor: float | None = None,
+    backdrop_fill: bool = False,
     loss: str = "mse",
     p_ghost: float = 0.0,
     pose_window_tolerance: float | None = None,
@@ -402,6 +403,8 @@ def train_world(
     ``pose_path``: condition each frame on that rig's pose (``WorldDiT``'s ``pose_path``).
     ``skip_prior``: the mixing map's offset (``WorldDiT``'s; 1.0 starts trusting the source);
     ``skip_floor``: the map's lower bound (``WorldDiT``'s; None: unbounded).
+    ``backdrop_fill``: ``data.skip`` shows the background plate where a turn uncovers it
+    (``WorldDiT``'s; recorded in the model's config so that the engine does the same).
     ``change_weight``: see :func:`world_loss` (0 for the landscape recipe). ``loss``: "mse"
     (the recipe) or "l1" (:meth:`WorldPrediction.loss`). ``p_ghost``: see
     :func:`world_prediction` (0 for both worlds' recipes). ``pose_window_tolerance``: with
@@ -443,6 +446,7 @@ def train_world(
         pose_path=pose_path,
         skip_prior=skip_prior,
         skip_floor=skip_floor,
+        backdrop_fill=backdrop_fill,
         noise_correlation=noise_correlation,
         noise_scale=noise_scale,
     ).to(device)

@@ -5,8 +5,11 @@ naming a world loads only its own modules."""
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 from worldstream.engine.worlds.actions import NUM_ACTIONS as LANDSCAPE_ACTIONS
 from worldstream.engine.worlds.avatar.actions import ACTION_FACTORS as AVATAR_FACTORS
@@ -27,7 +30,9 @@ class WorldSpec:
     recipe's extra loss weight where a frame differs from its memory base
     (``engine.training.train_world.change_map``); ``base_warp``: the name in
     :data:`BASE_WARPS` of the warp that moves each frame's memory picture before it is encoded
-    (None: the picture as read)."""
+    (None: the picture as read); ``backdrop_ref``: ``module:function`` of the world's
+    background plate, ``(scene index, world seed) -> (S, S, 3) uint8`` (None: the world has
+    none, its camera moves over the scene)."""
 
     name: str
     assets: Path
@@ -39,6 +44,7 @@ class WorldSpec:
     prompts_ref: str
     change_weight: float = 0.0
     base_warp: str | None = None
+    backdrop_ref: str | None = None
 
     def ensure_dataset(self, root: Path | None = None,
                        workers: int = 1) -> tuple[list[Path], Path]:
@@ -52,6 +58,14 @@ class WorldSpec:
         module, name = self.prompts_ref.split(":")
         return getattr(importlib.import_module(module), name)
 
+    @property
+    def backdrop(self) -> Callable[[int, int], np.ndarray] | None:
+        """The world's background plate by (scene index, world seed), or None."""
+        if self.backdrop_ref is None:
+            return None
+        module, name = self.backdrop_ref.split(":")
+        return getattr(importlib.import_module(module), name)
+
 
 WORLDS: dict[str, WorldSpec] = {
     "landscape": WorldSpec("landscape", ASSETS / "builtin", Path("data_v2"), SPRITE + 6,
@@ -61,13 +75,15 @@ WORLDS: dict[str, WorldSpec] = {
     "avatar": WorldSpec("avatar", ASSETS / "avatar", Path("data_avatar"), 0, AVATAR_ACTIONS,
                         AVATAR_FACTORS,
                         "worldstream.engine.training.avatar_data",
-                        "worldstream.engine.worlds.avatar.looks:PROMPTS", change_weight=4.0),
+                        "worldstream.engine.worlds.avatar.looks:PROMPTS", change_weight=4.0,
+                        backdrop_ref="worldstream.engine.worlds.avatar.simulator:scene_backdrop"),
 }
 
 
 #: base warps by name (``module:Class``): a class taking the frame size (px) whose instances
 #: have ``rest`` (the pose of a stream's first frames), ``path(pose, actions)`` (each frame's
-#: pose) and ``apply(picture, pose)`` (the memory picture moved to a pose)
+#: pose) and ``apply(picture, pose, backdrop=None)`` (the memory picture moved to a pose,
+#: what it uncovers shown from a background plate where given)
 BASE_WARPS = {"head": "worldstream.engine.worlds.avatar.head_warp:HeadWarp",
               "head_layer": "worldstream.engine.worlds.avatar.head_warp:LayeredHeadWarp",
               "head_rig": "worldstream.engine.worlds.avatar.head_warp:RigHeadWarp",

@@ -118,7 +118,8 @@ def record_shard(
 
 
 def load_shard(path: str | Path, mmap: bool = True) -> dict[str, np.ndarray]:
-    """Arrays of a shard folder; raises FileNotFoundError naming a missing file."""
+    """Arrays of a shard folder, with ``seed`` (each episode's world seed) where the recorder
+    saved it (the avatar's); raises FileNotFoundError naming a missing file."""
     path = Path(path)
     arrays = {}
     for key in ("frames", "actions", "scene", "prompt", "switch", "camera"):
@@ -126,4 +127,6 @@ def load_shard(path: str | Path, mmap: bool = True) -> dict[str, np.ndarray]:
         if not f.exists():
             raise FileNotFoundError(f"dataset shard file missing: {f}")
         arrays[key] = np.load(f, mmap_mode="r" if mmap else None)
+    if (path / "seed.npy").exists():
+        arrays["seed"] = np.load(path / "seed.npy")
     return arrays

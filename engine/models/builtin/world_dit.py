@@ -232,6 +232,14 @@ class WorldDiT(ModelMixin, ConfigMixin):
     blend of the head at rest and the head turned all the way (it did not know how far
     along the turn a frame is); the landscape's camera path is given the same way.
 
+    ``backdrop_fill`` (False): with the ``"warped"`` skip source, what a turn uncovers of the
+    character's region at rest showed the scene's background plate when the model was trained
+    (the rig's ``apply(..., backdrop=)``; the avatar world's plate is drawn by its simulator),
+    so the engine passes a stream's backdrop to the rig; False: the rig's fill from around,
+    which a model trained on it expects (a fill it was not trained on read worse). Why: the
+    fill drags the neck's and hair's colours over uncovered background, and no fill can know
+    a background that does not continue sideways (assets/avatar/MODEL_CARD.md).
+
     ``noise_correlation`` (0.0) and ``noise_scale`` (2.0 latent px): the denoising noise the
     model was trained on (``engine.models.builtin.world_noise.correlated``: a share
     ``noise_correlation`` of each pixel's variance low-passed over ``noise_scale`` pixels; 0 is
@@ -278,6 +286,7 @@ class WorldDiT(ModelMixin, ConfigMixin):
         noise_correlation: float = 0.0,
         noise_scale: float = 2.0,
         skip_floor: float | None = None,
+        backdrop_fill: bool = False,
     ):
         # chunk_frames, latent_mean/std, image_size, view_box, base_warp, noise_correlation/
         # scale: how the model was trained (the engine reads them); latents are normalised per
@@ -293,6 +302,9 @@ class WorldDiT(ModelMixin, ConfigMixin):
         if skip_floor is not None and (skip_source is None or not 0.0 <= skip_floor <= 1.0):
             raise ValueError("skip_floor bounds the mixing map of a skip_source and must be in "
                              f"[0, 1], got {skip_floor} with skip_source {skip_source!r}")
+        if backdrop_fill and skip_source != "warped":
+            raise ValueError("backdrop_fill fills what the warped skip source uncovers: it "
+                             f"needs skip_source 'warped', got {skip_source!r}")
         grid = latent_size // patch_size
         self.tokens_per_frame = grid * grid
         # 1. patch stem over [noisy latent ; base ; base σ, current, stale planes (; second

@@ -4,8 +4,10 @@ the landscape recorder's layout (``engine.worlds.recorder.load_shard`` reads the
 A shard folder holds ``frames (E, L, 128, 128, 3) uint8``, ``actions (E, L) int16`` (avatar
 action ids, ``avatar.actions``), ``scene (E, L) int8`` (look index into ``LOOK_NAMES``),
 ``prompt (E, L) int16`` (index into ``looks.PROMPTS``), ``switch (E, L) bool`` (a look switch
-at that frame) and ``camera (E, L, 2) int64`` (all zero: the avatar's camera never moves; the
-world model's camera dynamics learn to stand still).
+at that frame), ``camera (E, L, 2) int64`` (all zero: the avatar's camera never moves; the
+world model's camera dynamics learn to stand still) and ``seed (E,) int64`` (each episode's
+world seed: with ``scene`` it names the background plate behind every frame,
+``simulator.scene_backdrop``).
 """
 
 from __future__ import annotations
@@ -102,5 +104,6 @@ def record_shard(out_dir: str | Path, seeds: list[int], length: int,
                 for s in tqdm(seeds, desc=f"recording {out.name}", unit="episode")]
     for key in episodes[0]:
         np.save(out / f"{key}.npy", np.stack([e[key] for e in episodes]))
+    np.save(out / "seed.npy", np.asarray(seeds, np.int64))
     return out
 

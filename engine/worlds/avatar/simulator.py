@@ -17,7 +17,7 @@ import numpy as np
 
 from worldstream.engine.worlds.actions import action_to_direction
 from worldstream.engine.worlds.avatar.actions import EXPRESSIONS, decode_action
-from worldstream.engine.worlds.avatar.looks import Appearance, appearance
+from worldstream.engine.worlds.avatar.looks import LOOK_NAMES, Appearance, appearance
 from worldstream.engine.worlds.avatar.visemes import VISEME_OPEN, VISEME_WIDTH
 
 SIZE = 128
@@ -234,3 +234,16 @@ class AvatarSimulator:
             else:  # cap: a brim toward the turn
                 brim = _ellipse_alpha(xs, ys, cx + 14 * yaw, cy - 17, rx * 0.8, 3.5)
                 _paint(rgb, brim, colour * 0.75)
+
+
+def backdrop(look: str, seed: int) -> np.ndarray:
+    """``(128, 128, 3)`` uint8: the background plate of ``look`` for world ``seed`` (what every
+    frame of that character shows where the character is not). KeyError naming an unknown
+    look."""
+    return np.clip(appearance(look, seed, SIZE).background, 0, 255).astype(np.uint8)
+
+
+def scene_backdrop(scene: int, seed: int) -> np.ndarray:
+    """:func:`backdrop` of the look with index ``scene`` in ``LOOK_NAMES`` (a shard's ``scene``
+    column). IndexError for an index out of range."""
+    return backdrop(LOOK_NAMES[scene], seed)
