@@ -374,3 +374,12 @@ def test_an_avatar_stream_has_its_looks_backdrop_and_a_look_switch_brings_the_ne
     np.testing.assert_array_equal(fork.inner.backdrop, backdrop("city", 12))
     for s in (state, fork):
         backend.free(s)
+    # the evaluation's streams get their episode's backdrop as a live stream does
+    from worldstream.engine.evaluation.avatar import scripted_episode
+    from worldstream.engine.evaluation.run import start_stream
+
+    ep = scripted_episode(900_602, "forest").episode
+    np.testing.assert_array_equal(ep.backdrop, backdrop("forest", 900_602))
+    inner = start_stream(backend.gen, ep, 5, 1)
+    np.testing.assert_array_equal(inner.backdrop, ep.backdrop)
+    backend.gen.free(inner)

@@ -47,7 +47,7 @@ from tqdm import tqdm
 from worldstream.engine.backends.builtin import BuiltinBackend
 from worldstream.engine.core.backend import ChunkJob
 from worldstream.engine.evaluation.metrics import sharpness
-from worldstream.engine.evaluation.run import Episode, streamed_rollout
+from worldstream.engine.evaluation.run import Episode, start_stream, streamed_rollout
 from worldstream.engine.training.data import HELDOUT_SEED0
 from worldstream.engine.worlds.actions import IDLE, NUM_ACTIONS, action_to_direction
 from worldstream.engine.worlds.avatar.actions import (
@@ -65,6 +65,7 @@ from worldstream.engine.worlds.avatar.simulator import (
     FACE_TABLE,
     SIZE,
     AvatarSimulator,
+    backdrop,
 )
 from worldstream.engine.worlds.avatar.visemes import VISEME_OPEN
 
@@ -209,7 +210,8 @@ def scripted_episode(seed: int, look: str) -> ScriptedEpisode:
     frames = np.stack([sim.step(a) for a in actions])
     prompts = LOOKS[look]["prompts"]
     prompt = prompts[int(rng.integers(len(prompts)))]
-    ep = Episode(frames, actions, np.zeros((len(actions), 2), np.int64), look, prompt)
+    ep = Episode(frames, actions, np.zeros((len(actions), 2), np.int64), look, prompt,
+                 backdrop=backdrop(look, seed))
     return ScriptedEpisode(ep, expression_keys, turn_keys, speech)
 
 
@@ -239,7 +241,7 @@ def teacher_forced_turns(gen: BuiltinBackend, sep: ScriptedEpisode, steps: int,
     want = {f + k for f, _ in sep.turn_keys for k in range(*TURN_WINDOW)}
     end = max(want) + 1
     out = ep.frames[:end].copy()
-    state = gen.new_state(ep.prompt, seed, start_frames=ep.frames[:1])
+    state = start_stream(gen, ep, seed, 1)
     try:
         for c in range(1, end):
             if c in want:
@@ -424,7 +426,8 @@ def long_rollout(gen: BuiltinBackend, seed: int, look: str, length: int,
     model_feats = np.zeros((length, len(sim_feats[0])))
     model_feats[:f] = sim_feats[:f]
     prompt = LOOKS[look]["prompts"][0]
-    ep = Episode(np.stack(first), actions, np.zeros((length, 2), np.int64), look, prompt)
+    ep = Episode(np.stack(first), actions, np.zeros((length, 2), np.int64), look, prompt,
+                 backdrop=backdrop(look, seed))
 
     def keep(i, frame):
         model_feats[i] = frame_features(frame)

@@ -76,6 +76,18 @@ class Episode:
     scene: str
     prompt: str
     positions: np.ndarray | None = None  # (L, 2) float64 camera centre (x, y), world px
+    # (H, W, 3) uint8 the scene behind the subject (the avatar's background plate), given to
+    # the stream as a live one gets it (BuiltinBackend.set_backdrop); None: none
+    backdrop: np.ndarray | None = None
+
+
+def start_stream(gen: BuiltinBackend, ep: Episode, seed: int, frames: int):
+    """A stream of ``ep`` from its first ``frames`` true frames (noise ``seed``), with the
+    episode's backdrop: the state, as ``gen.new_state`` returns it."""
+    state = gen.new_state(ep.prompt, seed, start_frames=ep.frames[:frames])
+    if ep.backdrop is not None:
+        gen.set_backdrop(state, ep.backdrop)
+    return state
 
 
 def record(
@@ -126,7 +138,7 @@ def ae_psnr(gen: BuiltinBackend, frames: np.ndarray) -> float:
 def teacher_forced(gen: BuiltinBackend, ep: Episode, steps: int, seed: int) -> list[float]:
     """PSNR of each chunk generated from the true context (a fork per chunk)."""
     f = gen.chunk_frames
-    state = gen.new_state(ep.prompt, seed, start_frames=ep.frames[:f])
+    state = start_stream(gen, ep, seed, f)
     scores = []
     try:
         for c, acts in _chunks(ep, f):
@@ -194,7 +206,7 @@ def streamed_rollout(
     ``on_frame(index, model_frame)`` for every generated frame (nothing is kept: long rollouts
     of thousands of frames stay in constant memory); ``switches`` as in :func:`rollout`."""
     f = gen.chunk_frames
-    state = gen.new_state(ep.prompt, seed, start_frames=ep.frames[:f])
+    state = start_stream(gen, ep, seed, f)
     try:
         for c, acts in tqdm(list(_chunks(ep, f)), desc="rollout", unit="chunk", leave=False):
             if switches and c in switches:
