@@ -133,3 +133,20 @@ def test_teacher_forced_turns_generate_each_window_frame_from_the_true_frames_be
     np.testing.assert_array_equal(out, sep.episode.frames[: len(out)])
     read = A.TurnTemplates(900_601, "beach").read(out)
     assert all(A.turn_hits({"direction": read}, sep.turn_keys))
+
+
+def test_ghost_share_reads_how_much_of_the_head_at_rest_is_blended_over_the_turned_heads():
+    """Hand-worked: the simulator's frames read 0; the same frames with a share ``a`` of the
+    picture at rest blended over them read ``a`` (to rounding); an error unrelated to the head
+    at rest (a constant tint) reads near 0; pooled sums weigh episodes by their turns."""
+    sep = A.scripted_episode(900_601, "beach")
+    frames, rest = sep.episode.frames, sep.episode.frames[0]
+    num, den = A.ghost_sums(frames, frames, rest, sep.turn_keys)
+    assert num == 0 and den > 0
+    for a in (0.25, 0.5):
+        blend = (1 - a) * frames.astype(np.float64) + a * rest.astype(np.float64)
+        num, den = A.ghost_sums(blend.round().astype(np.uint8), frames, rest, sep.turn_keys)
+        assert abs(num / den - a) < 0.01
+    tinted = np.clip(frames.astype(np.int16) + 12, 0, 255).astype(np.uint8)
+    num, den = A.ghost_sums(tinted, frames, rest, sep.turn_keys)
+    assert abs(num / den) < 0.05

@@ -20,6 +20,9 @@ Scripted episodes (one per held-out seed, looks in turn), three segments at 20 f
    (:func:`teacher_forced_turns`: a diagnosis, not a goal); ``head_turn_accuracy_strict``
    the same frames read within ``STRICT_TURN_SHARE`` of the gate (turned heads with the head
    at rest ghosted over them pass the full gate; the simulator's frames pass both);
+   ``head_turn_ghost_share`` how much of the head at rest the same frames still hold
+   (:func:`ghost_sums`: the least-squares share of the head at rest in their error, 0 for the
+   simulator's frames, ``a`` for its frames with ``a`` of the head at rest blended over them);
 3. speech: two sentences of held-out word order; ``lipsync_correlation`` = the peak of the
    cross-correlation between the probed mouth openness and the viseme track's openness
    (``visemes.VISEME_OPEN`` of each frame's viseme) over lags -6..6 frames, and
@@ -372,6 +375,28 @@ def turn_hits(read: dict, keys: list[tuple[int, int]]) -> list[bool]:
     return [bool(read["direction"][f + k] == d) for f, d in keys for k in range(a, b)]
 
 
+def ghost_sums(frames: np.ndarray, sim: np.ndarray, rest: np.ndarray,
+               keys: list[tuple[int, int]]) -> tuple[float, float]:
+    """The head at rest left in turned heads: over the head crop (``TurnTemplates.CROP``) of
+    the frames +10..+15 after each direction key, ``(sum (m - s)(r - s), sum (r - s)²)`` for
+    the frames ``m`` ``(L, H, W, 3)`` uint8, the simulator's ``s`` on the same actions and the
+    stream's picture at rest ``r`` ``(H, W, 3)``: their ratio is the least-squares share of
+    the head at rest in the frames' error (0: none, 1: the head did not move), pooled over
+    episodes by summing each part.
+
+    Why: the turned heads' worst fault is a ghost, a second pair of glasses or mouth where the
+    head was at rest, and a turn reading by nearest template passes frames that show one
+    (assets/avatar/MODEL_CARD.md: the office's right turns read 6/6 with their glasses
+    doubled); this reads the ghost itself, as a projection of the error on the head at rest."""
+    a, b = TURN_WINDOW
+    rows, cols = TurnTemplates.CROP
+    idx = [f + k for f, _ in keys for k in range(a, b) if f + k < len(frames)]
+    m = frames[idx][:, rows, cols].astype(np.float64)
+    s = sim[idx][:, rows, cols].astype(np.float64)
+    g = rest[rows, cols].astype(np.float64)[None] - s
+    return float(((m - s) * g).sum()), float((g * g).sum())
+
+
 def lipsync(mouth: np.ndarray, track: np.ndarray) -> tuple[float, int]:
     """Peak of the normalised cross-correlation of ``mouth`` (measured openness per frame)
     against ``track`` (target openness) over lags -MAX_LAG..MAX_LAG, and its lag (frames the
@@ -475,8 +500,9 @@ def evaluate(gen: BuiltinBackend, quick: bool = True, steps: int = 4,
     n_ep = 2 if quick else len(LOOK_NAMES)
     out: dict = {"quick": quick, "steps": steps, "episodes": n_ep, "fps": SPEECH_FPS}
     got: dict[str, list] = {"expr": [], "turn": [], "turn_strict": [], "mouth": [], "track": [],
-                            "turn_tf": []}
-    truth: dict[str, list] = {"expr": [], "turn": [], "turn_strict": [], "mouth": []}
+                            "turn_tf": [], "ghost": []}
+    truth: dict[str, list] = {"expr": [], "turn": [], "turn_strict": [], "mouth": [],
+                              "ghost": []}
     for i in tqdm(range(n_ep), desc="scripted episodes", unit="episode"):
         seed = HELDOUT_SEED0 + 600 + i
         look = LOOK_NAMES[i % len(LOOK_NAMES)]
@@ -492,6 +518,8 @@ def evaluate(gen: BuiltinBackend, quick: bool = True, steps: int = 4,
             into["turn"] += turn_hits(read, sep.turn_keys)
             into["turn_strict"] += turn_hits({"direction": strict}, sep.turn_keys)
             into["mouth"].append(read["mouth"][sep.speech.start : min(sep.speech.stop, n)])
+            into["ghost"].append(ghost_sums(frames, sep.episode.frames[:n],
+                                            sep.episode.frames[0], sep.turn_keys))
         got["track"].append(track_openness(sep.episode.actions)[sep.speech.start : n])
         forced = teacher_forced_turns(gen, sep, steps, seed)
         got["turn_tf"] += turn_hits({"direction": turns.read(forced)}, sep.turn_keys)
@@ -502,6 +530,10 @@ def evaluate(gen: BuiltinBackend, quick: bool = True, steps: int = 4,
     out["head_turn_accuracy_teacher_forced"] = round(float(np.mean(got["turn_tf"])), 3)
     out["head_turn_accuracy_strict"] = round(float(np.mean(got["turn_strict"])), 3)
     out["head_turn_accuracy_strict_ground_truth"] = round(float(np.mean(truth["turn_strict"])), 3)
+    for into, key in ((got, "head_turn_ghost_share"),
+                      (truth, "head_turn_ghost_share_ground_truth")):
+        num, den = np.sum(into["ghost"], axis=0)
+        out[key] = round(float(num / den), 3)
     track = np.concatenate(got["track"])
     c, lag = lipsync(np.concatenate(got["mouth"]), track)
     ct, lagt = lipsync(np.concatenate(truth["mouth"]), track)
