@@ -55,6 +55,11 @@ def register(sub) -> None:
              "absolute (its optimum a median, not a blend of what could be there)",
     )
     p.add_argument(
+        "--ghost-weight", type=float, default=0.0, metavar="W",
+        help="weight of the error along each frame's ghost direction (its memory base less "
+             "the frame: the picture in memory blended in) beside the --loss (default 0)",
+    )
+    p.add_argument(
         "--ghost", type=float, default=0.0, metavar="P",
         help="fraction of training clips fed with their memory base blended into every frame "
              "(the loss still asks for the true frames): teaches a model to draw past the "
@@ -307,6 +312,7 @@ def run(args) -> int:
         skip_floor=args.skip_floor,
         backdrop_fill=args.backdrop_fill,
         loss=args.loss,
+        ghost_weight=args.ghost_weight,
         p_ghost=args.ghost,
         pose_window_tolerance=args.pose_window_tolerance,
         noise_correlation=args.noise_correlation,

@@ -144,15 +144,17 @@ def test_train_world_resumes_and_exports(tmp_path, monkeypatch):
     kinds = []
     error = WorldPrediction.loss
 
-    def spy(self, kind="mse"):
-        kinds.append(kind)
-        return error(self, kind)
+    def spy(self, kind="mse", ghost_weight=0.0):
+        kinds.append((kind, ghost_weight))
+        return error(self, kind, ghost_weight)
 
     monkeypatch.setattr(WorldPrediction, "loss", spy)
     other = train_world(data, tmp_path / "out2", tmp_path / "run2", steps=3, loss="l1",
-                        p_ghost=0.5, **kw)
+                        p_ghost=0.5, ghost_weight=2.0, **kw)
     assert np.isfinite(other["final_loss"])
-    assert kinds == ["l1"] * 3  # every step, not only the first
+    assert kinds == [("l1", 2.0)] * 3  # every step, not only the first
+    with pytest.raises(ValueError, match="ghost_weight"):
+        train_world(data, tmp_path / "out3", tmp_path / "run3", steps=1, ghost_weight=-1, **kw)
     with pytest.raises(ValueError, match="loss"):
         train_world(data, tmp_path / "out3", tmp_path / "run3", steps=1, loss="huber", **kw)
     with pytest.raises(ValueError, match="p_ghost"):
@@ -233,6 +235,30 @@ def test_world_prediction_losses_hand_worked():
     assert p.loss("l1").item() == 2.5
     with pytest.raises(ValueError, match="loss"):
         p.loss("huber")
+    with pytest.raises(ValueError, match="ghost_weight"):
+        p.loss("mse", 1.0)  # no bases
+
+
+def test_ghost_error_is_the_error_along_the_memory_base_hand_worked():
+    """A prediction with a share a of its memory base blended in has the ghost error a² |g|²
+    (g = base - target, weighted); an error orthogonal to g, or away from the base, has none;
+    the loss adds it times the ghost weight over the total weight."""
+    g = torch.Generator().manual_seed(0)
+    target = torch.randn(2, 3, 4, 8, 8, generator=g)
+    base = target + torch.randn(2, 3, 4, 8, 8, generator=g)
+    weight = torch.rand(2, 3, 1, 8, 8, generator=g) + 0.5
+    d = base - target
+    gg = (weight * d * d).flatten(2).sum(-1)
+    blend = WorldPrediction(target + 0.3 * d, target, weight, None, None, None, base)
+    assert torch.allclose(blend.ghost_error(), (0.09 * gg).sum(), rtol=1e-5)
+    away = WorldPrediction(target - 0.3 * d, target, weight, None, None, None, base)
+    assert away.ghost_error().item() == 0.0
+    other = torch.randn(2, 3, 4, 8, 8, generator=g)  # made orthogonal to d per frame (weighted)
+    other -= ((weight * other * d).flatten(2).sum(-1) / gg)[..., None, None, None] * d
+    assert WorldPrediction(target + other, target, weight, None, None, None,
+                           base).ghost_error().item() < 1e-6
+    total = weight.expand_as(target).sum()
+    assert torch.allclose(blend.loss("mse", 2.0), blend.loss() + 2.0 * blend.ghost_error() / total)
 
 
 def test_degrade_bases_blurs_and_casts_only_the_chosen_frames():

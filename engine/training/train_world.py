@@ -177,17 +177,41 @@ class WorldPrediction:
     sigma: torch.Tensor
     known: torch.Tensor
     txt: torch.Tensor
+    base: torch.Tensor | None = None  # (B, F, C, h, w) the clean memory bases, model space
 
-    def loss(self, kind: str = "mse") -> torch.Tensor:
+    def loss(self, kind: str = "mse", ghost_weight: float = 0.0) -> torch.Tensor:
         """The weighted error (:func:`world_loss`): squared (``"mse"``), or absolute
         (``"l1"``: its optimum is the conditional median, not the mean, so where the model
-        cannot tell two pictures apart it is not rewarded for drawing half of each).
-        ValueError for another ``kind``."""
+        cannot tell two pictures apart it is not rewarded for drawing half of each); plus
+        ``ghost_weight`` times :meth:`ghost_error`. ValueError for another ``kind`` or a
+        negative ``ghost_weight``, or a ghost weight without ``base``."""
         if not isinstance(kind, str) or kind not in LOSSES:
             raise ValueError(f"loss must be one of {LOSSES}, got {kind!r}")
+        if ghost_weight < 0 or (ghost_weight and self.base is None):
+            raise ValueError(f"ghost_weight must be >= 0 and needs the bases, got {ghost_weight}")
         err = self.pred - self.target
         err = err.abs() if kind == "l1" else err ** 2
-        return torch.sum(self.weight * err) / torch.sum(self.weight.expand_as(self.pred))
+        total = torch.sum(self.weight.expand_as(self.pred))
+        out = torch.sum(self.weight * err) / total
+        if ghost_weight:
+            out = out + ghost_weight * self.ghost_error() / total
+        return out
+
+    def ghost_error(self) -> torch.Tensor:
+        """The weighted squared error along each frame's ghost direction, summed over frames:
+        ``relu(<e, g>_w)² / <g, g>_w`` with ``e`` the prediction's error and ``g = base −
+        target`` (where the frame differs from the picture in memory), the part of the error
+        that is the memory picture blended in (at most the frame's whole squared error).
+
+        Why: the avatar's turned heads carry a ghost of the head at rest (``head_turn_ghost_
+        share`` 0.095 for v2.7), a blend the squared error does not punish enough to undo;
+        this term weighs exactly that component of the error again (assets/avatar/
+        MODEL_CARD.md)."""
+        e, g = self.pred.float() - self.target, self.base - self.target
+        w = self.weight.expand_as(self.pred)
+        num = (w * e * g).flatten(2).sum(-1)
+        den = (w * g * g).flatten(2).sum(-1).clamp_min(1e-6)
+        return (num.clamp_min(0) ** 2 / den).sum()
 
 
 #: the largest share of the memory base blended into a ghosted clip (``world_prediction``'s
@@ -208,10 +232,11 @@ def ghost_inputs(z: torch.Tensor, zb: torch.Tensor, gen: torch.Generator,
     return z - beta.to(z.device)[:, None, None, None, None] * (z - zb)
 
 
-def world_loss(*args, loss: str = "mse", **kwargs) -> torch.Tensor:
-    """:func:`world_prediction`'s weighted error (``loss``: see :meth:`WorldPrediction.loss`;
-    the recipe's is the squared error); the other arguments are :func:`world_prediction`'s."""
-    return world_prediction(*args, **kwargs).loss(loss)
+def world_loss(*args, loss: str = "mse", ghost_weight: float = 0.0, **kwargs) -> torch.Tensor:
+    """:func:`world_prediction`'s weighted error (``loss``, ``ghost_weight``: see
+    :meth:`WorldPrediction.loss`; the recipe's is the squared error alone); the other
+    arguments are :func:`world_prediction`'s."""
+    return world_prediction(*args, **kwargs).loss(loss, ghost_weight)
 
 
 def world_prediction(
@@ -253,7 +278,7 @@ def world_prediction(
     b, f = actions.shape
     nc = f // chunk_frames
     z = model.normalize(lat.to(device))
-    zb = model.normalize(base.to(device))
+    zb = clean = model.normalize(base.to(device))
     change = change_map(z, zb) if change_weight else None
     sig = sample_chunk_sigmas(gen, b, nc, ctx_sigma_max, p_context)
     sig = sig.repeat_interleave(chunk_frames, dim=1).to(device)
@@ -281,7 +306,7 @@ def world_prediction(
     weight = 1.0 + new_weight * (1.0 - known[:, :, :1])
     if change is not None:
         weight = weight + change_weight * change
-    return WorldPrediction(pred, z, weight, sig, known, txt)
+    return WorldPrediction(pred, z, weight, sig, known, txt, clean)
 
 
 def change_map(z: torch.Tensor, zb: torch.Tensor, cap: float = 10.0) -> torch.Tensor:
@@ -390,6 +415,7 @@ def train_world(
     skip_floor: float | None = None,
     backdrop_fill: bool = False,
     loss: str = "mse",
+    ghost_weight: float = 0.0,
     p_ghost: float = 0.0,
     pose_window_tolerance: float | None = None,
     noise_correlation: float = 0.0,
@@ -406,7 +432,8 @@ def train_world(
     ``backdrop_fill``: ``data.skip`` shows the background plate where a turn uncovers it
     (``WorldDiT``'s; recorded in the model's config so that the engine does the same).
     ``change_weight``: see :func:`world_loss` (0 for the landscape recipe). ``loss``: "mse"
-    (the recipe) or "l1" (:meth:`WorldPrediction.loss`). ``p_ghost``: see
+    (the recipe) or "l1" (:meth:`WorldPrediction.loss`); ``ghost_weight``: the weight of
+    :meth:`WorldPrediction.ghost_error` beside it (0 for both worlds' recipes). ``p_ghost``: see
     :func:`world_prediction` (0 for both worlds' recipes). ``pose_window_tolerance``: with
     ``pose_path``, each frame attends only the earlier frames of its clip posed within this
     of it (:func:`pose_window_mask`), as a stream with ``BuiltinConfig.window_pose_tolerance``
@@ -421,6 +448,8 @@ def train_world(
         raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
     if not 0.0 <= p_ghost <= 1.0:
         raise ValueError(f"p_ghost must be in [0, 1], got {p_ghost}")
+    if ghost_weight < 0:
+        raise ValueError(f"ghost_weight must be >= 0, got {ghost_weight}")
     if pose_window_tolerance is not None and (pose_window_tolerance < 0 or pose_path is None):
         raise ValueError("pose_window_tolerance must be >= 0 and needs a pose_path, got "
                          f"{pose_window_tolerance} with pose_path {pose_path!r}")
@@ -490,7 +519,7 @@ def train_world(
         step_loss = world_loss(
             model, lat, base, known, actions, txt, gen, chunk_frames, ctx_sigma_max, step_ctx,
             device, p_context, change_weight=change_weight, skip=skip, pose=pose, loss=loss,
-            p_ghost=p_ghost,
+            ghost_weight=ghost_weight, p_ghost=p_ghost,
         )
         opt.zero_grad(set_to_none=True)
         step_loss.backward()
