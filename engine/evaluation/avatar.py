@@ -22,7 +22,8 @@ Scripted episodes (one per held-out seed, looks in turn), three segments at 20 f
    at rest ghosted over them pass the full gate; the simulator's frames pass both);
    ``head_turn_ghost_share`` how much of the head at rest the same frames still hold
    (:func:`ghost_sums`: the least-squares share of the head at rest in their error, 0 for the
-   simulator's frames, ``a`` for its frames with ``a`` of the head at rest blended over them);
+   simulator's frames, ``a`` for its frames with ``a`` of the head at rest blended over them),
+   and ``head_turn_ghost_share_teacher_forced`` the same of the teacher-forced frames;
 3. speech: two sentences of held-out word order; ``lipsync_correlation`` = the peak of the
    cross-correlation between the probed mouth openness and the viseme track's openness
    (``visemes.VISEME_OPEN`` of each frame's viseme) over lags -6..6 frames, and
@@ -500,7 +501,7 @@ def evaluate(gen: BuiltinBackend, quick: bool = True, steps: int = 4,
     n_ep = 2 if quick else len(LOOK_NAMES)
     out: dict = {"quick": quick, "steps": steps, "episodes": n_ep, "fps": SPEECH_FPS}
     got: dict[str, list] = {"expr": [], "turn": [], "turn_strict": [], "mouth": [], "track": [],
-                            "turn_tf": [], "ghost": []}
+                            "turn_tf": [], "ghost": [], "ghost_tf": []}
     truth: dict[str, list] = {"expr": [], "turn": [], "turn_strict": [], "mouth": [],
                               "ghost": []}
     for i in tqdm(range(n_ep), desc="scripted episodes", unit="episode"):
@@ -523,6 +524,8 @@ def evaluate(gen: BuiltinBackend, quick: bool = True, steps: int = 4,
         got["track"].append(track_openness(sep.episode.actions)[sep.speech.start : n])
         forced = teacher_forced_turns(gen, sep, steps, seed)
         got["turn_tf"] += turn_hits({"direction": turns.read(forced)}, sep.turn_keys)
+        got["ghost_tf"].append(ghost_sums(forced, sep.episode.frames[:len(forced)],
+                                          sep.episode.frames[0], sep.turn_keys))
     out["expression_accuracy"] = round(float(np.mean(got["expr"])), 3)
     out["expression_accuracy_ground_truth"] = round(float(np.mean(truth["expr"])), 3)
     out["head_turn_accuracy"] = round(float(np.mean(got["turn"])), 3)
@@ -530,9 +533,10 @@ def evaluate(gen: BuiltinBackend, quick: bool = True, steps: int = 4,
     out["head_turn_accuracy_teacher_forced"] = round(float(np.mean(got["turn_tf"])), 3)
     out["head_turn_accuracy_strict"] = round(float(np.mean(got["turn_strict"])), 3)
     out["head_turn_accuracy_strict_ground_truth"] = round(float(np.mean(truth["turn_strict"])), 3)
-    for into, key in ((got, "head_turn_ghost_share"),
-                      (truth, "head_turn_ghost_share_ground_truth")):
-        num, den = np.sum(into["ghost"], axis=0)
+    for sums, key in ((got["ghost"], "head_turn_ghost_share"),
+                      (truth["ghost"], "head_turn_ghost_share_ground_truth"),
+                      (got["ghost_tf"], "head_turn_ghost_share_teacher_forced")):
+        num, den = np.sum(sums, axis=0)
         out[key] = round(float(num / den), 3)
     track = np.concatenate(got["track"])
     c, lag = lipsync(np.concatenate(got["mouth"]), track)
