@@ -55,16 +55,18 @@ class WorldSpec:
 
     @property
     def prompts(self) -> tuple[str, ...]:
-        module, name = self.prompts_ref.split(":")
-        return getattr(importlib.import_module(module), name)
+        return _import_ref(self.prompts_ref)
 
     @property
     def backdrop(self) -> Callable[[int, int], np.ndarray] | None:
         """The world's background plate by (scene index, world seed), or None."""
-        if self.backdrop_ref is None:
-            return None
-        module, name = self.backdrop_ref.split(":")
-        return getattr(importlib.import_module(module), name)
+        return None if self.backdrop_ref is None else _import_ref(self.backdrop_ref)
+
+
+def _import_ref(ref: str):
+    """The object a ``module:name`` reference names (imported lazily)."""
+    module, name = ref.split(":")
+    return getattr(importlib.import_module(module), name)
 
 
 WORLDS: dict[str, WorldSpec] = {
@@ -97,8 +99,7 @@ def make_base_warp(name: str, size: int):
     listing the names."""
     if name not in BASE_WARPS:
         raise ValueError(f"unknown base warp {name!r}; expected one of {tuple(BASE_WARPS)}")
-    module, cls = BASE_WARPS[name].split(":")
-    return getattr(importlib.import_module(module), cls)(size)
+    return _import_ref(BASE_WARPS[name])(size)
 
 
 def world(name: str) -> WorldSpec:

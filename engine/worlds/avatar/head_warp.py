@@ -232,8 +232,7 @@ class LayeredHeadWarp(HeadWarp):
         ``backdrop`` is ignored: the layer's ellipse also holds the neck and shoulders, which
         stay, so showing a plate there uncovered what the simulator still draws (its error
         on the pixels a backdrop changed rose in 8 of 12 held-out turns)."""
-        self._pose_key(picture, pose, backdrop)
-        moved = super().apply(picture, pose)
+        moved = super().apply(picture, pose, backdrop)  # checks the backdrop, ignores it
         if moved is picture:
             return picture
         key = self.quantise(pose)
