@@ -16,6 +16,7 @@ from worldstream.engine.backends.builtin import (
     shrink_change,
 )
 from worldstream.engine.core.backend import ChunkJob
+from worldstream.engine.models.builtin import attention
 from worldstream.engine.models.builtin.attention import DenseContext, expand_frame_mask
 from worldstream.engine.models.builtin.autoencoder import build_autoencoder
 from worldstream.engine.models.builtin.colour_prior import ColourPrior
@@ -1080,13 +1081,16 @@ def test_compiled_model_streams_what_the_eager_model_streams():
     """``compile=True`` swaps the model for its torch.compile form (after warm-up chunks of one
     and of two streams): streams of one and of three sessions, prompt guidance on after a
     switch (the negative rows stacked with the conditional ones), must carry the eager
-    model's latents and frames, and the compiled graphs must not be recompiled per chunk (the
-    context grows every chunk; attention stays outside the graphs) nor for a guided chunk's
-    stacked rows."""
+    model's latents and frames; the forward must be one graph (the paged attention an opaque
+    op in it, no graph break), not recompiled per chunk (the context grows every chunk) nor
+    for a guided chunk's stacked rows."""
     import torch._dynamo
 
-    eager, compiled = tiny_generator(max_states=4), tiny_generator(max_states=4, compile=True)
+    eager = tiny_generator(max_states=4)
+    torch._dynamo.utils.counters.clear()
+    compiled = tiny_generator(max_states=4, compile=True)
     assert compiled._net is not compiled.model  # compiled, not fallen back to eager
+    assert not torch._dynamo.utils.counters["graph_break"]
     torch._dynamo.utils.counters.clear()
     prompts = ["a snowy forest", "hot desert dunes seen from above", "a dark landscape at night"]
     for sessions in (1, 3):
@@ -1114,6 +1118,29 @@ def test_compiled_model_streams_what_the_eager_model_streams():
             compiled.free(b)
     # the warm-up compiled the graphs for 1 and 2+ streams: nothing compiles afterwards
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 0
+
+
+def test_a_compiled_attention_without_a_bound_context_says_so():
+    """Inside a compiled graph the model attends through the context bound by
+    ``attention.bound``; called with none bound the op raises a clear error instead of
+    attending to nothing, and a binding ends with its block (nested ones restore the outer)."""
+    q = torch.zeros(1, 2, 4, 8)
+    with pytest.raises(RuntimeError, match="bound"):
+        torch.ops.worldstream.attend(q, q, q, 0)
+
+    class Echo:
+        def __init__(self, scale):
+            self.scale = scale
+
+        def attend(self, q, k, v, layer):
+            return q * self.scale + layer
+
+    with attention.bound(Echo(2.0)):
+        with attention.bound(Echo(3.0)):
+            assert torch.equal(torch.ops.worldstream.attend(q + 1, q, q, 1), q + 4)
+        assert torch.equal(torch.ops.worldstream.attend(q + 1, q, q, 0), q + 2)
+    with pytest.raises(RuntimeError, match="bound"):
+        torch.ops.worldstream.attend(q, q, q, 0)
 
 
 def test_a_failed_compile_leaves_the_model_eager(monkeypatch, caplog):

@@ -50,6 +50,7 @@ from worldstream.engine.backends.runner import (
     StreamConfig,
 )
 from worldstream.engine.core.backend import ChunkJob
+from worldstream.engine.models.builtin import attention
 from worldstream.engine.models.builtin import text as text_encoder
 from worldstream.engine.models.builtin.autoencoder import frames_to_tensor, tensor_to_frames
 from worldstream.engine.models.builtin.colour_prior import ColourPrior
@@ -174,8 +175,9 @@ class BuiltinConfig(StreamConfig):
     autoencoder's compute dtype (None: bf16 on CUDA and on CPUs with native bf16, where it
     halves encode + decode time — 35 -> 19 ms a frame measured on an AVX-512-BF16 EPYC core
     — else ``dtype``). ``compile``: run the world model through ``torch.compile`` (inductor,
-    ``dynamic=True`` so that batches of any size share one graph; the paged attention stays
-    eager, see ``engine.models.builtin.attention.attend``): the model's many small ops are
+    ``dynamic=True`` so that batches of any size share one graph; the paged attention runs
+    eagerly as one opaque op inside it, see ``engine.models.builtin.attention.attend``): the
+    model's many small ops are
     fused: on an AVX-512 Xeon core, in alternating rounds (``python -m bench baselines``:
     ``compiled_vs_eager``) a 4-step chunk of the landscape model took 72 instead of 98 ms,
     of the avatar model 39.5 instead of 40.9; through the engine (``python -m bench quick``)
@@ -836,8 +838,14 @@ class BuiltinBackend(PagedRunner):
     def _forward(self, x, sigma: float, cond: tuple, ctx: PagedAttentionContext) -> torch.Tensor:
         base, base_sigma, known, actions, txt, pos, _, skip, pose = cond
         sig = torch.full(actions.shape, sigma, device=self.device)
-        return self._net(x.to(self.config.dtype), base, base_sigma, known, sig, actions, txt,
-                         pos, ctx, skip=skip, pose=pose)
+        # NOTE: contiguous inputs: a compiled graph guards on its inputs' strides, and the
+        # stacked rows of a guided step or a batch of streams come in other layouts than the
+        # warm-up's (each would compile a graph of its own mid-stream)
+        x, base, known, txt, skip = (None if t is None else t.contiguous()
+                                     for t in (x.to(self.config.dtype), base, known, txt, skip))
+        with attention.bound(ctx):  # what a compiled model attends through
+            return self._net(x, base, base_sigma.contiguous(), known, sig, actions.contiguous(),
+                             txt, pos.contiguous(), ctx, skip=skip, pose=pose)
 
     def _denoise_forward(self, x, sigma: float, cond: tuple,
                          ctx: PagedAttentionContext) -> torch.Tensor:

@@ -14,6 +14,9 @@ Tensors are ``(batch, heads, tokens, head_dim)``.
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -65,12 +68,49 @@ def teacher_forcing_frame_mask(num_frames: int, chunk_frames: int) -> torch.Tens
     return torch.cat([top, bottom], dim=0)
 
 
-# NOTE: kept out of torch.compile graphs (``BuiltinConfig.compile``): the paged context writes
-# the pool and walks page lists whose lengths change every chunk, so tracing it would guard on
-# (and recompile for) every context length; the kernels are this project's own anyway
-@torch.compiler.disable
+# NOTE: inside a torch.compile graph the paged context is an opaque custom op: the context
+# writes the pool and walks page lists whose lengths change every chunk, so tracing it would
+# guard on (and recompile for) every context length, and leaving it out of the graph with
+# torch.compiler.disable broke each forward into seven graphs, whose resumes cost time: as
+# one graph a 4-step landscape chunk denoised in 25.3-27.0 instead of 26.4-27.8 ms (three
+# alternating process pairs, one thread of an AVX-512-BF16 EPYC, the other core training;
+# ~2 % of the chunk). The op cannot take the context object, so the caller binds it
+# (:func:`bound`) for the forward.
+_bound = threading.local()
+
+
+@contextmanager
+def bound(ctx: AttentionContext) -> Iterator[None]:
+    """Bind ``ctx`` as the attention context of the compiled forwards run inside the block
+    (this thread only; nests, restoring the outer one)."""
+    outer = getattr(_bound, "ctx", None)
+    _bound.ctx = ctx
+    try:
+        yield
+    finally:
+        _bound.ctx = outer
+
+
+@torch.library.custom_op("worldstream::attend", mutates_args=())
+def _bound_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
+    ctx = getattr(_bound, "ctx", None)
+    if ctx is None:
+        raise RuntimeError("a compiled world model attends through the context bound by "
+                           "engine.models.builtin.attention.bound(ctx); none is bound")
+    return ctx.attend(q, k, v, layer).to(q.dtype).contiguous()
+
+
+@_bound_attend.register_fake
+def _(q, k, v, layer):
+    return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+
 def attend(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, ctx: AttentionContext
 ) -> torch.Tensor:
-    """The single attention call of the model: ``(B, H, Lq, D)`` -> ``(B, H, Lq, D)``."""
+    """The single attention call of the model: ``(B, H, Lq, D)`` -> ``(B, H, Lq, D)``. Under
+    torch.compile it calls the context bound by :func:`bound` (RuntimeError when none is),
+    not ``ctx``."""
+    if torch.compiler.is_compiling():
+        return _bound_attend(q, k, v, layer)
     return ctx.attend(q, k, v, layer)
