@@ -71,10 +71,12 @@ def teacher_forcing_frame_mask(num_frames: int, chunk_frames: int) -> torch.Tens
 # NOTE: inside a torch.compile graph the paged context is an opaque custom op: the context
 # writes the pool and walks page lists whose lengths change every chunk, so tracing it would
 # guard on (and recompile for) every context length, and leaving it out of the graph with
-# torch.compiler.disable broke each forward into seven graphs, whose resumes cost time: as
-# one graph a 4-step landscape chunk denoised in 25.3-27.0 instead of 26.4-27.8 ms (three
-# alternating process pairs, one thread of an AVX-512-BF16 EPYC, the other core training;
-# ~2 % of the chunk). The op cannot take the context object, so the caller binds it
+# torch.compiler.disable broke each forward into seven graphs (the avatar's: five), whose
+# resumes cost time. As one graph, one thread of an AVX-512-BF16 EPYC, the other core
+# training: a 4-step landscape chunk denoised in 25.3-27.0 instead of 26.4-27.8 ms (three
+# alternating process pairs; ~2 % of the chunk), the avatar's in 20.1-20.6 instead of
+# 23.4-25.7 (`python -m bench quick --world avatar --threads 1`, two pairs: 20.1-20.4
+# instead of 17.2-19.0 fps). The op cannot take the context object, so the caller binds it
 # (:func:`bound`) for the forward.
 _bound = threading.local()
 
