@@ -177,9 +177,9 @@ class BuiltinConfig(StreamConfig):
     — else ``dtype``). ``compile``: run the world model through ``torch.compile`` (inductor,
     ``dynamic=True`` so that batches of any size share one graph; the paged attention runs
     eagerly as one opaque op inside it, see ``engine.models.builtin.attention.attend``): the
-    model's many small ops are
-    fused: on an AVX-512 Xeon core, in alternating rounds (``python -m bench baselines``:
-    ``compiled_vs_eager``) a 4-step chunk of the landscape model took 72 instead of 98 ms,
+    model's many small ops are fused: on an AVX-512 Xeon core, in alternating rounds
+    (``python -m bench baselines``: ``compiled_vs_eager``; then with a graph break at each
+    layer's attention) a 4-step chunk of the landscape model took 72 instead of 98 ms,
     of the avatar model 39.5 instead of 40.9; through the engine (``python -m bench quick``)
     the avatar streamed 0.92-1.27x the frames in three pairs (assets/*/MODEL_CARD.md). The
     backend compiles at construction (warm-up chunks of one and two streams, ~15-30 s on this
@@ -841,8 +841,9 @@ class BuiltinBackend(PagedRunner):
         # NOTE: contiguous inputs: a compiled graph guards on its inputs' strides, and the
         # stacked rows of a guided step or a batch of streams come in other layouts than the
         # warm-up's (each would compile a graph of its own mid-stream)
-        x, base, known, txt, skip = (None if t is None else t.contiguous()
-                                     for t in (x.to(self.config.dtype), base, known, txt, skip))
+        x, base, known, txt, skip, pose = (
+            None if t is None else t.contiguous()
+            for t in (x.to(self.config.dtype), base, known, txt, skip, pose))
         with attention.bound(ctx):  # what a compiled model attends through
             return self._net(x, base, base_sigma.contiguous(), known, sig, actions.contiguous(),
                              txt, pos.contiguous(), ctx, skip=skip, pose=pose)

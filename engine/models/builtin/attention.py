@@ -76,8 +76,12 @@ def teacher_forcing_frame_mask(num_frames: int, chunk_frames: int) -> torch.Tens
 # training: a 4-step landscape chunk denoised in 25.3-27.0 instead of 26.4-27.8 ms (three
 # alternating process pairs; ~2 % of the chunk), the avatar's in 20.1-20.6 instead of
 # 23.4-25.7 (`python -m bench quick --world avatar --threads 1`, two pairs: 20.1-20.4
-# instead of 17.2-19.0 fps). The op cannot take the context object, so the caller binds it
-# (:func:`bound`) for the forward.
+# instead of 17.2-19.0 fps; a third run 19.5). The op cannot take the context object, so the
+# caller binds it (:func:`bound`) for the forward. It writes the KV pool, which is no input of
+# the graph, so it is declared pure (``mutates_args=()``): safe because each call's output
+# feeds the next layer (no reordering or elimination) and no two calls share a layer (no
+# merging), for inference only — the op has no backward, and a CUDA-graph mode would replay
+# stale page lists.
 _bound = threading.local()
 
 
