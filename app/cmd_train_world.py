@@ -242,15 +242,20 @@ def run(args) -> int:
     shards, _ = spec.ensure_dataset(args.data)
     ae = load_autoencoder(args.vae or spec.assets / "vae")
     out = args.out or spec.assets / "transformer"
-    data = encode_shards(ae, shards, args.chunk_frames, cache=args.run_dir / "latents.pt",
-                         prompts=spec.prompts, view_box=spec.view_box,
-                         base_warp=warp)
     skip_source, pose_path = args.skip_source, args.pose_path
     backdrop_fill = args.backdrop_fill
     if args.onpolicy or args.adversarial is not None:  # a fine-tune keeps its model's inputs
         config = WorldDiT.load_config(args.init_from)
         skip_source, pose_path = config.get("skip_source"), config.get("pose_path")
         backdrop_fill = bool(config.get("backdrop_fill", False))
+    # a base warp shows the plate where it uncovers the scene as the skip's warp does (the
+    # engine warps both alike: BuiltinBackend._plan)
+    base_backdrop = spec.backdrop if backdrop_fill and warp is not None else None
+    data = encode_shards(ae, shards, args.chunk_frames,
+                         cache=args.run_dir / ("latents_backdrop.pt" if base_backdrop
+                                               else "latents.pt"),
+                         prompts=spec.prompts, view_box=spec.view_box,
+                         base_warp=warp, backdrop=base_backdrop)
     if skip_source == "warped":  # the same frames' memory pictures, warped to their poses
         # NOTE: a second pass over the shards (the reconstructions the warp reads are encoded
         # again); once per run directory, then read from its cache

@@ -46,6 +46,7 @@ from worldstream.engine.worlds.avatar.simulator import (
 from worldstream.engine.worlds.catalog import ASSETS, make_base_warp
 
 RIGHT, UP_LEFT = direction_to_action(1, 0), direction_to_action(-1, -1)
+LEFT = direction_to_action(-1, 0)
 
 
 def test_pose_path_follows_the_simulators_head():
@@ -375,6 +376,42 @@ def test_training_replays_the_bases_the_engine_fed(monkeypatch):
                           warp=make_base_warp("head", 128),
                           actions=np.array([encode_action(IDLE, 0), *actions]))
     np.testing.assert_array_equal(np.stack(fed[1:]), rgb[1:])
+    backend.free(state)
+
+
+def test_a_base_warp_shows_the_plate_as_the_training_replay_does(monkeypatch):
+    """A model with a base warp and ``backdrop_fill`` is fed bases that show the stream's
+    plate where the turn uncovers the scene, frame for frame as ``memory_bases`` replays them
+    with the plates (its training data), and unlike the fill from around."""
+    monkeypatch.setattr("worldstream.engine.backends.avatar.look_for_prompt", lambda p: "city")
+    torch.manual_seed(0)
+    model = WorldDiT(dim=32, depth=1, num_heads=2, chunk_frames=1, num_actions=NUM_ACTIONS,
+                     action_factors=ACTION_FACTORS, view_box=0, base_warp="head_rig_fit",
+                     skip_source="warped", pose_path="head_rig_fit", backdrop_fill=True)
+    backend = AvatarModelBackend(BuiltinBackend(model, build_autoencoder(width=8),
+                                                BuiltinConfig(attention_backend="reference",
+                                                              max_states=4)))
+    gen = backend.gen
+    fed = _spy_bases(monkeypatch, gen)
+    state = backend.new_state("city", 4)
+    actions = [encode_action(d, 0) for d in [LEFT] * 5 + [IDLE]]
+    shown = []
+    for a in actions:
+        (res,) = backend.generate([ChunkJob(state, [a], 2, seed=3)])
+        assert res.error is None
+        shown.append(res.frames[0])
+    backend.finish()
+    plate = state.inner.backdrop
+    assert plate is not None
+    frames = np.stack([start_frames("city", 4, 1)[0], *shown])
+    replay = dict(camera=np.zeros((len(frames), 2), np.int64),
+                  switch=np.zeros(len(frames), bool), chunk_frames=1, view_box=0,
+                  warp=make_base_warp("head_rig_fit", 128),
+                  actions=np.array([encode_action(IDLE, 0), *actions]))
+    with_plate, _ = memory_bases(frames, backdrops=np.stack([plate] * len(frames)), **replay)
+    filled, _ = memory_bases(frames, **replay)
+    np.testing.assert_array_equal(np.stack(fed[1:]), with_plate[1:])
+    assert not np.array_equal(with_plate[5], filled[5])  # the turn uncovered the city
     backend.free(state)
 
 

@@ -390,11 +390,12 @@ class _MemoryViews:
     base: torch.Tensor
     keys: list[bytes]
     refining: np.ndarray  # (N, H, W) bool current pixels the frame rewrites (MemoryRead)
-    # with a base warp: per frame None (the picture as read) or (key, picture, pose) of the
-    # picture it was warped from. NOTE: the pixel residual subtracts that picture's decoded
-    # base, warped, rather than decoding each warped base: one decode a stream instead of one
-    # a frame while the head moves (an avatar stream turning its head: 1.26x the time a chunk
-    # with both decodes and encodes), and the dead zone drops what the two differ by
+    # with a base warp: per frame None (the picture as read) or (key, picture, pose, plate) of
+    # the picture it was warped from (plate: the backdrop the warp showed, or None). NOTE: the
+    # pixel residual subtracts that picture's decoded base, warped, rather than decoding each
+    # warped base: one decode a stream instead of one a frame while the head moves (an avatar
+    # stream turning its head: 1.26x the time a chunk with both decodes and encodes), and the
+    # dead zone drops what the two differ by
     sources: list | None = None
 
 
@@ -734,8 +735,8 @@ class BuiltinBackend(PagedRunner):
                 if self.model.config.skip_source == "warped":
                     warped_pictures.append(rig.apply(rgb, poses[i], backdrop=plate))
                 if warp is not None:
-                    warped = warp.apply(rgb, poses[i])
-                    sources.append(None if warped is rgb else (_key(rgb), rgb, poses[i]))
+                    warped = warp.apply(rgb, poses[i], backdrop=plate)
+                    sources.append(None if warped is rgb else (_key(rgb), rgb, poses[i], plate))
                     rgb = warped
                 pictures.append(rgb)
                 current.append(read.current & ~read.refining if cfg.decode_refining
@@ -974,9 +975,9 @@ class BuiltinBackend(PagedRunner):
             if source is None:
                 out.append(self._decoded(k, z))
                 continue
-            key, picture, pose = source
+            key, picture, pose, plate = source
             z_source = self._encode_bases([picture], [key])[0]
-            out.append(self.base_warp.apply(self._decoded(key, z_source), pose))
+            out.append(self.base_warp.apply(self._decoded(key, z_source), pose, backdrop=plate))
         return np.stack(out)
 
     def _decoded(self, key: bytes, z: torch.Tensor) -> np.ndarray:
