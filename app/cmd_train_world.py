@@ -112,8 +112,9 @@ def register(sub) -> None:
     p.add_argument(
         "--backdrop-fill", action="store_true",
         help="with --skip-source warped: show the world's background plate where a turn "
-             "uncovers the scene (WorldDiT backdrop_fill; the avatar's plate is drawn by its "
-             "simulator) instead of filling it from around",
+             "uncovers the scene, in the warped skip and in a --base-warp's bases "
+             "(WorldDiT backdrop_fill; the avatar's plate is drawn by its simulator) instead "
+             "of filling it from around",
     )
     p.add_argument(
         "--pose-path", default=None, metavar="NAME",
