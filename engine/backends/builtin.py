@@ -732,12 +732,16 @@ class BuiltinBackend(PagedRunner):
             for i, (x0, y0) in enumerate(origins):
                 read = state.memory.read(x0, y0, size)
                 rgb, planes = model_inputs(read, self.downsample)
-                if self.model.config.skip_source == "warped":
-                    warped_pictures.append(rig.apply(rgb, poses[i], backdrop=plate))
+                # the skip's source and a base warp's base are one picture (a base warp is the
+                # rig): warped once
+                skip_warped = self.model.config.skip_source == "warped"
+                moved = (rig.apply(rgb, poses[i], backdrop=plate)
+                         if skip_warped or warp is not None else None)
+                if skip_warped:
+                    warped_pictures.append(moved)
                 if warp is not None:
-                    warped = warp.apply(rgb, poses[i], backdrop=plate)
-                    sources.append(None if warped is rgb else (_key(rgb), rgb, poses[i], plate))
-                    rgb = warped
+                    sources.append(None if moved is rgb else (_key(rgb), rgb, poses[i], plate))
+                    rgb = moved
                 pictures.append(rgb)
                 current.append(read.current & ~read.refining if cfg.decode_refining
                                else read.current)
