@@ -26,6 +26,11 @@ def register(sub) -> None:
         help="checkpoints and logs (a run resumes from here)",
     )
     p.add_argument("--steps", type=int, default=6000, help="optimizer steps")
+    p.add_argument(
+        "--transposed-copies", action="store_true",
+        help="train on each shard and on its copy seen with x and y swapped (the landscape "
+             "only: a symmetry augmentation against a preferred axis in what the model draws)",
+    )
     p.add_argument("--max-minutes", type=float, default=None, help="stop this call after N min")
     p.add_argument("--batch", type=int, default=16, help="clips per batch")
     p.add_argument("--frames", type=int, default=8, help="frames per training clip")
@@ -201,6 +206,7 @@ def _base_warp(args, spec) -> str | None:
 def run(args) -> int:
     from worldstream.engine.models.builtin.loading import load_autoencoder
     from worldstream.engine.models.builtin.world_dit import WorldDiT
+    from worldstream.engine.training.data import transposed_shards
     from worldstream.engine.training.latents import encode_shards
     from worldstream.engine.training.train_world import train_world
     from worldstream.engine.worlds.catalog import BASE_WARPS, world
@@ -240,7 +246,12 @@ def run(args) -> int:
         raise ValueError("--backdrop-fill needs --skip-source warped and a world with a "
                          f"background plate (world {spec.name!r} has "
                          f"{'one' if spec.backdrop is not None else 'none'})")
+    if args.transposed_copies and not spec.transposable:
+        raise ValueError(f"--transposed-copies: world {spec.name!r} is not the same seen with "
+                         "x and y swapped")
     shards, _ = spec.ensure_dataset(args.data)
+    if args.transposed_copies:  # recorded once beside the shards, then read from there
+        shards = shards + transposed_shards(shards)
     ae = load_autoencoder(args.vae or spec.assets / "vae")
     out = args.out or spec.assets / "transformer"
     skip_source, pose_path = args.skip_source, args.pose_path
@@ -254,7 +265,8 @@ def run(args) -> int:
     base_backdrop = spec.backdrop if backdrop_fill and warp is not None else None
     data = encode_shards(ae, shards, args.chunk_frames,
                          cache=args.run_dir / ("latents_backdrop.pt" if base_backdrop
-                                               else "latents.pt"),
+                                               else "latents_transposed.pt"
+                                               if args.transposed_copies else "latents.pt"),
                          prompts=spec.prompts, view_box=spec.view_box,
                          base_warp=warp, backdrop=base_backdrop)
     if skip_source == "warped":  # the same frames' memory pictures, warped to their poses

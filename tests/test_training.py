@@ -323,3 +323,44 @@ def test_shards_recorded_in_worker_processes_equal_those_recorded_in_one(tmp_pat
         np.testing.assert_array_equal(np.load(tmp_path / "par" / "a" / f"{name}.npy"),
                                       np.load(tmp_path / "one" / f"{name}.npy"))
     assert sorted(p.name for p in (tmp_path / "par" / "b").iterdir()) == ["camera.npy"]
+
+
+def test_a_transposed_shard_is_the_same_world_seen_with_x_and_y_swapped(tmp_path, capsys):
+    """``transpose_shard``: frames transposed, each key's direction swapped (right, id 5, is
+    down, id 7; up-right, id 2, is down-left, id 6), the camera's (x, y) swapped. The memory
+    bases the engine would read replay on the copy as the transposed bases of the source (the
+    swapped world is geometrically consistent); ``transposed_shards`` writes each copy once;
+    the avatar world is refused by ``train-world --transposed-copies`` before any work."""
+    from worldstream.app import cli
+    from worldstream.engine.training.data import transposed_shards
+    from worldstream.engine.worlds.recorder import load_shard
+
+    src = record_shard(tmp_path / "data" / "shard0", [3, 4], 16, switch_prob=0.1,
+                       transition_frames=0)
+    (dst,) = transposed_shards([src])
+    assert dst == tmp_path / "data" / "shard0_transposed"
+    a, b = load_shard(src), load_shard(dst)
+    np.testing.assert_array_equal(b["frames"], np.asarray(a["frames"]).transpose(0, 1, 3, 2, 4))
+    np.testing.assert_array_equal(b["camera"], np.asarray(a["camera"])[..., ::-1])
+    swap = {0: 0, 1: 3, 2: 6, 3: 1, 4: 4, 5: 7, 6: 2, 7: 5, 8: 8}
+    np.testing.assert_array_equal(b["actions"],
+                                  [[swap[int(x)] for x in row] for row in a["actions"]])
+    for key in ("scene", "prompt", "switch"):
+        np.testing.assert_array_equal(b[key], a[key])
+    assert len(set(np.asarray(a["actions"]).ravel().tolist())) > 2  # the check saw moves
+    for e in range(2):
+        rgb, known = memory_bases(np.asarray(a["frames"][e]), np.asarray(a["camera"][e]),
+                                  np.asarray(a["switch"][e]), chunk_frames=1)
+        rgb_t, known_t = memory_bases(np.asarray(b["frames"][e]), np.asarray(b["camera"][e]),
+                                      np.asarray(b["switch"][e]), chunk_frames=1)
+        np.testing.assert_array_equal(rgb_t, rgb.transpose(0, 2, 1, 3))
+        np.testing.assert_array_equal(known_t, known.transpose(0, 1, 3, 2))
+    stamp = (dst / "frames.npy").stat().st_mtime_ns
+    assert transposed_shards([src]) == [dst]
+    assert (dst / "frames.npy").stat().st_mtime_ns == stamp  # written once
+
+    argv = ["train-world", "--world", "avatar", "--data", str(tmp_path / "avatar"),
+            "--run-dir", str(tmp_path / "run"), "--transposed-copies"]
+    assert cli.main(argv) == 2
+    assert "--transposed-copies" in capsys.readouterr().err
+    assert not (tmp_path / "avatar").exists() and not (tmp_path / "run").exists()

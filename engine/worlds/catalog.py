@@ -32,7 +32,9 @@ class WorldSpec:
     :data:`BASE_WARPS` of the warp that moves each frame's memory picture before it is encoded
     (None: the picture as read); ``backdrop_ref``: ``module:function`` of the world's
     background plate, ``(scene index, world seed) -> (S, S, 3) uint8`` (None: the world has
-    none, its camera moves over the scene)."""
+    none, its camera moves over the scene); ``transposable``: its episodes seen with x and y
+    swapped are episodes of the same kind (``recorder.transpose_shard``: a plane seen from
+    above, not a face), so ``train-world --transposed-copies`` may add them."""
 
     name: str
     assets: Path
@@ -45,6 +47,7 @@ class WorldSpec:
     change_weight: float = 0.0
     base_warp: str | None = None
     backdrop_ref: str | None = None
+    transposable: bool = False
 
     def ensure_dataset(self, root: Path | None = None,
                        workers: int = 1) -> tuple[list[Path], Path]:
@@ -73,7 +76,7 @@ WORLDS: dict[str, WorldSpec] = {
     "landscape": WorldSpec("landscape", ASSETS / "builtin", Path("data_v2"), SPRITE + 6,
                            LANDSCAPE_ACTIONS, None,
                            "worldstream.engine.training.data",
-                           "worldstream.engine.worlds.recorder:PROMPTS"),
+                           "worldstream.engine.worlds.recorder:PROMPTS", transposable=True),
     "avatar": WorldSpec("avatar", ASSETS / "avatar", Path("data_avatar"), 0, AVATAR_ACTIONS,
                         AVATAR_FACTORS,
                         "worldstream.engine.training.avatar_data",
