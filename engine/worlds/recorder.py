@@ -130,10 +130,11 @@ def transpose_shard(src: str | Path, dst: str | Path) -> Path:
 
     The landscape's plane is seen from above by a camera that moves alike along both axes
     (``HumanLikePolicy`` presses the four straight keys and the diagonals alike), so the
-    swapped episode is play of the same kind in a mirrored world: training on both teaches the
-    model that neither axis is special (a symmetry augmentation; assets/builtin/MODEL_CARD.md,
-    "the anisotropy miss is one orientation"). Not for the avatar: a face is not symmetric
-    under the swap. FileNotFoundError naming a missing file of ``src``."""
+    swapped episode is play of the same kind in a mirrored world (only its water shimmer and
+    cloud drift run along the mirrored directions): training on both teaches the model that
+    neither axis is special (a symmetry augmentation; assets/builtin/MODEL_CARD.md, "the
+    anisotropy miss is one orientation"). Not for the avatar: a face is not symmetric under the
+    swap. FileNotFoundError naming a missing file of ``src``."""
     shard = load_shard(src)
     out = Path(dst)
     out.mkdir(parents=True, exist_ok=True)
