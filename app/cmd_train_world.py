@@ -263,10 +263,10 @@ def run(args) -> int:
     # a base warp shows the plate where it uncovers the scene as the skip's warp does (the
     # engine warps both alike: BuiltinBackend._plan)
     base_backdrop = spec.backdrop if backdrop_fill and warp is not None else None
-    data = encode_shards(ae, shards, args.chunk_frames,
-                         cache=args.run_dir / ("latents_backdrop.pt" if base_backdrop
-                                               else "latents_transposed.pt"
-                                               if args.transposed_copies else "latents.pt"),
+    # one cache per kind of bases (a run dir reused with other bases must not read stale ones)
+    cache = ("latents_backdrop.pt" if base_backdrop
+             else "latents_transposed.pt" if args.transposed_copies else "latents.pt")
+    data = encode_shards(ae, shards, args.chunk_frames, cache=args.run_dir / cache,
                          prompts=spec.prompts, view_box=spec.view_box,
                          base_warp=warp, backdrop=base_backdrop)
     if skip_source == "warped":  # the same frames' memory pictures, warped to their poses
