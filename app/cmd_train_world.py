@@ -180,6 +180,23 @@ def register(sub) -> None:
         metavar="WEIGHT",
         help="weight of the generator's adversarial loss (needs --init-from)",
     )
+    adv.add_argument(
+        "--adversarial-min-pose",
+        type=float,
+        default=0.0,
+        metavar="POSE",
+        help="judge only frames whose rig pose is at least this far from rest (largest "
+             "absolute yaw/pitch, 0-1; a model with a pose path: the avatar's turned heads)",
+    )
+    adv.add_argument(
+        "--adversarial-box",
+        type=int,
+        nargs=4,
+        default=None,
+        metavar=("TOP", "LEFT", "HEIGHT", "WIDTH"),
+        help="judge only this latent box of each frame (latent pixels; the avatar's head: "
+             "2 4 24 24, the turn reader's crop)",
+    )
     p.set_defaults(func=run)
 
 
@@ -224,6 +241,12 @@ def run(args) -> int:
                          "(and not --onpolicy)")
     if args.adversarial is not None and args.adversarial < 0:
         raise ValueError(f"--adversarial must be >= 0, got {args.adversarial}")
+    if args.adversarial is None and (args.adversarial_min_pose or args.adversarial_box):
+        raise ValueError("--adversarial-min-pose and --adversarial-box choose what "
+                         "--adversarial judges: give --adversarial")
+    if not 0.0 <= args.adversarial_min_pose <= 1.0:
+        raise ValueError(f"--adversarial-min-pose must be in [0, 1], got "
+                         f"{args.adversarial_min_pose}")
     if (args.onpolicy or args.adversarial is not None) and (
             args.noise_correlation != 0.0 or args.noise_scale != 2.0):
         raise ValueError("--onpolicy and --adversarial keep the noise their model was trained "
@@ -299,7 +322,10 @@ def run(args) -> int:
 
         result = finetune_adversarial(
             data, args.init_from, out, args.run_dir, adv_weight=args.adversarial,
-            batch=args.batch, frames=args.frames, change_weight=change_weight, **tuning,
+            batch=args.batch, frames=args.frames, change_weight=change_weight,
+            judge_min_pose=args.adversarial_min_pose,
+            judge_box=None if args.adversarial_box is None else tuple(args.adversarial_box),
+            **tuning,
         )
         print(json.dumps(result))
         return 0

@@ -58,6 +58,27 @@ def test_judged_frames_are_those_denoised_from_high_noise():
     assert fake.shape == (4, 4, 2, 2)
 
 
+def test_judged_frames_can_be_only_turned_heads_cropped_to_a_box():
+    b, f = 1, 4
+    sigma = torch.tensor([[0.5, 0.5, 0.5, 0.1]])
+    # yaw / pitch of each frame: at rest, turned left, tilted up a little, turned but clean
+    pose = torch.tensor([[[0.0, 0.0], [-0.8, 0.1], [0.2, 0.3], [0.9, 0.0]]])
+    pred = torch.arange(b * f * 4 * 6 * 6, dtype=torch.float32).view(b, f, 4, 6, 6)
+    txt = torch.arange(b * f, dtype=torch.float32).view(b, f, 1).expand(b, f, 5)
+    wp = WorldPrediction(pred, -pred, torch.ones(b, f, 1, 6, 6), sigma,
+                         torch.zeros(b, f, 2, 6, 6), txt)
+    fake, real, ftxt = judged_frames(wp, 0.25, pose=pose, min_pose=0.25, box=(1, 2, 3, 4))
+    # frames 1 and 2 (largest component 0.8 and 0.3 >= 0.25); frame 0 is at rest and frame 3,
+    # turned, a context frame (sigma 0.1)
+    assert ftxt[:, 0].tolist() == [1.0, 2.0]
+    assert fake.shape == (2, 4, 3, 4)
+    assert torch.equal(fake, pred[0, 1:3, :, 1:4, 2:6]) and torch.equal(real, -fake)
+    with pytest.raises(ValueError, match="poses"):
+        judged_frames(wp, 0.25, min_pose=0.5)
+    with pytest.raises(ValueError, match="inside"):
+        judged_frames(wp, 0.25, box=(4, 0, 3, 6))
+
+
 def _tiny_model(path):
     torch.manual_seed(0)
     WorldDiT(dim=32, depth=1, num_heads=1, latent_mean=(0.0,) * 4,
@@ -114,11 +135,15 @@ def test_adversarial_finetune_rejects_a_negative_weight(tmp_path):
 
 
 @pytest.mark.parametrize("extra", [[], ["--init-from", "x", "--onpolicy"],
-                                   ["--init-from", "x", "--adversarial", "-1"]])
+                                   ["--init-from", "x", "--adversarial", "-1"],
+                                   ["--init-from", "x", "--adversarial-min-pose", "0.5"],
+                                   ["--init-from", "x", "--adversarial", "0.1",
+                                    "--adversarial-min-pose", "1.5"]])
 def test_train_world_cli_refuses_bad_adversarial_settings_before_any_work(tmp_path, capsys,
                                                                           extra):
     argv = ["train-world", "--data", str(tmp_path / "data"), "--run-dir", str(tmp_path / "run")]
-    argv += extra if "--adversarial" in extra else ["--adversarial", "0.1", *extra]
+    chosen = "--adversarial" in extra or "--adversarial-min-pose" in extra
+    argv += extra if chosen else ["--adversarial", "0.1", *extra]
     assert cli.main(argv) == 2
     assert "--adversarial" in capsys.readouterr().err
     assert not (tmp_path / "data").exists() and not (tmp_path / "run").exists()

@@ -90,13 +90,32 @@ def hinge_g_loss(fake: torch.Tensor) -> torch.Tensor:
     return -fake.mean()
 
 
-def judged_frames(pred: WorldPrediction, min_sigma: float):
+def judged_frames(pred: WorldPrediction, min_sigma: float, *, pose: torch.Tensor | None = None,
+                  min_pose: float = 0.0, box: tuple[int, int, int, int] | None = None):
     """The frames of a :class:`~engine.training.train_world.WorldPrediction` the discriminator
     judges: those denoised from ``sigma >= min_sigma`` (what the model generates; context
-    frames at the context noise level are near copies of their input). Returns ``(fake,
-    real, txt)`` as ``(N, C, h, w)``, ``(N, C, h, w)``, ``(N, text_dim)``; N may be 0."""
+    frames at the context noise level are near copies of their input) and, with ``pose (B, F,
+    2)`` (the rig's pose of each frame, :func:`~engine.training.latents.attach_poses`), only
+    those posed at least ``min_pose`` from rest (largest absolute component); ``box = (top,
+    left, height, width)`` in latent pixels crops each to that region (the avatar's head: a
+    turn's second face is judged there, not the background's pixels). Returns ``(fake, real,
+    txt)`` as ``(N, C, h, w)`` (``h, w`` the box's when given), ``(N, C, h, w)``, ``(N,
+    text_dim)``; N may be 0. ValueError for a ``min_pose`` without ``pose``, or a box outside
+    the latent frame."""
     pick = pred.sigma >= min_sigma
-    return pred.pred[pick], pred.target[pick], pred.txt[pick]
+    if min_pose > 0:
+        if pose is None:
+            raise ValueError("min_pose needs the frames' poses")
+        pick = pick & (pose.abs().amax(dim=-1) >= min_pose).to(pick.device)
+    fake, real = pred.pred[pick], pred.target[pick]
+    if box is not None:
+        top, left, height, width = box
+        h, w = fake.shape[-2:]
+        if min(top, left) < 0 or height < 1 or width < 1 or top + height > h or left + width > w:
+            raise ValueError(f"box {box} is not inside the {h}x{w} latent frame")
+        fake = fake[..., top:top + height, left:left + width]
+        real = real[..., top:top + height, left:left + width]
+    return fake, real, pred.txt[pick]
 
 
 def finetune_adversarial(
@@ -115,6 +134,8 @@ def finetune_adversarial(
     frames: int = 8,
     ctx_sigma_max: float = 0.3,
     change_weight: float = 0.0,
+    judge_min_pose: float = 0.0,
+    judge_box: tuple[int, int, int, int] | None = None,
     seed: int = 0,
     ckpt_every: int = 100,
     export_every: int = 250,
@@ -126,19 +147,23 @@ def finetune_adversarial(
 
     Each step: one forward of the recipe (:func:`world_prediction`, ``change_weight`` as
     there), the generator's loss ``mse + adv_weight * hinge_g`` on the frames
-    :func:`judged_frames` picks (the adversarial term only after ``d_warmup`` steps, so the
-    discriminator has learned something before its gradient reaches the model), then one
-    discriminator step on the same frames (real: the true latents; fake: the detached
-    predictions). AdamW for the model (the recipe's, with an EMA, the camera frozen), Adam
-    (betas 0, 0.99: GAN practice) for the discriminator. The EMA weights are exported to
-    ``out_dir`` (``save_pretrained``) every ``export_every`` steps and at the end; a log line
-    per ``ckpt_every`` steps goes to ``run_dir/adversarial_log.jsonl``. ValueError for a
-    negative ``adv_weight``."""
+    :func:`judged_frames` picks (``judge_min_pose``, ``judge_box``: only frames posed that far
+    from rest, cropped to that latent box; the avatar's turned heads), the adversarial term
+    only after ``d_warmup`` steps, so the discriminator has learned something before its
+    gradient reaches the model; then one discriminator step on the same frames (real: the
+    true latents; fake: the detached predictions). AdamW for the model (the recipe's, with an
+    EMA, the camera frozen), Adam (betas 0, 0.99: GAN practice) for the discriminator. The
+    EMA weights are exported to ``out_dir`` (``save_pretrained``) every ``export_every`` steps
+    and at the end; a log line per ``ckpt_every`` steps goes to
+    ``run_dir/adversarial_log.jsonl``. ValueError for a negative ``adv_weight``, or a
+    ``judge_min_pose`` for a model without a pose path."""
     if adv_weight < 0:
         raise ValueError(f"adv_weight must be >= 0, got {adv_weight}")
     device = pick_device()
     seed_everything(seed)
     model = WorldDiT.from_pretrained(init_from).to(device)
+    if judge_min_pose > 0 and model.config.pose_path is None:
+        raise ValueError(f"{init_from} has no pose path: its frames have no pose to judge by")
     if model.config.pose_path is not None:
         attach_poses(data, make_base_warp(model.config.pose_path, model.config.image_size))
     disc = PatchDiscriminator(model.config.latent_channels, text_dim=model.config.text_dim)
@@ -175,7 +200,8 @@ def finetune_adversarial(
                                 ctx_sigma_max, ctx, device, change_weight=change_weight,
                                 skip=skip, pose=pose)
         mse = pred.loss()
-        fake, real, ftxt = judged_frames(pred, min_sigma)
+        fake, real, ftxt = judged_frames(pred, min_sigma, pose=pose, min_pose=judge_min_pose,
+                                         box=judge_box)
         g_adv = torch.zeros((), device=device)
         if step >= d_warmup and len(fake):
             disc.requires_grad_(False)
