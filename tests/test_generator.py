@@ -1120,6 +1120,35 @@ def test_compiled_model_streams_what_the_eager_model_streams():
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 0
 
 
+@pytest.mark.skipif(not (shutil.which("c++") or shutil.which("g++")),
+                    reason="torch.compile (inductor) needs a C++ compiler")
+def test_a_compiled_stream_does_not_compile_at_its_first_guided_action():
+    """A stream of one-frame chunks (the shipped models') whose first action asks for action
+    guidance (the avatar's first expression key) and whose prompt then switches must find
+    every graph compiled by the warm-up: the guided step's stacked rows once took a graph of
+    their own (the one-frame chunk's text entered the graph as a view, the stacked rows not)
+    and the avatar's stream stalled 8 s at its first smile."""
+    import torch._dynamo
+
+    idle = 4
+    torch.manual_seed(0)
+    model = WorldDiT(dim=64, depth=2, num_heads=2, chunk_frames=1)
+    gen = BuiltinBackend(model, build_autoencoder(width=8), BuiltinConfig(
+        max_states=2, compile=True, action_guidance=2.0, neutral_action=idle, guidance=2.0,
+        steady_guidance_sigma=None, first_step_from_memory=None, colour_anchor=None))
+    assert gen._net is not gen.model
+    torch._dynamo.utils.counters.clear()
+    state = gen.new_state("a green meadow", seed=1)
+    for n, acts in enumerate([[idle], [2], [idle], [6]]):
+        if n == 3:
+            gen.set_prompt(state, "a snowy forest")
+        (res,) = gen.generate([ChunkJob(state, acts, steps=2, seed=n)])
+        assert res.error is None and res.frames.shape == (1, 128, 128, 3)
+    gen.finish()
+    gen.free(state)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 0
+
+
 def test_a_compiled_attention_without_a_bound_context_says_so():
     """Inside a compiled graph the model attends through the context bound by
     ``attention.bound``; called with none bound the op raises a clear error instead of

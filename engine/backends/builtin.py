@@ -843,15 +843,18 @@ class BuiltinBackend(PagedRunner):
     def _forward(self, x, sigma: float, cond: tuple, ctx: PagedAttentionContext) -> torch.Tensor:
         base, base_sigma, known, actions, txt, pos, _, skip, pose = cond
         sig = torch.full(actions.shape, sigma, device=self.device)
-        # NOTE: contiguous inputs: a compiled graph guards on its inputs' strides, and the
-        # stacked rows of a guided step or a batch of streams come in other layouts than the
-        # warm-up's (each would compile a graph of its own mid-stream)
-        x, base, known, txt, skip, pose = (
-            None if t is None else t.contiguous()
-            for t in (x.to(self.config.dtype), base, known, txt, skip, pose))
+        # NOTE: fresh contiguous inputs: a compiled graph guards on its inputs' strides and on
+        # whether each is a view of a larger tensor, and the stacked rows of a guided step or
+        # a batch of streams come in other layouts than the warm-up's (a chunk of one frame's
+        # text, expanded from the stacked prompts, is a view; a guided step's rows, stacked,
+        # are not): each would compile a graph of its own mid-stream
+        x, base, base_sigma, known, actions, txt, pos, skip, pose = (
+            None if t is None else t.clone(memory_format=torch.contiguous_format)
+            for t in (x.to(self.config.dtype), base, base_sigma, known, actions, txt, pos,
+                      skip, pose))
         with attention.bound(ctx):  # what a compiled model attends through
-            return self._net(x, base, base_sigma.contiguous(), known, sig, actions.contiguous(),
-                             txt, pos.contiguous(), ctx, skip=skip, pose=pose)
+            return self._net(x, base, base_sigma, known, sig, actions, txt, pos, ctx,
+                             skip=skip, pose=pose)
 
     def _denoise_forward(self, x, sigma: float, cond: tuple,
                          ctx: PagedAttentionContext) -> torch.Tensor:
