@@ -1,6 +1,6 @@
 """Who may use the server: the server key (``worldstream play --auth``), the Host and Origin
 checks against DNS rebinding and cross-site requests, and the throttle on failed
-authentications (issue 12, items 7, 9, 10).
+authentications.
 
 A web page on another site can make a browser send a ``POST`` with ``Content-Type:
 text/plain`` and no preflight; with DNS rebinding it can even reach a server bound to loopback

@@ -7,6 +7,7 @@ import json
 import time
 from pathlib import Path
 
+from worldstream.app import settings_cli
 from worldstream.app.action_script import load_action_script
 
 DEFAULT_PROMPTS = (
@@ -42,8 +43,10 @@ def register(sub) -> None:
                    help="denoising steps per chunk (1-4; default 4: the quality of an offline "
                         "job, where `play` picks 2 in its responsive mode)")
     p.add_argument("--seed", type=int, default=0, help="world seed of session 0 (+i for session i)")
-    p.add_argument("--model", default=None,
-                   help="builtin | sim | wan-causal (default builtin; a replay uses its log's)")
+    p.add_argument("--world", choices=("landscape", "avatar"), default="landscape",
+                   help="the world (default landscape; a replay uses its log's)")
+    p.add_argument("--model", choices=("builtin", "sim", "wan-causal"), default=None,
+                   help="model family (default builtin; a replay uses its log's)")
     p.add_argument("--replay", type=Path, default=None,
                    help="play this input log (a session's export) instead: the same frames")
     p.add_argument("--state", type=Path, default=None,
@@ -53,8 +56,9 @@ def register(sub) -> None:
     p.add_argument("--score", action="store_true",
                    help="with --story: each beat's scene accuracy 1-2 s after its start")
     p.add_argument("--model-path", default=None,
-                   help="model folder (wan-causal: required; builtin: default assets/builtin)")
-    p.add_argument("--checkpoint", default=None, help="wan-causal: the causal generator file")
+                   help="model folder (wan-causal: required, with its causal.* checkpoint; "
+                        "builtin: default the world's assets)")
+    settings_cli.add_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -66,9 +70,17 @@ def run(args) -> int:
     from worldstream.engine.core.api import ActionCommand, PromptCommand
     from worldstream.engine.core.config import EngineConfig
     from worldstream.engine.core.engine import Engine
-    from worldstream.engine.core.registry import load_backend
+    from worldstream.engine.core.registry import backend_id, load_backend
     from worldstream.streaming.recording import Recorder
 
+    if settings_cli.wants_help(args):
+        return settings_cli.print_builtin_settings(args.world, args.model_path)
+    # the backend (world x model family) and its settings; a replay's log names its own
+    args.backend = backend_id(args.world, args.model) if args.model else None
+    args.settings = settings_cli.builtin_overrides(args)
+    if args.settings and (args.model or "builtin") != "builtin":
+        raise ValueError(f"--set takes the builtin model's settings; --model {args.model} has "
+                         "none")
     if not Path(args.out).parent.is_dir():  # the recorder would write nothing, silently
         raise ValueError(f"--out: the folder {Path(args.out).parent} does not exist")
     if args.replay is not None or args.story is not None:
@@ -78,6 +90,7 @@ def run(args) -> int:
             raise ValueError("--replay and --story exclude each other")
         return run_replay(args) if args.replay is not None else run_story(args)
     args.model = args.model or "builtin"
+    args.backend = backend_id(args.world, args.model)
     if args.frames < 1 or args.sessions < 1 or args.fps < 1:
         raise ValueError("--frames, --sessions and --fps must be >= 1")
     prompts = args.prompt or [DEFAULT_PROMPTS[0]]
@@ -91,7 +104,7 @@ def run(args) -> int:
         scripts[i] if i < len(scripts) else scripts[i % len(scripts)].rotated(i)
         for i in range(args.sessions)
     ]
-    backend = load_backend(args.model, model_path=args.model_path, checkpoint=args.checkpoint)
+    backend = load_backend(args.backend, model_path=args.model_path, **args.settings)
     # offline job: keep the requested steps and fps (no degradation), never drop frames
     config = EngineConfig(
         max_sessions=args.sessions,
@@ -163,6 +176,7 @@ def run(args) -> int:
     print(
         json.dumps(
             {
+                "world": args.world,
                 "model": args.model,
                 "steps": args.steps,
                 "target_fps": args.fps,

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from worldstream.app import settings_cli
+
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 
@@ -15,20 +17,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=7860, help="TCP port (default 7860)")
     parser.add_argument("--world", choices=("landscape", "avatar"), default="landscape",
-                        help="the built-in world: the top-down landscape or the avatar (a "
-                             "character steered by expression, gaze and speech)")
-    parser.add_argument("--model", default="builtin",
-                        help="world backend: builtin (the world's trained model), sim (the "
+                        help="the world: the top-down landscape or the avatar (a character "
+                             "steered by expression, gaze and speech)")
+    parser.add_argument("--model", choices=("builtin", "sim", "wan-causal"), default="builtin",
+                        help="model family: builtin (the world's trained model), sim (the "
                              "world's ground-truth simulator) or wan-causal (a Wan2.1 causal "
-                             "checkpoint, with --model-path; landscape world only)")
+                             "checkpoint on a GPU, with --model-path; landscape only)")
     parser.add_argument("--model-path", default=None,
-                        help="model folder (wan-causal: the diffusers-format Wan2.1-T2V-1.3B "
-                             "base plus the causal checkpoint; builtin: default assets/builtin)")
-    parser.add_argument("--checkpoint", default=None,
-                        help="wan-causal: the causal checkpoint file (default DIR/causal.*)")
-    parser.add_argument("--no-compile", action="store_true",
-                        help="builtin models: run the world model eagerly instead of compiling "
-                             "it with torch.compile at start-up (faster start, slower frames)")
+                        help="model folder (builtin: default the world's assets; wan-causal: "
+                             "the diffusers-format Wan2.1-T2V-1.3B base plus the causal "
+                             "checkpoint as DIR/causal.*)")
+    settings_cli.add_arguments(parser)
     parser.add_argument("--max-sessions", type=int, default=4,
                         help="sessions served at once; more get 503 (default 4)")
     parser.add_argument("--mode", choices=("responsive", "quality"), default="responsive",
@@ -37,20 +36,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "model has them) at 4 steps (default responsive)")
     scale = parser.add_argument_group(
         "scale-out on Ray", "engine replicas in processes of their own (README, 'Scale-out')")
-    scale.add_argument("--replicas", type=int, default=None, metavar="N",
-                       help="start N engine replicas on Ray (default: one engine in this "
-                            "process, no Ray)")
-    scale.add_argument("--min-replicas", type=int, default=None, metavar="N",
-                       help="autoscaling floor (default --replicas)")
-    scale.add_argument("--max-replicas", type=int, default=None, metavar="N",
-                       help="autoscaling ceiling (default --replicas)")
+    scale.add_argument("--replicas", type=_replica_range, default=None, metavar="N|MIN-MAX",
+                       help="start N engine replicas on Ray, or MIN and autoscale up to MAX "
+                            "with the sessions (default: one engine in this process, no Ray)")
     scale.add_argument("--ray-address", default=None, metavar="ADDR",
                        help="join this Ray cluster (e.g. one started with `ray start --head`); "
                             "default: a local Ray started in-process")
-    scale.add_argument("--replica-cpus", type=float, default=1.0,
-                       help="Ray num_cpus of one replica (default 1)")
-    scale.add_argument("--replica-gpus", type=float, default=0.0,
-                       help="Ray num_gpus of one replica (default 0)")
+    scale.add_argument("--replica-resources", type=_resources, default=(1.0, 0.0),
+                       metavar="CPUS[,GPUS]",
+                       help="Ray num_cpus and num_gpus of one replica (default 1,0)")
     exposed = parser.add_argument_group(
         "running it exposed", "see README, 'Running it exposed'")
     exposed.add_argument("--auth", action="store_true",
@@ -71,16 +65,40 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
-def _ray_engine(args: argparse.Namespace, model_kwargs: dict):
+def _resources(text: str) -> tuple[float, float]:
+    """``--replica-resources``: ``CPUS`` or ``CPUS,GPUS``, each >= 0."""
+    cpus, _, gpus = text.partition(",")
+    try:
+        value = float(cpus), float(gpus or 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected CPUS[,GPUS], got {text!r}") from None
+    if min(value) < 0:
+        raise argparse.ArgumentTypeError(f"resources must be >= 0, got {text!r}")
+    return value
+
+
+def _replica_range(text: str) -> tuple[int, int]:
+    """``--replicas``: ``N`` (a fixed count) or ``MIN-MAX`` (autoscaled), both >= 1."""
+    low, _, high = text.partition("-")
+    try:
+        lo, hi = int(low), int(high or low)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected N or MIN-MAX, got {text!r}") from None
+    if not 1 <= lo <= hi:
+        raise argparse.ArgumentTypeError(f"need 1 <= MIN <= MAX, got {text!r}")
+    return lo, hi
+
+
+def _ray_engine(args: argparse.Namespace, name: str, model_kwargs: dict):
     """Engine replicas on Ray (``engine.cluster``); each replica admits ``--max-sessions``."""
-    if args.replicas < 1:
-        raise ValueError(f"--replicas must be >= 1, got {args.replicas}")
     from worldstream.engine.cluster.router import RayEngine
 
-    return RayEngine(args.model, replicas=args.replicas, min_replicas=args.min_replicas,
-                     max_replicas=args.max_replicas, address=args.ray_address,
+    low, high = args.replicas
+    return RayEngine(name, replicas=low, min_replicas=low, max_replicas=high,
+                     address=args.ray_address,
                      config=play_config(args.max_sessions, args.mode), model_kwargs=model_kwargs,
-                     replica_cpus=args.replica_cpus, replica_gpus=args.replica_gpus).start()
+                     replica_cpus=args.replica_resources[0],
+                     replica_gpus=args.replica_resources[1]).start()
 
 
 def access_settings(args: argparse.Namespace):
@@ -100,7 +118,7 @@ def access_settings(args: argparse.Namespace):
     per_client = args.sessions_per_client
     # exposed (a key, or a public bind address): no one address takes every slot. Behind a
     # reverse proxy on loopback the address is the proxy's unless it sends X-Forwarded-For
-    # (uvicorn trusts it from 127.0.0.1), see README "Running it exposed"
+    # (uvicorn trusts it from 127.0.0.1), see README "Serving other people"
     if per_client is None and (args.auth or not is_loopback(args.host)):
         per_client = max(1, args.max_sessions // 2)
     if per_client is not None and per_client < 1:
@@ -127,27 +145,34 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from worldstream.app.server import create_app
+    from worldstream.app.startup import startup_line
     from worldstream.engine.core.engine import Engine
-    from worldstream.engine.core.registry import BackendUnavailableError, load_backend
+    from worldstream.engine.core.registry import (
+        BackendUnavailableError,
+        backend_id,
+        load_backend,
+    )
     from worldstream.streaming.limits import Limits
     from worldstream.streaming.webrtc import bind_media, configure_ice_consent
 
-    if args.world == "avatar":
-        if args.model not in ("builtin", "sim"):
-            raise ValueError(f"--world avatar has models builtin and sim, got {args.model!r}")
-        if args.replicas is not None:
-            raise ValueError("--world avatar runs in one process (no --replicas)")
-        args.model = {"builtin": "avatar", "sim": "avatar-sim"}[args.model]
-    kwargs = {"model_path": args.model_path, "checkpoint": args.checkpoint}
-    if args.model in ("builtin", "avatar"):
-        # compiled at start-up: up to 1.2x the frame rate here (BuiltinConfig.compile)
-        kwargs["compile"] = not args.no_compile
+    if settings_cli.wants_help(args):
+        return settings_cli.print_builtin_settings(args.world, args.model_path)
+    name = backend_id(args.world, args.model)
+    if args.world == "avatar" and args.replicas is not None:
+        raise ValueError("--world avatar runs in one process (no --replicas)")
+    kwargs = {"model_path": args.model_path}
+    if args.model == "builtin":
+        # compiled at start-up (BuiltinConfig.compile); --set compile=false skips it
+        kwargs.update({"compile": True, **settings_cli.builtin_overrides(args)})
+    elif args.sets:
+        raise ValueError(f"--set takes the builtin model's settings; --model {args.model} has "
+                         "none")
     policy, per_client = access_settings(args)
     if args.replicas is not None:
-        engine = _ray_engine(args, kwargs)
+        engine = _ray_engine(args, name, kwargs)
     else:
         try:
-            backend = load_backend(args.model, **kwargs)
+            backend = load_backend(name, **kwargs)
         except BackendUnavailableError as err:
             raise FileNotFoundError(
                 f"{err}\nto play without the trained model, stream the ground-truth "
@@ -157,14 +182,17 @@ def run(args: argparse.Namespace) -> int:
         from worldstream.engine.models.builtin.text import scene_for_prompt
 
         scene_for_prompt("warm-up")
-        engine = Engine(backend, play_config(args.max_sessions, args.mode)).start()
+        config = play_config(args.max_sessions, args.mode)
+        print(startup_line(args.world, args.model, backend, config), flush=True)
+        engine = Engine(backend, config).start()
     bind_media(args.host)  # media sockets where the page is served, not on every interface
     configure_ice_consent()  # a crashed tab's session is noticed in seconds, not half a minute
     try:
         # with replicas, each admits --max-sessions: the front end admits them all
         app = create_app(engine, Limits(max_sessions=engine.capacity,
                                         sessions_per_client=per_client), access=policy)
-        print(f"worldstream: serving {args.model!r} on http://{args.host}:{args.port}", flush=True)
+        print(f"worldstream: serving {args.world} with {args.model!r} on "
+              f"http://{args.host}:{args.port}", flush=True)
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     finally:
         engine.stop()

@@ -78,14 +78,15 @@ def run_replay(args) -> int:
     if not path.is_file():
         raise FileNotFoundError(f"input log not found: {path}")
     log = parse_log(path.read_bytes(), str(path))
-    if args.model not in (None, log.model):
-        raise ValueError(f"the log was recorded with model {log.model!r}, not {args.model!r}")
+    if args.backend not in (None, log.model):
+        raise ValueError(f"the log was recorded with model {log.model!r}, not "
+                         f"{args.backend!r}")
     savepoint = None
     if args.state is not None:
         if not Path(args.state).is_file():
             raise FileNotFoundError(f"save point not found: {args.state}")
         savepoint = Path(args.state).read_bytes()
-    backend = load_backend(log.model, model_path=args.model_path, checkpoint=args.checkpoint)
+    backend = load_backend(log.model, model_path=args.model_path, **_settings(log.model, args))
     result = _play(backend, log, args.out, savepoint)
     print(json.dumps(result))
     return 0
@@ -102,8 +103,10 @@ def run_story(args) -> int:
     if not path.is_file():
         raise FileNotFoundError(f"storyboard not found: {path}")
     story = parse_story(path.read_bytes(), str(path))
-    backend = load_backend(args.model or "builtin", model_path=args.model_path,
-                           checkpoint=args.checkpoint)
+    from worldstream.engine.core.registry import backend_id
+
+    name = args.backend or backend_id(args.world, "builtin")
+    backend = load_backend(name, model_path=args.model_path, **_settings(name, args))
     log = story_log(story, model=backend.name, model_version=model_version(backend),
                     fps=args.fps, chunk_frames=backend.chunk_frames, steps=args.steps)
     out = Path(args.out)
@@ -117,6 +120,11 @@ def run_story(args) -> int:
         result["scene_accuracy"] = score_story(story, np.concatenate(frames), args.fps)
     print(json.dumps(result))
     return 0
+
+
+def _settings(name: str, args) -> dict:
+    """``--set`` settings for a built-in model's backend (others take none)."""
+    return args.settings if name in ("builtin", "avatar") else {}
 
 
 def score_story(story, frames: np.ndarray, fps: int) -> list[dict[str, Any]]:

@@ -1,4 +1,4 @@
-"""HTTP routes of a session's world (issue 15): its input log, save points (download and
+"""HTTP routes of a session's world: its input log, save points (download and
 load), a start from a picture, a storyboard played live. Contract:
 ``streaming/PROTOCOL_EXTENSIONS.md`` ("Stories, save points and replays").
 

@@ -1,5 +1,5 @@
-"""``python -m bench soak --adversarial``: a normal session beside the adversarial clients of
-issue 12, on a ``worldstream play`` server in a process of its own.
+"""``python -m bench soak --adversarial``: a normal session beside adversarial clients, on a
+``worldstream play`` server in a process of its own.
 
 Phases (``--seconds`` each, the normal client a headless WebRTC client in its own process, as
 in ``bench e2e``):
@@ -154,7 +154,8 @@ def _flood_main(url: str, kind: str, seconds: float) -> dict:
 
 def normal_session(url: str, seconds: float, seed: int) -> dict:
     """The normal client's fps and action-to-photon over ``seconds`` (``bench e2e``)."""
-    from worldstream.bench.e2e import analyse_log, random_script, run_client_process
+    from worldstream.bench.e2e_analysis import analyse_log
+    from worldstream.bench.e2e_client import random_script, run_client_process
 
     log, created = run_client_process(url, random_script(seconds, seed), seconds=seconds,
                                       fps=None, prompt="a green meadow with ponds", seed=seed)

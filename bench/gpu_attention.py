@@ -113,9 +113,8 @@ def _run_case(case: Case, args, dtype, device) -> list[dict]:
     for backend in ("triton", "flex", "reference"):
         if backend in args.backends and backend in available_backends(device):
             # NOTE: the engine checks and lays out a chunk's page lists once and runs every
-            # layer on that plan, so the two are timed apart (the first H200 run timed them
-            # together, and every backend's sparse cases sat at the same ~8 ms: a floor they
-            # share, not their kernels; see kernels/README.md)
+            # layer on that plan, so the two are timed apart (timed together, the planning
+            # floor hides the kernels' differences)
             def plan(b=backend):
                 return plan_paged_attention(
                     block_ptr, block_idx, num_pages=num_pages, page_size=ps_alloc,

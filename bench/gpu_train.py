@@ -9,12 +9,14 @@ not typing. Two modes:
 * from scratch (the default): the autoencoder, then the world model; the time limit is split
   between them by ``--ae-share``;
 * a fine-tune: every argument after ``--`` goes to ``worldstream train-world`` as given, and
-  when it holds ``--init-from`` the world's shipped autoencoder is kept (its latents are the
-  ones the model was trained on) and the whole time limit goes to the world model.
+  when it sets ``init_from`` (``--preset`` of a fine-tune, or ``--set init_from=DIR``) the
+  world's shipped autoencoder is kept (its latents are the ones the model was trained on) and
+  the whole time limit goes to the world model.
 
     python -m bench gpu_train --write-text-table T.npz --world avatar   # where the text model is
     python -m bench gpu_train --world avatar --text-table T.npz --workers 12 --minutes 4 \\
-        --out DIR -- --init-from assets/avatar/transformer --depth 4 --batch 64 --steps 100000
+        --out DIR -- --preset avatar-v2.7 --set init_from=assets/avatar/transformer \\
+        --set batch=64 --set steps=100000
 
 A GPU machine that carries only the repository lacks the text model (an 88 MB package), so the
 world's prompt embeddings travel as a table (``--write-text-table`` here, ``--text-table``
@@ -70,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     data = args.data or spec.data
     spec.ensure_dataset(data, workers=args.workers)
     runs = args.out / "runs"
-    fine_tune = "--init-from" in args.world_args
+    fine_tune = _is_fine_tune(args.world_args)
     world_cmd = ["train-world", "--world", args.world, "--data", str(data),
                  "--run-dir", str(runs / "world"), "--out", str(args.out / "transformer")]
     if fine_tune:
@@ -81,10 +83,10 @@ def main(argv: list[str] | None = None) -> int:
             return 0  # the latents depend on the autoencoder still to be trained
         ae_cmd = ["train-ae", "--world", args.world, "--data", str(data),
                   "--run-dir", str(runs / "ae"), "--out", str(args.out / "vae"),
-                  "--steps", str(args.ae_steps), "--batch", str(args.batch)]
+                  "--set", f"steps={args.ae_steps}", "--set", f"batch={args.batch}"]
         _check(cli(ae_cmd + ["--max-minutes", str(args.minutes * args.ae_share)]))
-        world_cmd += ["--vae", str(args.out / "vae"), "--steps", str(args.world_steps),
-                      "--batch", str(args.batch), *args.world_args]
+        world_cmd += ["--vae", str(args.out / "vae"), "--set", f"steps={args.world_steps}",
+                      "--set", f"batch={args.batch}", *args.world_args]
     if args.prepare_only:
         # NOTE: a zero time limit stops train-world before its first step, after the data is
         # encoded and cached in the run folder; the run then resumes at step 0 as if fresh
@@ -95,6 +97,20 @@ def main(argv: list[str] | None = None) -> int:
     _check(cli(world_cmd + ["--max-minutes", str(max(left, 0.5))]))
     print(json.dumps({"out": str(args.out), "wall_min": _minutes(t0)}))
     return 0
+
+
+def _is_fine_tune(world_args: list[str]) -> bool:
+    """Whether train-world's arguments start from trained weights (``init_from`` set by the
+    preset or by ``--set``)."""
+    from worldstream.engine.training.config import PRESETS
+
+    preset = None
+    for flag, value in zip(world_args, world_args[1:]):
+        if flag == "--preset":
+            preset = value
+        if flag == "--set" and value.startswith("init_from="):
+            return value.split("=", 1)[1].lower() not in ("", "none", "null")
+    return preset in PRESETS and PRESETS[preset].init_from is not None
 
 
 def _check(code: int) -> None:

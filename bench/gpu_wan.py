@@ -13,8 +13,8 @@ encoder is replaced by random 512 x 4096 states (it runs once per prompt, not pe
 A warm-up stream first (kernel compilation, allocator), then a fresh stream: printed are time
 to first frame (first chunk of the fresh stream, denoise + fill + decode), fps over the
 following chunks, per-stage median ms, the cost of a chunk right after a prompt switch (window
-recache), peak memory and the attention backend. Field figures on one H100: Self-Forcing
-17 FPS, 0.69 s to first frame; LongLive 20.7 FPS.
+recache), peak memory and the attention backend, beside Self-Forcing's and LongLive's
+published H100 figures.
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 
 * :func:`load_models` — the shipped weights when present, else a random model of the shipped
   architecture (speed does not depend on weight values; every report says which it used).
-* :func:`make_generator` — a :class:`engine.backends.builtin.BuiltinBackend` with its own copies of
-the
-  weights (the generator casts them in place), for any chunk size and streaming setting.
+* :func:`make_generator` — a :class:`engine.backends.builtin.BuiltinBackend` with its own
+  copies of the weights (the backend casts them in place), for any chunk size and streaming
+  setting.
 * :func:`time_stream` — steady-state per-chunk wall time of B states generated together.
 * :func:`naive_recompute_ms` — the no-KV-cache baseline: every denoising step re-runs the whole
   context window plus the chunk through the dense block-causal forward.

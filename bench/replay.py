@@ -1,4 +1,4 @@
-"""``python -m bench replay``: exact replay of a live session (issue 15).
+"""``python -m bench replay``: exact replay of a live session.
 
 A session is steered live through the engine for ``--seconds`` at its real-time pace: a key
 change every 2 s, three prompt switches (at 1/4, 1/2 and 3/4 of the run, one a blend), a fork

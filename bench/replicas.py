@@ -245,9 +245,9 @@ def failover(model: str, seconds: float) -> dict:
     import asyncio
 
     from worldstream.app.cmd_play import play_config
-    from worldstream.bench.e2e import _Server
+    from worldstream.bench.e2e_server import LocalServer
     from worldstream.engine.cluster.router import RayEngine
 
     with RayEngine(model, replicas=2, config=play_config(max_sessions=4)) as engine, \
-            _Server(engine) as server:
+            LocalServer(engine) as server:
         return asyncio.run(_failover_client(server.url, engine, seconds))

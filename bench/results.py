@@ -48,6 +48,35 @@ def load_latest(suite: str, root: Path | None = None) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
+def load_runs(suite: str, root: Path | None = None) -> list[dict]:
+    """Every saved run of ``suite``, oldest first: ``history/*.json``, or the latest
+    ``result.json`` alone when no history was kept; [] when the suite never ran."""
+    folder = (root or RESULTS_DIR) / suite
+    paths = sorted((folder / "history").glob("*.json")) if (folder / "history").is_dir() else []
+    if not paths and (folder / "result.json").is_file():
+        paths = [folder / "result.json"]
+    return [json.loads(p.read_text()) for p in paths]
+
+
+def history_row(payload: dict) -> dict | None:
+    """One row of the benchmark history (the keys of ``bench/history.json``) from a saved
+    ``quick`` or ``e2e`` run; None for other suites or a run without its figures."""
+    hw, settings = payload.get("hardware", {}), payload.get("settings", {})
+    row = {"date": payload.get("date", "?"), "cpu": hw.get("gpu") or hw.get("cpu_model", "?"),
+           "command": payload.get("command", "?"), "world": settings.get("world", "landscape"),
+           "model": settings.get("backend") or settings.get("model") or "builtin",
+           "steps": settings.get("steps"),
+           "note": f"saved run, load avg {fmt(hw.get('load_avg_1m'), 1)}"}
+    if payload.get("suite") == "quick" and payload.get("fps") is not None:
+        return {**row, "fps": payload["fps"], "p50_ms": payload.get("action_to_frame_ms_p50"),
+                "p95_ms": payload.get("action_to_frame_ms_p95"), "latency": "action-to-frame"}
+    if payload.get("suite") == "e2e" and "e2e" in payload:
+        lat = payload["e2e"]["action_to_photon_ms"]
+        return {**row, "fps": payload["e2e"]["fps"], "p50_ms": lat.get("p50"),
+                "p95_ms": lat.get("p95"), "latency": "action-to-photon"}
+    return None
+
+
 def fmt(value, digits: int = 1) -> str:
     """A table cell: numbers rounded, None as an em dash, booleans as yes/no."""
     if value is None:

@@ -9,7 +9,7 @@ first, see :func:`bench.stats.relative_growth`) or the per-interval p50 latency 
 (:func:`bench.stats.trend`: Kendall tau significant and a Theil-Sen rise > 10% of the median).
 
 ``python -m bench soak --adversarial``: a normal session's fps and latency beside the
-adversarial clients of issue 12 instead (:mod:`bench.adversarial`).
+adversarial clients instead (:mod:`bench.adversarial`).
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ def _has_triton() -> bool:
 
 @functools.cache
 def _has_cxx() -> bool:
-    # NOTE: cached: a PATH search per attention call was 0.2 ms of a ~1 ms call
+    # NOTE: cached: a PATH search per attention call costs a noticeable share of the call
     return bool(shutil.which("c++") or shutil.which("g++"))
 
 
@@ -50,7 +50,7 @@ def available_backends(device: torch.device | str | None = None) -> list[str]:
 
     ``reference`` always; ``flex`` when FlexAttention exists (on CPU it also needs a C++
     compiler for inductor); ``triton`` on CUDA with triton installed, or on CPU only when
-    ``TRITON_INTERPRET=1`` was set before import (a correctness mode, ~30x slower).
+    ``TRITON_INTERPRET=1`` was set before import (a correctness mode, far slower).
     """
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -66,12 +66,10 @@ def available_backends(device: torch.device | str | None = None) -> list[str]:
 def resolve_backend(backend: str, device: torch.device) -> str:
     """Name of the backend ``backend`` stands for on ``device``.
 
-    ``auto`` reads ``WORLDSTREAM_ATTENTION`` first; otherwise ``reference`` on every device,
-    measured the fastest at the engine's shapes on both kinds of machine it has run on: the
-    2-core dev CPU (as fast as or faster than compiled flex with sparse page lists, no compile
-    on first call) and one H200 (the Wan-1.3B stream at 16.3 fps against 14.4 with the Triton
-    kernel, which is not tuned for Hopper yet); see kernels/README.md. Raises ``ValueError``
-    for an unknown or unavailable name.
+    ``auto`` reads ``WORLDSTREAM_ATTENTION`` first; otherwise ``reference`` on every device:
+    the fastest at the engine's shapes on the CPUs and GPUs it has run on, with no compile on
+    first call (kernels/README.md). Raises ``ValueError`` for an unknown or unavailable
+    name.
     """
     if backend == "auto":
         forced = os.environ.get(ENV_VAR, "").strip()

@@ -9,7 +9,7 @@ mask evaluated); partly filled ones are "partial" blocks whose ``mask_mod`` hide
 Compilation: ``torch.compile(dynamic=False)`` of the whole mask-build + attention function,
 created once per process. It recompiles per distinct (head_dim, dtype, q_block_size,
 page_size, pool size, padded row count); rows are padded to a power of two so a changing
-batch size costs at most log2 recompiles. A compile takes ~15 s on the 2-core dev CPU.
+batch size costs at most log2 recompiles; each compile is slow on a CPU.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ class Limits:
     latency lab (``streaming.framelog``). Message size and prompt length are schema limits
     (``streaming.messages``).
 
-    Resources a client can hold (issue 12): ``detached_grace_s``: a session with no open
+    Resources a client can hold: ``detached_grace_s``: a session with no open
     transport (never connected, or its tab crashed without a DELETE) is paused at once and
     closed after this long. ``recording_keep_s``: a closed session's recording stays
     downloadable this long. ``peer_connections_per_session``: WebRTC peer connections a session

@@ -82,8 +82,8 @@ def bind_media(host: str | None) -> None:
 def configure_ice_consent(interval_s: float = 2.0, failures: int = 3) -> None:
     """Notice a vanished peer sooner: aioice checks ICE consent (RFC 7675) every
     ``CONSENT_INTERVAL`` (5 s) and fails the connection after ``CONSENT_FAILURES`` (6) misses,
-    so a crashed tab (no DTLS close) was noticed only after ~30 s, and its session held its
-    place (issue 12). Module constants, read at each check: process-wide, like
+    so a crashed tab (no DTLS close) would hold its session's place for half a minute. Module
+    constants, read at each check: process-wide, like
     :func:`configure_vp8_bitrate`. With the defaults here: ~6 s."""
     aioice_ice.CONSENT_INTERVAL = interval_s
     aioice_ice.CONSENT_FAILURES = failures
@@ -154,8 +154,8 @@ class WebRTCTransport:
     """Answers offers and owns the peer connections. ``ice_servers``: none by default (the
     playground serves loopback/LAN; aiortc would otherwise contact a public STUN server).
 
-    Bounded per session (issue 12: offers whose peer never connects held ~2 UDP sockets each
-    for 60-90 s, until the process ran out of descriptors): at most
+    Bounded per session (offers whose peer never connects hold UDP sockets, until the process
+    runs out of descriptors): at most
     ``limits.peer_connections_per_session`` pending or connected peer connections, one not
     connected within ``limits.offer_connect_timeout_s`` is closed, and an offer replaying the
     ICE credentials of a live one is refused. A connected peer attaches its session

@@ -7,6 +7,16 @@ import numpy as np
 import pytest
 
 from worldstream.engine.evaluation import avatar as A
+from worldstream.engine.evaluation.avatar_drift import LATE, REGIONS, identity_ratio
+from worldstream.engine.evaluation.avatar_episodes import (
+    EXPRESSION_HOLD,
+    TURN_HOLD,
+    TURN_WINDOW,
+    scripted_actions,
+    scripted_episode,
+    teacher_forced_turns,
+)
+from worldstream.engine.evaluation.avatar_readers import TurnTemplates
 from worldstream.engine.worlds.actions import IDLE, direction_to_action
 from worldstream.engine.worlds.avatar.actions import decode_action
 
@@ -30,7 +40,7 @@ def test_expression_and_turn_hits_count_the_windows_by_hand():
     assert len(hits) == 20 and sum(hits) == 15
     right_up = direction_to_action(1, -1)
     read["direction"][60:] = right_up
-    read["direction"][62] = A.TurnTemplates.UNREADABLE  # a frame nobody can read: a miss
+    read["direction"][62] = TurnTemplates.UNREADABLE  # a frame nobody can read: a miss
     # key at 48 (right-up): window 58..63, hits from 60 but 62 = 3 of 6; key at 0: all 6
     hits = A.turn_hits(read, [(48, right_up), (0, IDLE)])
     assert hits == [False, False, True, True, False, True] + [True] * 6
@@ -41,7 +51,7 @@ def test_turn_templates_read_the_simulators_heads_and_refuse_broken_ones():
     from worldstream.engine.worlds.avatar.simulator import AvatarSimulator
 
     seed, look = 900_650, "beach"
-    turns = A.TurnTemplates(seed, look)
+    turns = TurnTemplates(seed, look)
     heads = {}
     for d in (direction_to_action(-1, 0), direction_to_action(1, 1), IDLE):
         sim = AvatarSimulator(seed, look)
@@ -58,8 +68,8 @@ def test_turn_templates_read_the_simulators_heads_and_refuse_broken_ones():
     perm = np.random.default_rng(0).permutation(len(rows))
     for r, src in zip(rows, perm):
         blocks[:, r] = left[:, rows[src]]
-    assert (turns.read(ghost) == A.TurnTemplates.UNREADABLE).all()
-    assert (turns.read(blocks) == A.TurnTemplates.UNREADABLE).all()
+    assert (turns.read(ghost) == TurnTemplates.UNREADABLE).all()
+    assert (turns.read(blocks) == TurnTemplates.UNREADABLE).all()
 
 
 def test_the_strict_turn_reading_passes_the_simulator_and_refuses_a_head_at_rest_ghosted_over():
@@ -69,8 +79,8 @@ def test_the_strict_turn_reading_passes_the_simulator_and_refuses_a_head_at_rest
     full_ok = strict_ok = 0
     for i, look in enumerate(("office", "beach", "forest")):
         seed = 900_600 + i
-        sep = A.scripted_episode(seed, look)
-        frames, turns = sep.episode.frames, A.TurnTemplates(seed, look)
+        sep = scripted_episode(seed, look)
+        frames, turns = sep.episode.frames, TurnTemplates(seed, look)
         rest = frames[sep.turn_keys[0][0] - 1].astype(np.float32)
         for f, d in sep.turn_keys:
             window = frames[f + 10 : f + 16]
@@ -84,22 +94,22 @@ def test_the_strict_turn_reading_passes_the_simulator_and_refuses_a_head_at_rest
 
 
 def test_identity_ratio_picks_the_feature_farthest_from_one():
-    feats = np.ones((1500, 2 + 3 * len(A.REGIONS))) * 100.0
-    feats[A.LATE, 5] = 80.0  # one colour down 20 %
-    feats[A.LATE, 7] = 110.0  # another up 10 %
-    assert A.identity_ratio(feats) == pytest.approx(0.8)
+    feats = np.ones((1500, 2 + 3 * len(REGIONS))) * 100.0
+    feats[LATE, 5] = 80.0  # one colour down 20 %
+    feats[LATE, 7] = 110.0  # another up 10 %
+    assert identity_ratio(feats) == pytest.approx(0.8)
 
 
 def test_scripted_segments_hold_what_they_say():
     rng = np.random.default_rng(1)
-    actions, expression_keys, turn_keys, speech = A.scripted_actions(rng)
+    actions, expression_keys, turn_keys, speech = scripted_actions(rng)
     assert sorted(e for _, e in expression_keys) == [0, 1, 2, 3, 4]
     assert sorted(d for _, d in turn_keys) == list(range(9))
     for f, e in expression_keys:
-        held = {decode_action(a) for a in actions[f : f + A.EXPRESSION_HOLD]}
+        held = {decode_action(a) for a in actions[f : f + EXPRESSION_HOLD]}
         assert held == {(IDLE, e, 0)}
     for f, d in turn_keys:
-        assert {decode_action(a) for a in actions[f : f + A.TURN_HOLD]} == {(d, 0, 0)}
+        assert {decode_action(a) for a in actions[f : f + TURN_HOLD]} == {(d, 0, 0)}
     spoken = [decode_action(a) for a in actions[speech.start : speech.stop]]
     assert {(d, e) for d, e, _ in spoken} == {(IDLE, 0)}
     assert len({v for _, _, v in spoken}) > 3 and speech.stop == len(actions)
@@ -116,8 +126,8 @@ def test_teacher_forced_turns_generate_each_window_frame_from_the_true_frames_be
     from tests.test_avatar_model import tiny_avatar_backend
     from worldstream.engine.core.backend import ChunkResult
 
-    gen = tiny_avatar_backend().gen
-    sep = A.scripted_episode(900_601, "beach")
+    gen = tiny_avatar_backend().builtin
+    sep = scripted_episode(900_601, "beach")
     asked = []
 
     def true_frame(jobs):
@@ -126,12 +136,12 @@ def test_teacher_forced_turns_generate_each_window_frame_from_the_true_frames_be
         return [ChunkResult(sep.episode.frames[job.state.position][None])]
 
     monkeypatch.setattr(gen, "generate", true_frame)
-    out = A.teacher_forced_turns(gen, sep, 2, 900_601)
-    a, b = A.TURN_WINDOW
+    out = teacher_forced_turns(gen, sep, 2, 900_601)
+    a, b = TURN_WINDOW
     want = sorted(f + k for f, _ in sep.turn_keys for k in range(a, b))
     assert asked == want and len(out) == want[-1] + 1
     np.testing.assert_array_equal(out, sep.episode.frames[: len(out)])
-    read = A.TurnTemplates(900_601, "beach").read(out)
+    read = TurnTemplates(900_601, "beach").read(out)
     assert all(A.turn_hits({"direction": read}, sep.turn_keys))
 
 
@@ -139,7 +149,7 @@ def test_ghost_share_reads_how_much_of_the_head_at_rest_is_blended_over_the_turn
     """Hand-worked: the simulator's frames read 0; the same frames with a share ``a`` of the
     picture at rest blended over them read ``a`` (to rounding); an error unrelated to the head
     at rest (a constant tint) reads near 0; pooled sums weigh episodes by their turns."""
-    sep = A.scripted_episode(900_601, "beach")
+    sep = scripted_episode(900_601, "beach")
     frames, rest = sep.episode.frames, sep.episode.frames[0]
     num, den = A.ghost_sums(frames, frames, rest, sep.turn_keys)
     assert num == 0 and den > 0

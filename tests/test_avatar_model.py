@@ -63,8 +63,8 @@ def test_model_backend_starts_from_the_look_and_steers_with_controls(monkeypatch
                                   AvatarSimulator(3, "forest").step(IDLE)[None])
     backend.apply_controls(state, expression="frown", say="ab")  # AA x3, MBP x2, rest x6
     sent = []
-    real = backend.gen.generate
-    monkeypatch.setattr(backend.gen, "generate", lambda jobs: sent.append(jobs) or real(jobs))
+    real = backend.builtin.generate
+    monkeypatch.setattr(backend.builtin, "generate", lambda jobs: sent.append(jobs) or real(jobs))
     for _ in range(4):
         (res,) = backend.generate([ChunkJob(state, [RIGHT], 2)])
         assert res.error is None and res.frames.shape == (1, 128, 128, 3)
@@ -78,7 +78,7 @@ def test_model_backend_starts_from_the_look_and_steers_with_controls(monkeypatch
     assert res.error is not None and len(state.controls.speech) == 9
     backend.free(state)
     backend.finish()
-    assert backend.gen.allocator.num_free() == backend.gen.allocator.num_pages
+    assert backend.builtin.allocator.num_free() == backend.builtin.allocator.num_pages
 
 
 def _frames(slot, n):
@@ -125,10 +125,11 @@ def test_still_camera_encodes_its_memory_picture_once(monkeypatch):
     cached, fresh = tiny_avatar_backend(), tiny_avatar_backend()
     states = [b.new_state("city", 5) for b in (cached, fresh)]
     calls = []
-    encode = cached.gen.encode_frames
-    monkeypatch.setattr(cached.gen, "encode_frames", lambda x: calls.append(len(x)) or encode(x))
+    encode = cached.builtin.encode_frames
+    monkeypatch.setattr(cached.builtin, "encode_frames",
+                        lambda x: calls.append(len(x)) or encode(x))
     for _ in range(4):
-        fresh.gen._base_cache.clear()  # the reference encodes and decodes every base anew
+        fresh.builtin._base_cache.clear()  # the reference encodes and decodes every base anew
         got = [b.generate([ChunkJob(s, [RIGHT], 2, seed=7)])[0].frames
                for b, s in zip((cached, fresh), states)]
         np.testing.assert_array_equal(got[0], got[1])
@@ -141,7 +142,7 @@ def test_shipped_model_shows_the_expression_held_and_opens_the_mouth_to_speak():
     # content over many frames, read by the evaluation's simulator templates and probe-free
     # measures (independent of the model): the shipped weights must follow the controls
     from worldstream.engine.backends.avatar import load_avatar_backend
-    from worldstream.engine.evaluation.avatar import ExpressionTemplates
+    from worldstream.engine.evaluation.avatar_readers import ExpressionTemplates
     from worldstream.engine.worlds.avatar.actions import EXPRESSIONS, SPEECH_FPS, expression_index
     from worldstream.engine.worlds.avatar.visemes import VISEME_OPEN, text_to_visemes
 
@@ -181,7 +182,7 @@ def test_shipped_model_switches_look_as_a_stream_of_that_look_starts():
     started the new character from its first frame, the model restyled the old one into a
     patchwork 50 levels (mean absolute) from the new look."""
     from worldstream.engine.backends.avatar import load_avatar_backend
-    from worldstream.engine.evaluation.avatar import ExpressionTemplates
+    from worldstream.engine.evaluation.avatar_readers import ExpressionTemplates
     from worldstream.engine.worlds.avatar.actions import expression_index
 
     seed = 900_604

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worldstream.bench import analyse, e2e, report, results, soak
+from worldstream.bench import analyse, e2e_analysis, e2e_client, report, results, soak
 from worldstream.bench.stats import match_actions, relative_growth, summarize, trend
 from worldstream.bench.streams import SessionRun
 
@@ -140,17 +140,17 @@ def test_rtp_offset_and_jitter():
     # packet received, and frame 0 was lost: 4500 arrives as 0
     sent = [0, 4500, 13500, 18000]
     received = [0, 9000, 13500]
-    c = e2e.rtp_offset(received, sent)
-    assert [(p - c) % e2e.RTP_MOD for p in received] == [4500, 13500, 18000]
+    c = e2e_analysis.rtp_offset(received, sent)
+    assert [(p - c) % e2e_analysis.RTP_MOD for p in received] == [4500, 13500, 18000]
     # evenly paced and nothing lost: ambiguous shifts resolve to 0
-    assert e2e.rtp_offset([0, 4500, 9000], [0, 4500, 9000, 13500]) == 0
-    assert e2e.rtp_offset([], sent) is None
-    j = e2e.jitter_ms([0, 50, 100, 150, 200], fps=20)
+    assert e2e_analysis.rtp_offset([0, 4500, 9000], [0, 4500, 9000, 13500]) == 0
+    assert e2e_analysis.rtp_offset([], sent) is None
+    j = e2e_analysis.jitter_ms([0, 50, 100, 150, 200], fps=20)
     assert j == {"std_ms": 0.0, "p95_abs_dev_ms": 0.0}
 
 
 def test_analyse_log_hand_worked():
-    log = e2e.ClientLog()
+    log = e2e_client.ClientLog()
     # frames every 50 ms (fps 20); frame k has rtp 4500 k; action 1 sent at 120 ms is in the
     # metadata of frames from index 3 on; frame 2 never arrives (dropped)
     for k in range(6):
@@ -161,19 +161,19 @@ def test_analyse_log_hand_worked():
         if k != 2:  # aiortc's encoder rounds some timestamps by a tick
             log.frames.append((4500 * k - (k == 4), 50.0 * k + 7))
     log.actions.append({"seq": 1, "t_ms": 120.0, "keys": ["up"]})
-    res = e2e.analyse_log(log, fps=20, warmup_s=0)
+    res = e2e_analysis.analyse_log(log, fps=20, warmup_s=0)
     assert res["action_to_photon_ms"]["p50"] == pytest.approx(157 - 120)
     assert res["dropped_frames"] == 1 and res["frames_generated"] == 6
     assert res["stages_ms"]["encode_transport"] == pytest.approx(7)
     assert res["stages_ms"]["server_queue"] == 5.0
-    export = e2e.to_export(log)
+    export = e2e_analysis.to_export(log)
     assert export == [{"action_seq": 1, "t_action_ms": 120.0, "keys": ["up"],
                        "t_photon_ms": 157.0, "frame_index": 3, "stages_ms": {"denoise": 10.0}}]
     assert analyse.load_export(export)[1] == export  # e2e writes the documented format
 
 
 def test_random_script_is_seeded_and_bounded():
-    a, b = e2e.random_script(10, seed=3), e2e.random_script(10, seed=3)
+    a, b = e2e_client.random_script(10, seed=3), e2e_client.random_script(10, seed=3)
     assert a == b and all(0 < s["t_s"] < 10 for s in a)
     gaps = np.diff([s["t_s"] for s in a])
     assert np.all((gaps >= 0.3 - 1e-3) & (gaps <= 1.0 + 1e-3))
@@ -341,9 +341,8 @@ def test_gpu_train_prepares_then_fine_tunes_on_the_cached_latents(tmp_path):
         record_shard(data / f"shard{k}", [10_000 + k], 6)
     record_shard(data / "ae_heldout", [900_000], 6)
     out = tmp_path / "out"
-    tune = ["--init-from", "assets/avatar/transformer", "--depth", "4", "--skip-source",
-            "warped", "--pose-path", "head_rig_fit", "--batch", "2", "--frames", "4",
-            "--steps", "2"]
+    tune = ["--preset", "avatar-v2.7", "--set", "init_from=assets/avatar/transformer",
+            "--set", "batch=2", "--set", "frames=4", "--set", "steps=2"]
     common = ["--world", "avatar", "--data", str(data), "--out", str(out)]
     assert gpu_train.main([*common, "--prepare-only", "--", *tune]) == 0
     run = out / "runs" / "world"

@@ -87,14 +87,29 @@ def test_the_fit_is_the_scene_mean_and_the_least_squares_slope():
         fit_colour_prior(seeds, length, far=length + 1, skip=skip, scenes=scenes)
 
 
-def test_the_command_writes_a_loadable_prior(tmp_path, capsys):
+def test_the_command_writes_a_loadable_prior(tmp_path, capsys, monkeypatch):
+    from worldstream.engine.training import colour_prior
+
+    # the shipped prior's walks (20 worlds x 3,000 frames) shrunk to one short walk per scene
+    for name, value in (("WORLDS", 1), ("LENGTH", 12), ("FAR", 4), ("SKIP", 6)):
+        monkeypatch.setattr(colour_prior, name, value)
     out = tmp_path / FILENAME
-    assert cli.main(["fit-colour-prior", "--worlds", "1", "--length", "12", "--far", "4",
-                     "--out", str(out)]) == 0
+    assert cli.main(["fit-colour-prior", "--out", str(out)]) == 0
     prior = ColourPrior.load(out)
     assert set(prior.scene_means) == {"meadow", "desert", "snow", "night"}
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["out"] == str(out)
-    assert cli.main(["fit-colour-prior", "--worlds", "0", "--out", str(out)]) == 2
+    assert "seeds 0-0" in prior.source and "walks of 12 frames" in prior.source
+
+
+def test_the_constants_are_the_shipped_priors():
+    """The shipped prior was fitted with the module's constants (its recorded source)."""
+    from worldstream.engine.training import colour_prior
+
+    source = ColourPrior.load(BUILTIN_DIR / FILENAME).source
+    assert source == (f"fit_colour_prior: {colour_prior.WORLDS} training worlds per scene (seeds "
+                      f"0-{colour_prior.WORLDS - 1}), human-like walks of {colour_prior.LENGTH} "
+                      f"frames, far ground the last {colour_prior.FAR}, scene means from frame "
+                      f"{colour_prior.SKIP}")
 
 
 def test_the_shipped_prior_loads_with_the_model():

@@ -3,6 +3,14 @@
 import numpy as np
 import pytest
 
+from worldstream.engine.evaluation.drift import (
+    drift_metrics,
+    fragmentation_metrics,
+    frame_stats,
+    scene_palette,
+    segment_means,
+)
+from worldstream.engine.evaluation.episodes import record
 from worldstream.engine.evaluation.metrics import (
     OFF_PALETTE_LEVELS,
     SceneClassifier,
@@ -22,14 +30,8 @@ from worldstream.engine.evaluation.run import (
     LEFT,
     RIGHT,
     UP,
-    _frame_stats,
     action_hits,
-    drift_metrics,
-    fragmentation_metrics,
-    record,
     revisit_actions,
-    scene_palette,
-    segment_means,
     travel_actions,
 )
 from worldstream.engine.worlds import scenes
@@ -237,7 +239,7 @@ def test_drift_metrics_of_the_ground_truth_against_itself():
     runs = {"length": 240, "runs": []}
     for moving in (False, True):
         ep = record(31 + moving, 240, "meadow", actions=None if moving else [4] * 240)
-        stats = np.array([_frame_stats(f) for f in ep.frames])
+        stats = np.array([frame_stats(f) for f in ep.frames])
         runs["runs"].append({"scene": "meadow", "moving": moving, "model": stats, "sim": stats})
     out = drift_metrics(runs)
     assert out["rollout_sharpness_ratio"] == out["rollout_sharpness_ratio_max"] == 1.0
@@ -269,7 +271,7 @@ def test_luma_drifts_twin_is_the_rms_over_other_worlds_hand_worked():
 def test_off_palette_segments_hand_worked():
     """The worst 40-frame segment's mean fraction off the palette, its mean over the frames,
     the simulator's and the autoencoder's twins, over the moving runs."""
-    stats = np.array([_frame_stats(f) for f in record(35, 80, "desert").frames])
+    stats = np.array([frame_stats(f) for f in record(35, 80, "desert").frames])
     a = np.zeros(80)
     a[40:] = 0.5  # segments 0.0 and 0.5
     b = np.full(80, 0.1)
@@ -295,7 +297,7 @@ def test_rollout_segments_see_an_early_change_of_scene_that_the_end_does_not():
     world turned into a bright one for one segment, then back): the segments' max sharpness
     ratio and luma read it; the end of the rollout (luma_drift) and the min do not."""
     ep = record(33, 240, "night")
-    stats = np.array([_frame_stats(f) for f in ep.frames])
+    stats = np.array([frame_stats(f) for f in ep.frames])
     model = stats.copy()
     model[80:120, 0] *= 2.0
     model[80:120, 2] += 30.0

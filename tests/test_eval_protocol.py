@@ -5,16 +5,10 @@ import numpy as np
 
 from tests.test_generator import tiny_generator
 from worldstream.engine.core.backend import ChunkResult
+from worldstream.engine.evaluation.drift import drift_metrics, long_rollouts
+from worldstream.engine.evaluation.episodes import record, rollout, teacher_forced
 from worldstream.engine.evaluation.metrics import psnr
-from worldstream.engine.evaluation.run import (
-    action_hits,
-    drift_metrics,
-    long_rollouts,
-    record,
-    revisit,
-    rollout,
-    teacher_forced,
-)
+from worldstream.engine.evaluation.run import action_hits, revisit
 from worldstream.engine.worlds.simulator import WorldSimulator
 
 

@@ -6,15 +6,18 @@ import numpy as np
 import pytest
 import torch
 
-from worldstream.engine.backends.builtin import (
-    BuiltinBackend,
-    BuiltinConfig,
-    anchor_colour,
+from worldstream.engine.backends.builtin import BuiltinBackend, BuiltinConfig, compositing, guidance
+from worldstream.engine.backends.builtin import noise as noise_stage
+from worldstream.engine.backends.builtin import pages as pages_stage
+from worldstream.engine.backends.builtin.colour import anchor_colour
+from worldstream.engine.backends.builtin.compositing import (
     detail_gain,
     residual_weight,
     shading_detail,
     shrink_change,
 )
+from worldstream.engine.backends.builtin.pages import attended
+from worldstream.engine.backends.stages import replace_stage
 from worldstream.engine.core.backend import ChunkJob
 from worldstream.engine.models.builtin import attention
 from worldstream.engine.models.builtin.attention import DenseContext, expand_frame_mask
@@ -29,11 +32,9 @@ from worldstream.engine.worlds.simulator import ACCEL, FRICTION, WorldSimulator
 F = 2  # frames per chunk
 
 
-def tiny_generator(prev_frame: bool = False, pose_path: str | None = None,
-                   **cfg) -> BuiltinBackend:
+def tiny_generator(pose_path: str | None = None, **cfg) -> BuiltinBackend:
     torch.manual_seed(0)
-    model = WorldDiT(dim=64, depth=2, num_heads=2, chunk_frames=F,
-                     skip_source="previous" if prev_frame else None, pose_path=pose_path)
+    model = WorldDiT(dim=64, depth=2, num_heads=2, chunk_frames=F, pose_path=pose_path)
     # adaLN-Zero starts as the identity; randomise it so that every path matters
     with torch.no_grad():
         for p in model.parameters():
@@ -63,15 +64,13 @@ def exact_camera(camera) -> None:
 
 def seeded_noise(gen: BuiltinBackend, seed: int, record) -> torch.Tensor:
     """The initial noise ``(F, C, h, w)`` of a chunk generated with ``ChunkJob(seed=seed)``
-    whose frames' windows sit at ``record.origins`` at field times ``record.field_times``: the
-    seed's world field read at each window's latent pixel (``world_noise``), else one draw of
-    a generator seeded ``seed``."""
+    whose frames' windows sit at ``record.origins``: the seed's world field read at each
+    window's latent pixel (``world_noise``), else one draw of a generator seeded ``seed``."""
     mc = gen.model.config
     g, c = mc.latent_size, mc.latent_channels
     if not gen.config.world_noise:
         return torch.randn((F, c, g, g), generator=torch.Generator().manual_seed(seed))
-    return chunk_noise(seed, record.origins, record.field_times, gen.downsample, c, g,
-                       gen.config.world_noise_period, mc.noise_correlation, mc.noise_scale)
+    return chunk_noise(seed, record.origins, record.field_times, gen.downsample, c, g)
 
 
 def window_mask(num_chunks: int, window: int, sink: bool) -> torch.Tensor:
@@ -85,18 +84,18 @@ def window_mask(num_chunks: int, window: int, sink: bool) -> torch.Tensor:
 
 
 @pytest.mark.parametrize(
-    "window,sink,noise,world_noise,prev,pose",
-    [(2, False, False, True, False, None), (2, True, True, False, False, None),
-     (8, False, False, True, False, None), (2, True, False, False, True, "head"),
-     (2, False, True, True, True, None)],
+    "window,sink,noise,world_noise,pose",
+    [(2, False, False, True, None), (2, True, True, False, None),
+     (8, False, False, True, None), (2, True, False, False, "head_rig_fit"),
+     (2, False, True, True, None)],
 )
 def test_cached_generation_equals_dense_block_causal_forward(window, sink, noise, world_noise,
-                                                             prev, pose):
+                                                             pose):
     """The streaming path (paged KV cache, cache fill, spatial memory feeding every frame its
-    base; with ``prev_frame`` the frame before each chunk, with ``pose_path`` the rig's pose)
+    base; with ``pose_path`` the rig's pose)
     computes what one dense block-causal forward over the whole stream computes; the initial
     noise is the job seed's world field at each frame's window, or fresh noise."""
-    gen = tiny_generator(prev, pose, window_chunks=window, sink=sink,
+    gen = tiny_generator(pose, window_chunks=window, sink=sink,
                          memory_chunks=max(window, 3), ctx_noise=noise, world_noise=world_noise)
     state = gen.new_state("a green meadow", seed=3)
     rng = np.random.default_rng(0)
@@ -108,7 +107,7 @@ def test_cached_generation_equals_dense_block_causal_forward(window, sink, noise
     records = list(state.history)  # bounded: older chunks were evicted
     m = gen.model
     # the same stream with unbounded memory keeps every chunk's inputs for the reference
-    gen2 = tiny_generator(prev, pose, window_chunks=window, sink=sink, memory_chunks=16,
+    gen2 = tiny_generator(pose, window_chunks=window, sink=sink, memory_chunks=16,
                           ctx_noise=noise, world_noise=world_noise)
     st2 = gen2.new_state("a green meadow", seed=3)
     for n, act in enumerate(actions):
@@ -118,12 +117,6 @@ def test_cached_generation_equals_dense_block_causal_forward(window, sink, noise
     assert len(recs) == 7
     # memory is in play: after the start chunk every frame's base holds remembered ground
     assert all(r.known[:, 0].mean() > 0.5 for r in recs[1:])
-    if prev:  # every frame of a chunk is fed the last frame generated before it
-        for before, rec in zip(recs, recs[1:]):
-            want = before.latents[-1].expand_as(rec.skip)
-            tol = 2 * gen.config.ctx_sigma * 5 if noise else 1e-6  # noise: 0.05 · N(0, 1)
-            assert (rec.skip - want).abs().max() < tol
-            assert noise == (not torch.equal(rec.skip, want))
     if pose:  # the head eased toward each frame's held direction, a quarter of the gap
         yaw_pitch, want = np.zeros(2), []
         for a in [a for r in recs for a in r.actions]:
@@ -151,7 +144,7 @@ def test_cached_generation_equals_dense_block_causal_forward(window, sink, noise
                 text[:, :k],
                 torch.arange(k)[None],
                 DenseContext(mask[: k * 64, : k * 64]),
-                skip=torch.cat([r.skip for r in recs[: last + 1]])[None] if prev else None,
+                skip=None,
                 pose=(torch.as_tensor(np.concatenate([r.poses for r in recs[: last + 1]]),
                                       dtype=torch.float32)[None] if pose else None),
             )
@@ -228,7 +221,7 @@ def record_sigmas(gen: BuiltinBackend) -> list[float]:
     return sigmas
 
 
-def test_first_step_from_memory_is_a_first_prediction_of_the_memory_base():
+def test_first_step_from_memory_is_a_first_prediction_of_the_memory_base(monkeypatch):
     """``first_step_from_memory``: a 4-step chunk runs 3 forwards, none at σ = 1, and streams
     what the full schedule streams when the model's σ = 1 prediction is the chunk's memory
     base; a prompt switch's guided chunks run all 4 steps, and so do chunks whose view holds
@@ -237,18 +230,18 @@ def test_first_step_from_memory_is_a_first_prediction_of_the_memory_base():
     fast = tiny_generator(first_step_from_memory=4, guidance_chunks=2)
     full = tiny_generator(first_step_from_memory=None, guidance_chunks=2)
     sigmas = record_sigmas(fast)
-    denoise_forward = full._denoise_forward
+    guided_forward = guidance.guided_forward
 
     long_chunk = [True]  # the chunk being generated has >= 4 steps
 
-    def base_at_one(x, sigma, cond, ctx):  # outside guided chunks, nothing stale in view
+    def base_at_one(backend, x, sigma, cond, ctx):  # outside guided chunks, nothing stale
         known, guided = cond[2], cond[6]
-        if sigma == 1.0 and long_chunk[0] and not (bool(guided.any())
-                                                   or bool(known[:, :, 1].any())):
+        if backend is full and sigma == 1.0 and long_chunk[0] and not (
+                bool(guided.any()) or bool(known[:, :, 1].any())):
             return cond[0].to(x.dtype)
-        return denoise_forward(x, sigma, cond, ctx)
+        return guided_forward(backend, x, sigma, cond, ctx)
 
-    full._denoise_forward = base_at_one
+    monkeypatch.setattr(guidance, "guided_forward", base_at_one)
     states = [g.new_state("a green meadow", seed=3) for g in (fast, full)]
     rng = np.random.default_rng(1)
     for n, steps in enumerate([4, 4, 2, 4, 4, 4]):
@@ -394,7 +387,7 @@ def test_residual_gate_shows_the_decode_where_the_change_is_large():
             BuiltinConfig(residual_gate=bad)
 
 
-def test_window_pose_tolerance_leaves_out_frames_posed_elsewhere():
+def test_window_pose_tolerance_leaves_out_frames_posed_elsewhere(monkeypatch):
     """A rig-posed model: while the head rests every window frame is attended; the chunk after
     a turn key attends none of the frames before it (their head a quarter of a turn away and
     more); once the head has settled, all again. Before the key the frames equal a run
@@ -404,17 +397,15 @@ def test_window_pose_tolerance_leaves_out_frames_posed_elsewhere():
     actions = [[4] * F] * 3 + [[right] * F] * 12
     frames, seen = {}, []
     for tol in (None, 0.1):
-        gen = tiny_generator(pose_path="head", window_chunks=3, memory_chunks=4,
+        gen = tiny_generator(pose_path="head_rig_fit", window_chunks=3, memory_chunks=4,
                              window_pose_tolerance=tol)
-        attended = gen._attended
-
-        def spy(state, record, attended=attended, tol=tol):
-            pages = attended(state, record)
+        def spy(backend, state, record, tol=tol):
+            pages = attended(backend, state, record)
             if tol is not None:
                 seen.append((len(pages), len(state.table.attended_pages())))
             return pages
 
-        gen._attended = spy
+        monkeypatch.setattr(pages_stage, "attended", spy)
         state = gen.new_state("a green meadow", seed=3)
         frames[tol] = [gen.generate([ChunkJob(state, act, steps=1, seed=n)])[0].frames
                        for n, act in enumerate(actions)]
@@ -524,28 +515,6 @@ def _carried_detail(gen, memory, x0: int, y0: int):
     return read, under, picture.astype(np.int16)[read.refining] - under
 
 
-def test_decode_refining_shows_the_models_decode_on_new_ground_being_refined():
-    """Moving right on from generated ground: where a frame rewrites memory's not yet settled
-    pixels, ``decode_refining`` shows the decoded latents; everywhere else both settings show
-    the same frame (remembered pixels plus the model's change, or the decode on unknown
-    ground), from the same latents."""
-    runs = {}
-    for on in (False, True):
-        frames, gen, state, before = _onto_new_ground(decode_refining=on,
-                                                      refining_detail_shading=False)
-        rec = state.history[-1]
-        runs[on] = (frames, gen.decode_latents(rec.latents), rec.origins, before)
-    (plain, dec, origins, before), (shown, dec_on, origins_on, _) = runs[False], runs[True]
-    np.testing.assert_array_equal(origins, origins_on)
-    assert np.abs(dec.astype(int) - dec_on).max() <= 1  # the same latents (float noise)
-    for i, (x0, y0) in enumerate(origins):
-        refining = before.read(x0, y0, 128).refining
-        assert refining.sum() > 100  # new ground on its way in from the right border
-        np.testing.assert_array_equal(shown[i][refining], dec_on[i][refining])
-        assert np.abs(plain[i][refining].astype(int) - dec[i][refining]).mean() > 2
-        np.testing.assert_allclose(shown[i][~refining], plain[i][~refining], atol=1)
-
-
 def test_detail_gain_hand_worked():
     detail = np.array([[3, 0, -4], [0, 0, 0]])  # RMS sqrt(25 / 6)
     assert detail_gain(detail, reference=1.5, cap=2.0) == 1.0  # RMS 2.04 <= 3: no limit
@@ -649,9 +618,9 @@ def test_colour_anchor_corrects_generated_ground_by_the_running_mean_beyond_the_
     start frames' colour by its running mean — scaled down from above black, lifted below
     white — the running mean recomputed here from the frames without it; everything else
     alike."""
-    import worldstream.engine.backends.builtin as builtin
+    import worldstream.engine.backends.builtin.colour as colour
 
-    monkeypatch.setattr(builtin, "ANCHOR_DECAY", 0.5)  # a correction large enough to see
+    monkeypatch.setattr(colour, "ANCHOR_DECAY", 0.5)  # a correction large enough to see
     start = np.full((F, 128, 128, 3), level, np.uint8)
     tolerance = 3.0
     runs = {}
@@ -696,23 +665,23 @@ def test_a_prompt_switch_restarts_the_colour_anchor_at_its_first_generated_frame
     switch; after a rewind past the switch, that of the first frame generated after the
     rewind (the chunks kept were kept against the old reference). The generated ground of
     each frame is read from what the anchor was given."""
-    import worldstream.engine.backends.builtin as builtin
+    import worldstream.engine.backends.builtin.colour as colour
 
-    monkeypatch.setattr(builtin, "ANCHOR_DECAY", 1.0)
+    monkeypatch.setattr(colour, "ANCHOR_DECAY", 1.0)
     start = np.zeros((F, 128, 128, 3), np.uint8)
     sim = WorldSimulator(3, "snow")
     snow = np.stack([sim.step(IDLE) for _ in range(F)]).reshape(-1, 3).mean(axis=0)
     gen = tiny_generator(colour_anchor=1000.0)
     exact_camera(gen.model.camera)
     seen = []
-    spy = gen._anchor_colours
+    spy = compositing.anchor_colours
 
-    def anchor_colours(states, records, rgb, views):
+    def anchor_colours(backend, states, records, rgb, views):
         generated = (~views.current | views.refining) & ~gen._exclude
         seen.append(rgb[0][generated[0]].astype(np.float64).mean(axis=0))  # first frame
-        spy(states, records, rgb, views)
+        spy(backend, states, records, rgb, views)
 
-    monkeypatch.setattr(gen, "_anchor_colours", anchor_colours)
+    monkeypatch.setattr(compositing, "anchor_colours", anchor_colours)
     state = gen.new_state("a green meadow", seed=3, start_frames=start)
 
     def chunk(seed):
@@ -781,7 +750,7 @@ def test_spatial_pages_bring_back_the_overlapping_past():
     older = state.table.older_pages()
     recs = list(state.history)[: len(older) // F]
     origins = [o for r in recs for o in r.origins]
-    chosen = gen._spatial_pages(state, state.history[-1].origins)
+    chosen = pages_stage.spatial_pages(gen, state, state.history[-1].origins)
     assert len(chosen) == 2
     # independent check: the two pages with the largest overlap area with the current view
     area = [max(0, 128 - abs(int(o[0] - view[0]))) * max(0, 128 - abs(int(o[1] - view[1])))
@@ -1048,7 +1017,7 @@ def test_action_guidance_keeps_the_kept_factors_as_asked():
         attention_backend="reference", action_guidance=2.0, neutral_action=encode_action(),
         kept_factors=(0,)))
     asked = [encode_action(2, 3, 5), encode_action(7, 0, 0), encode_action(4, 1, 0)]
-    got = gen._neutral_actions(torch.tensor(asked)[:, None])[:, 0].tolist()
+    got = guidance.neutral_actions(gen, torch.tensor(asked)[:, None])[:, 0].tolist()
     assert [decode_action(a) for a in got] == [(2, 0, 0), (7, 0, 0), (4, 0, 0)]
     with pytest.raises(ValueError, match="kept_factors"):
         tiny_generator(action_guidance=2.0, neutral_action=4, kept_factors=(0,))
@@ -1228,11 +1197,11 @@ def test_world_noise_follows_the_ground_and_forks_read_the_same_world():
         exact_camera(gen.model.camera)
         log = seen[on] = []
 
-        def spy(job, st, rec, inner=gen._chunk_noise, log=log):
-            log.append((rec.origins.copy(), inner(job, st, rec)))
-            return log[-1][1]
+        def spy(backend, batch, log=log):
+            noise_stage.noise(backend, batch)
+            log.append((batch.records[0].origins.copy(), batch.noise[0]))
 
-        gen._chunk_noise = spy
+        gen.stages = replace_stage(gen.stages, "noise", spy)
         state = gen.new_state("a green meadow", seed=3)
         for acts in ([4] * F, [4] * F, [5] * F, [5] * F, [5] * F):
             (res,) = gen.generate([ChunkJob(state, acts, steps=1)])
@@ -1253,86 +1222,6 @@ def test_world_noise_follows_the_ground_and_forks_read_the_same_world():
     assert (n_r[-1] - n_a[0]).abs().mean() > 0.5  # and the noise did move with it
     torch.testing.assert_close(seen[True][5][1], seen[True][6][1], rtol=0, atol=0)  # fork
     assert (seen[False][0][1] - seen[False][1][1]).abs().mean() > 0.5  # fresh at rest too
-
-
-def test_a_model_trained_on_correlated_noise_streams_from_the_same_noise():
-    """``WorldDiT.config.noise_correlation``/``noise_scale`` set the stream's noise: the world
-    field partly low-passed (exactly ``chunk_noise`` with them), and fresh noise with the
-    hand-worked neighbour correlation ``c·exp(−1/4s²)``."""
-    c, s = 0.5, 1.0
-    gen = tiny_generator()
-    gen.model.register_to_config(noise_correlation=c, noise_scale=s)
-    seen = []
-
-    def spy(job, st, rec, inner=gen._chunk_noise):
-        seen.append((rec, inner(job, st, rec)))
-        return seen[-1][1]
-
-    gen._chunk_noise = spy
-    state = gen.new_state("a green meadow", seed=3)
-    (res,) = gen.generate([ChunkJob(state, [5] * F, steps=1)])
-    assert res.error is None
-    rec, noise = seen[0]
-    torch.testing.assert_close(noise, seeded_noise(gen, state.noise_seed, rec), rtol=0, atol=0)
-    white = chunk_noise(state.noise_seed, rec.origins, rec.field_times, gen.downsample,
-                        noise.shape[1], noise.shape[2])
-    assert (noise - white).abs().mean() > 0.2
-    fresh = torch.cat([gen._noise(torch.Generator().manual_seed(i)) for i in range(32)])
-    corr = np.corrcoef(fresh[..., 1:].flatten(), fresh[..., :-1].flatten())[0, 1]
-    assert abs(corr - c * np.exp(-1 / (4 * s * s))) < 0.04
-
-
-def test_world_noise_holds_at_short_rests_then_drifts_and_stands_still_while_moving():
-    """With a period, the field's time advances one step per frame only once the camera has
-    rested longer than the hold: a resting camera's noise is the fixed field for ``hold``
-    frames, then changes a little every frame (correlation ``cos(π/2T)``) and is new after
-    ``2T`` steps; while the camera moves, and over a pause shorter than the hold, it stays."""
-    period, hold = 8, 3
-    gen = tiny_generator(world_noise_period=period, world_noise_hold=hold)
-    exact_camera(gen.model.camera)
-    log = []
-
-    def spy(job, st, rec, inner=gen._chunk_noise):
-        log.append((rec.origins.copy(), rec.field_times.copy(), inner(job, st, rec)))
-        return log[-1][2]
-
-    gen._chunk_noise = spy
-    state = gen.new_state("a green meadow", seed=3)
-    rest, right = [4] * F, [5] * F
-    script = [rest] * 12 + [right] * 3 + [rest] * 8
-    for acts in script:
-        (res,) = gen.generate([ChunkJob(state, acts, steps=1)])
-        assert res.error is None
-    gen.finish()
-    origins = np.concatenate([o for o, _, _ in log])
-    times = np.concatenate([t for _, t, _ in log])
-    noise = torch.cat([n for _, _, n in log])
-    # hand-worked: the start chunk's F frames rest too (its first frame begins the run), so
-    # generated frame i is at rest run F + i and field time max(0, F + i - hold)
-    resting = 12 * F
-    np.testing.assert_array_equal(times[:resting], np.maximum(0, F + np.arange(resting) - hold))
-    fixed = chunk_noise(state.noise_seed, origins[:1], [0], gen.downsample,
-                        noise.shape[1], noise.shape[2])
-    for i in range(hold - F + 1):  # within the hold: exactly the fixed field
-        torch.testing.assert_close(noise[i], fixed[0], rtol=0, atol=0)
-    a, b = noise[hold - F + 1].flatten(), noise[hold - F + 2].flatten()
-    step = np.corrcoef(a, b)[0, 1]
-    assert abs(step - np.cos(np.pi / (2 * period))) < 0.03
-    later = noise[hold - F + 1 + 2 * period].flatten()
-    assert abs(np.corrcoef(a, later)[0, 1]) < 0.1
-    # moving, then resting again: time never advances on a frame whose window moved, nor on
-    # the first ``hold`` frames of the new rest; afterwards one step a frame
-    moved = np.r_[False, (origins[1:] != origins[:-1]).any(axis=1)]
-    assert moved[resting:resting + 3 * F].sum() >= 3 * F - 2  # the camera did move
-    advanced = np.diff(times, prepend=times[0]) > 0
-    assert not (advanced & moved).any()
-    last_move = int(np.flatnonzero(moved)[-1])
-    np.testing.assert_array_equal(times[last_move: last_move + hold + 1], times[last_move])
-    np.testing.assert_array_equal(np.diff(times[last_move + hold:]), 1)
-    with pytest.raises(ValueError, match="world_noise_period"):
-        BuiltinConfig(world_noise_period=-1)
-    with pytest.raises(ValueError, match="world_noise_hold"):
-        BuiltinConfig(world_noise_hold=-1)
 
 
 @pytest.mark.parametrize("batched", [True, False])

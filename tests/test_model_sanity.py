@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from worldstream.engine.backends.builtin import load_builtin_backend
-from worldstream.engine.evaluation.run import record
+from worldstream.engine.evaluation.episodes import record
 from worldstream.engine.models.builtin.attention import (
     DenseContext,
     block_causal_frame_mask,

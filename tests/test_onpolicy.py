@@ -7,6 +7,8 @@ import pytest
 import torch
 
 from worldstream.engine.backends.builtin import BuiltinBackend, BuiltinConfig
+from worldstream.engine.backends.builtin import plan as plan_stage
+from worldstream.engine.backends.stages import replace_stage
 from worldstream.engine.models.builtin.attention import (
     DenseContext,
     block_causal_frame_mask,
@@ -15,12 +17,8 @@ from worldstream.engine.models.builtin.attention import (
 from worldstream.engine.models.builtin.autoencoder import build_autoencoder
 from worldstream.engine.models.builtin.world_dit import WorldDiT
 from worldstream.engine.training.latents import VIEW_BOX, memory_bases
-from worldstream.engine.training.onpolicy import (
-    EpisodeSpec,
-    collect_rollouts,
-    onpolicy_loss,
-    onpolicy_target,
-)
+from worldstream.engine.training.onpolicy import onpolicy_loss, onpolicy_target
+from worldstream.engine.training.rollouts import EpisodeSpec, collect_rollouts
 from worldstream.engine.worlds.recorder import record_episode
 
 
@@ -56,17 +54,14 @@ def test_forced_rollout_replays_to_exactly_what_the_generator_read():
     eps = episodes([3, 11], 16, f)
     assert eps.switch[:, f:].any(), "the test needs a scene switch inside the rollout"
     seen = {"origins": [], "pictures": []}
-    plan = gen._plan
 
-    def spy(states, actions, move=True):
-        records, views = plan(states, actions, move)
-        if move:
-            seen["origins"].append(np.stack([r.origins for r in records]))
-            pics = views.pictures
-            seen["pictures"].append(pics.reshape(len(states), f, *pics.shape[1:]))
-        return records, views
+    def spy(backend, batch):
+        plan_stage.plan(backend, batch)
+        seen["origins"].append(np.stack([r.origins for r in batch.records]))
+        pics = batch.views.pictures
+        seen["pictures"].append(pics.reshape(len(batch.jobs), f, *pics.shape[1:]))
 
-    gen._plan = spy
+    gen.stages = replace_stage(gen.stages, "plan", spy)
     rolls = collect_rollouts(gen, eps, steps=2, seed=1)
     assert gen.model.camera.__class__.__name__ == "CameraDynamics"  # restored
     origins = np.concatenate(seen["origins"], axis=1)  # (E, L - f, 2)
@@ -133,9 +128,9 @@ def test_loss_is_finite_and_trains_every_block():
 
 class _ZeroModel:
     """Stands in for a WorldDiT in :func:`onpolicy_loss`: identity normalisation, predicts 0,
-    so the loss is the weighted mean of the squared target; trained on white noise."""
+    so the loss is the weighted mean of the squared target."""
 
-    config = SimpleNamespace(noise_correlation=0.0, noise_scale=2.0)
+    config = SimpleNamespace()
 
     def normalize(self, x):
         return x
@@ -183,48 +178,44 @@ def test_rollouts_start_and_switch_with_the_worlds_own_prompt_table():
 
 
 @pytest.mark.parametrize("extra,named", [
-    (["--onpolicy"], "--init-from"),
-    (["--onpolicy", "--init-from", "x", "--rollout-steps", "0"], "--rollout-steps"),
-    (["--onpolicy", "--init-from", "x", "--rollout-steps", "5"], "--rollout-steps"),
-    (["--base-warp", "tail"], "--base-warp")])
-def test_train_world_cli_refuses_bad_onpolicy_settings_before_any_work(tmp_path, capsys,
-                                                                     extra, named):
-    """Any world, the avatar here: bad on-policy settings are refused before recording."""
+    (["--set", "p_onpolicy=0.5"], "p_onpolicy"),
+    (["--set", "p_onpolicy=0.5", "--set", "init_from=x", "--set", "rollout_steps=0"],
+     "rollout_steps"),
+    (["--set", "loss=l1"], "unknown setting 'loss'"),
+    (["--preset", "landscape"], "not 'avatar'"),
+    (["--preset", "avatar-v2.4"], "--preset")])
+def test_train_world_cli_refuses_bad_settings_before_any_work(tmp_path, capsys, extra, named):
+    """Bad settings are refused in one line, exit 2, before recording."""
     from worldstream.app import cli
 
     argv = ["train-world", "--world", "avatar", "--data", str(tmp_path / "data"),
             "--run-dir", str(tmp_path / "run"), *extra]
     assert cli.main(argv) == 2
-    assert named in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert named in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "data").exists() and not (tmp_path / "run").exists()
 
 
-def test_train_world_cli_keeps_a_fine_tuned_models_base_warp(tmp_path, capsys):
-    """An on-policy fine-tune reads bases as its model was trained to: a model trained with
-    the avatar's head warp is refused unless the run names it, before any recording."""
+def test_train_world_cli_lists_the_settings(capsys):
     from worldstream.app import cli
 
-    WorldDiT(dim=32, depth=1, num_heads=2, base_warp="head").save_pretrained(tmp_path / "model")
-    argv = ["train-world", "--world", "avatar", "--data", str(tmp_path / "data"),
-            "--run-dir", str(tmp_path / "run"), "--onpolicy", "--init-from",
-            str(tmp_path / "model")]
-    assert cli.main(argv) == 2
-    assert "--base-warp head" in capsys.readouterr().err
-    assert not (tmp_path / "data").exists() and not (tmp_path / "run").exists()
+    assert cli.main(["train-world", "--preset", "avatar-v2.2", "--set", "help"]) == 0
+    out = capsys.readouterr().out
+    assert "p_onpolicy (float) = 0.5\n    Fraction of each batch" in out
+    assert "avatar-v2.7" in out
 
 
 def test_onpolicy_bases_read_memory_as_the_models_engine_does():
-    """The replayed bases use the model's view box and base warp (the avatar's: no box, the
-    head pose of its actions), not the landscape's defaults."""
+    """The replayed bases use the model's view box (the avatar's: none), not the landscape's
+    default."""
     from worldstream.engine.training.latents import ae_encode
-    from worldstream.engine.training.onpolicy import Rollouts, onpolicy_bases
+    from worldstream.engine.training.rollouts import Rollouts, onpolicy_bases
     from worldstream.engine.worlds.actions import direction_to_action
     from worldstream.engine.worlds.avatar.actions import ACTION_FACTORS, NUM_ACTIONS, encode_action
     from worldstream.engine.worlds.avatar.simulator import AvatarSimulator
-    from worldstream.engine.worlds.catalog import make_base_warp
 
     model = WorldDiT(dim=32, depth=1, num_heads=2, num_actions=NUM_ACTIONS,
-                     action_factors=ACTION_FACTORS, view_box=0, base_warp="head")
+                     action_factors=ACTION_FACTORS, view_box=0)
     ae = build_autoencoder(width=8).eval()
     actions = np.array([encode_action(direction_to_action(1, -1), 0)] * 6)
     sim = AvatarSimulator(4, "forest")
@@ -235,8 +226,7 @@ def test_onpolicy_bases_read_memory_as_the_models_engine_does():
     eps = EpisodeSpec(frames[:, :1], actions[None], np.zeros((1, n), np.int64),
                       np.zeros((1, n), bool), np.zeros((1, n, 2), np.int64), np.arange(1))
     got, _ = onpolicy_bases(ae, rolls, eps, 1, torch.device("cpu"), model.config)
-    want, _ = memory_bases(frames[0], np.zeros((n, 2), np.int64), np.zeros(n, bool), 1, 0,
-                           make_base_warp("head", 128), actions)
+    want, _ = memory_bases(frames[0], np.zeros((n, 2), np.int64), np.zeros(n, bool), 1, 0)
     torch.testing.assert_close(got[0], ae_encode(ae, want, torch.device("cpu")).half())
     landscape, _ = memory_bases(frames[0], np.zeros((n, 2), np.int64), np.zeros(n, bool), 1)
-    assert not np.array_equal(landscape, want)  # the defaults would have read another base
+    assert not np.array_equal(landscape, want)  # the default would have read another base

@@ -140,8 +140,8 @@ class _PictureOracle:
 
 
 def test_picture_start_metric_scores_the_simulator_perfectly_and_a_still_as_the_baseline():
+    from worldstream.engine.evaluation.episodes import record
     from worldstream.engine.evaluation.picture_start import PICTURE_AT, picture_start_metrics
-    from worldstream.engine.evaluation.run import record
 
     ep = record(900_777, PICTURE_AT + 17)
     oracle = picture_start_metrics(_PictureOracle(ep, 900_777), [ep], [900_777], steps=1)

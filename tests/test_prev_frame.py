@@ -1,6 +1,9 @@
-"""The second skip source and the pose input of the world model (``WorldDiT(skip_source=...)``,
-``WorldDiT(pose_path=...)``): warm start, what training feeds them, what on-policy clips feed
-them, what the engine feeds them, save points (tiny models, CPU, fp32)."""
+"""The second skip source and the pose input of the world model (``WorldDiT(skip_source=
+"warped")``, ``WorldDiT(pose_path=...)``): warm start, the mixing map, what training feeds them,
+what the engine feeds them, save points, and saved configs with retired keys (tiny models, CPU,
+fp32)."""
+
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,11 +15,16 @@ from worldstream.engine.models.builtin.attention import (
     block_causal_frame_mask,
     expand_frame_mask,
 )
-from worldstream.engine.models.builtin.world_dit import WorldDiT, warm_start
+from worldstream.engine.models.builtin.world_dit import WorldDiT
+from worldstream.engine.training.config import TrainConfig
 from worldstream.engine.training.latents import LatentDataset
-from worldstream.engine.training.onpolicy import OnPolicyPool
-from worldstream.engine.training.train_world import previous_frames, recipe_clips, train_world
-from worldstream.engine.worlds.actions import IDLE, direction_to_action
+from worldstream.engine.training.recipe import recipe_clips
+from worldstream.engine.training.train_world import train_world
+from worldstream.engine.training.warm_start import warm_start
+from worldstream.engine.worlds.actions import direction_to_action
+
+RIG = "head_rig_fit"
+POSE = torch.zeros(2, 3, 2)
 
 
 def _inputs(b: int = 2, t: int = 3, seed: int = 0):
@@ -36,21 +44,22 @@ def _inputs(b: int = 2, t: int = 3, seed: int = 0):
 
 def _trained(skip_source: str | None = None) -> WorldDiT:
     torch.manual_seed(0)
-    model = WorldDiT(dim=32, depth=1, num_heads=2, skip_source=skip_source).eval()
+    model = WorldDiT(dim=32, depth=1, num_heads=2, skip_source=skip_source,
+                     pose_path=RIG if skip_source else None).eval()
     with torch.no_grad():  # adaLN-Zero starts as the identity; randomise so every path matters
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05)
     return model
 
 
-def test_warm_start_adds_the_previous_frame_at_zero_then_it_is_an_input():
+def test_warm_start_adds_the_warped_picture_at_zero_then_it_is_an_input():
     trained = _trained()
-    model = WorldDiT(dim=32, depth=1, num_heads=2, skip_source="previous").eval()
+    model = WorldDiT(dim=32, depth=1, num_heads=2, skip_source="warped", pose_path=RIG).eval()
     warm_start(model, trained.state_dict())
-    x = _inputs()
+    x = {**_inputs(), "pose": POSE}
     prev = torch.randn(2, 3, 4, 32, 32)
     with torch.no_grad():
-        want = trained(**x)
+        want = trained(**_inputs())
         assert torch.equal(model(**x, skip=prev), want)  # exactly the trained model
         assert torch.equal(model(**x, skip=torch.zeros_like(prev)), want)
         model.stem.weight[:, -4:].normal_(0, 0.05)  # once trained, the frame matters
@@ -74,14 +83,14 @@ def test_warm_start_grows_a_deeper_model_that_starts_as_the_trained_one():
 
 
 @pytest.mark.parametrize("prior", [0.0, 1.0])
-def test_the_mixing_map_takes_the_skip_from_the_previous_frame(prior):
-    """With the map at 1 and no residual the model's x0 is the previous frame (scaled by the
+def test_the_mixing_map_takes_the_skip_from_the_warped_picture(prior):
+    """With the map at 1 and no residual the model's x0 is the warped picture (scaled by the
     base's clean fraction); at 0 it is the base; at 0.25 a quarter of the way. The map is
     ``skip_prior`` plus the network's output (here its bias), so with the prior at 1 a zero
     output takes the whole skip from the source; the prior is a setting, not a weight: a
     warm start from a model without one keeps every weight."""
-    trained = WorldDiT(dim=32, depth=1, num_heads=2, skip_source="previous")
-    model = WorldDiT(dim=32, depth=1, num_heads=2, skip_source="previous",
+    trained = WorldDiT(dim=32, depth=1, num_heads=2, skip_source="warped", pose_path=RIG)
+    model = WorldDiT(dim=32, depth=1, num_heads=2, skip_source="warped", pose_path=RIG,
                      skip_prior=prior).eval()
     warm_start(model, trained.state_dict())
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(),
@@ -92,7 +101,7 @@ def test_the_mixing_map_takes_the_skip_from_the_previous_frame(prior):
 def _assert_mixes(model: WorldDiT, pairs: list[tuple[float, float]], prior: float = 0.0):
     """With no residual and the map's network output set so that the map is ``m``, the
     model's x0 is ``clean · (base + used · (prev − base))`` for each ``(m, used)``."""
-    x = _inputs()
+    x = {**_inputs(), "pose": POSE}
     prev = torch.randn(2, 3, 4, 32, 32)
     with torch.no_grad():
         model.out.weight.zero_()
@@ -104,35 +113,15 @@ def _assert_mixes(model: WorldDiT, pairs: list[tuple[float, float]], prior: floa
             assert torch.allclose(model(**x, skip=prev), want, atol=1e-6)
 
 
-def test_the_mixing_map_floor_clamps_it_from_below_only():
-    """With ``skip_floor`` 0.8 a map the network puts at 0 or 0.25 mixes 0.8 of the source in,
-    one at 0.9 or 1.2 is left as it is (hand-worked: x0 = clean · (base + m (prev − base)));
-    a floor outside [0, 1], or one without a skip source, is refused."""
-    model = WorldDiT(dim=32, depth=1, num_heads=2, skip_source="previous",
-                     skip_floor=0.8).eval()
-    _assert_mixes(model, [(0.0, 0.8), (0.25, 0.8), (0.9, 0.9), (1.2, 1.2)])
-    with pytest.raises(ValueError, match="skip_floor"):
-        WorldDiT(dim=32, depth=1, num_heads=2, skip_source="previous", skip_floor=1.5)
-    with pytest.raises(ValueError, match="skip_floor"):
-        WorldDiT(dim=32, depth=1, num_heads=2, skip_floor=0.5)
-
-
-def test_previous_frame_is_required_by_a_model_with_it_and_refused_by_one_without():
+def test_the_warped_picture_is_required_by_a_model_with_it_and_refused_by_one_without():
     x = _inputs()
     with pytest.raises(ValueError, match="needs a second skip source"):
-        _trained(skip_source="previous")(**x)
+        _trained(skip_source="warped")(**x, pose=POSE)
     with pytest.raises(ValueError, match="takes no"):
         _trained()(**x, skip=torch.zeros(2, 3, 4, 32, 32))
-    other = WorldDiT(dim=48, depth=1, num_heads=2, skip_source="previous")
+    other = WorldDiT(dim=48, depth=1, num_heads=2, skip_source="warped", pose_path=RIG)
     with pytest.raises(RuntimeError):  # another width: not a warm start
         warm_start(other, _trained().state_dict())
-
-
-def test_previous_frames_are_the_last_frame_before_each_chunk_hand_worked():
-    lat = torch.arange(6.0)[None, :, None]  # frame i holds the value i
-    assert previous_frames(lat, 1)[0, :, 0].tolist() == [0, 1, 2, 3, 4]  # frames 1..5
-    assert previous_frames(lat, 2)[0, :, 0].tolist() == [1, 1, 3, 3]  # chunks (2,3), (4,5)
-    assert previous_frames(lat, 3)[0, :, 0].tolist() == [2, 2, 2]  # chunk (3, 4, 5)
 
 
 def _indexed_data(episodes: int = 3, length: int = 12) -> LatentDataset:
@@ -146,51 +135,19 @@ def _indexed_data(episodes: int = 3, length: int = 12) -> LatentDataset:
     )
 
 
-@pytest.mark.parametrize("chunk", [1, 2])
-def test_recipe_clips_feed_the_dataset_frame_before_each_chunk(chunk):
-    data = _indexed_data()
-    rng = np.random.default_rng(0)
-    for _ in range(5):
-        lat, base, known, actions, txt, prev, pose = recipe_clips(data, rng, 4, 4, chunk,
-                                                                  "previous")
-        ids = lat[:, :, 0, 0, 0]
-        assert torch.equal(base[:, :, 0, 0, 0], -ids)  # the frames' own bases
-        assert torch.equal(actions, ids.long() % 9)
-        first = ids[:, ::chunk].repeat_interleave(chunk, dim=1)  # each chunk's first frame
-        assert torch.equal(prev[:, :, 0, 0, 0], first - 1)
-        assert pose is None
-    *_, prev, pose = recipe_clips(data, rng, 4, 4, chunk, None)
-    assert prev is None and pose is None
-
-
-def test_onpolicy_clips_feed_the_generators_own_frame_before_each_chunk():
-    data = _indexed_data()
-    own = 1000 + data.latents[[2, 0]].float()  # the generator's frames of episodes 2 and 0
-    pool = OnPolicyPool(torch.tensor([2, 0]), own.half(), own.half(), 0, 0.0)
-    data.pose = data.latents[..., :2, 0, 0].float() * 2  # frame i's pose: (2i, 2i)
-    lat, own_lat, *_, prev, pose = pool.sample(data, np.random.default_rng(1), 6, 4, 1,
-                                                  "previous")
-    assert torch.equal(own_lat[:, :, 0, 0, 0], 1000 + lat[:, :, 0, 0, 0])  # same frames
-    assert torch.equal(prev[:, :, 0, 0, 0], own_lat[:, :, 0, 0, 0] - 1)  # own, one before
-    assert torch.equal(pose[..., 0], 2 * lat[:, :, 0, 0, 0])  # each frame's own pose
-    assert pool.sample(data, np.random.default_rng(1), 6, 4)[-2] is None
-    data.skip = -data.latents  # a "warped" source: the data's own, frame for frame
-    lat, *_, skip, _ = pool.sample(data, np.random.default_rng(2), 6, 4, 1, "warped")
-    assert torch.equal(skip, -lat)
-
-
-def test_train_world_warm_starts_a_previous_frame_model_that_starts_as_its_init(tmp_path):
+def test_train_world_warm_starts_a_warped_skip_model_that_starts_as_its_init(tmp_path):
     data = random_latent_data()
-    kw = dict(batch=2, frames=4, dim=32, depth=1, num_heads=2, ckpt_every=1, export_every=100,
-              camera_steps=5)
-    train_world(data, tmp_path / "init", tmp_path / "r0", steps=1, **kw)
+    cfg = TrainConfig(batch=2, frames=4, dim=32, depth=1, num_heads=2, ckpt_every=1,
+                      export_every=100, camera_steps=5, steps=1)
+    train_world(cfg, data, tmp_path / "init", tmp_path / "r0")
     init = WorldDiT.from_pretrained(tmp_path / "init")
-    result = train_world(data, tmp_path / "out", tmp_path / "r1", steps=2,
-                         skip_source="previous",
-                         init_from=tmp_path / "init", **kw)
+    data.skip = data.base.clone()  # stands in for the warped pictures
+    warped = TrainConfig(**{**cfg.__dict__, "steps": 2, "skip_source": "warped",
+                            "pose_path": RIG, "init_from": str(tmp_path / "init")})
+    result = train_world(warped, data, tmp_path / "out", tmp_path / "r1")
     assert result["steps"] == 2 and np.isfinite(result["final_loss"])
     model = WorldDiT.from_pretrained(tmp_path / "out")
-    assert model.config.skip_source == "previous"
+    assert model.config.skip_source == "warped"
     assert model.stem.weight.shape[1] == init.stem.weight.shape[1] + 4
     # the new input was trained from zero: the rest of the stem moved, the new part is small
     new = model.stem.weight[:, -4:].abs().max()
@@ -202,7 +159,8 @@ def _tiny_backend():
     from worldstream.engine.models.builtin.autoencoder import build_autoencoder
 
     torch.manual_seed(0)
-    model = WorldDiT(dim=32, depth=1, num_heads=2, skip_source="previous", pose_path="head").eval()
+    model = WorldDiT(dim=32, depth=1, num_heads=2, skip_source="warped", pose_path=RIG,
+                     view_box=0).eval()
     with torch.no_grad():  # past the zero starts, so every input matters
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05)
@@ -212,7 +170,8 @@ def _tiny_backend():
 
 def test_save_points_carry_the_previous_frame_and_pose_and_refuse_a_file_without_them():
     from worldstream.engine.core.backend import ChunkJob
-    from worldstream.engine.studio.savepoint import SavepointError, export_state, import_state
+    from worldstream.engine.studio.savepoint import SavepointError
+    from worldstream.engine.studio.savestate import export_state, import_state
 
     gen = _tiny_backend()
     state = gen.new_state("a green meadow", seed=3)
@@ -235,18 +194,18 @@ def test_save_points_carry_the_previous_frame_and_pose_and_refuse_a_file_without
 def test_attached_poses_follow_the_head_rig_and_clips_carry_each_frames_pose():
     """Hand-worked: the head eases a quarter of the gap toward the held direction a frame."""
     from worldstream.engine.training.latents import attach_poses
-    from worldstream.engine.worlds.actions import direction_to_action
     from worldstream.engine.worlds.catalog import make_base_warp
 
     data = _indexed_data(episodes=2, length=12)
     right, idle = direction_to_action(1, 0), direction_to_action(0, 0)
     data.actions[0] = torch.tensor([right] * 2 + [idle] * 10)
-    attach_poses(data, make_base_warp("head", 128))
+    attach_poses(data, make_base_warp(RIG, 128))
     assert data.pose.shape == (2, 12, 2) and data.pose.dtype == torch.float32
     assert torch.allclose(data.pose[0, :4, 0], torch.tensor([0.25, 0.4375, 0.328125, 0.24609375]))
     assert torch.equal(data.pose[0, :, 1], torch.zeros(12))
     rng = np.random.default_rng(0)
-    for source in (None, "previous"):
+    data.skip = data.latents.clone()
+    for source in (None, "warped"):
         lat, *_, pose = recipe_clips(data, rng, 8, 4, 1, source)
         ids = lat[:, :, 0, 0, 0].long()
         assert torch.equal(pose, data.pose[ids // 100, ids % 100])
@@ -254,7 +213,7 @@ def test_attached_poses_follow_the_head_rig_and_clips_carry_each_frames_pose():
 
 def test_pose_embedding_starts_at_zero_then_the_pose_is_an_input():
     trained = _trained()
-    model = WorldDiT(dim=32, depth=1, num_heads=2, pose_path="head").eval()
+    model = WorldDiT(dim=32, depth=1, num_heads=2, pose_path=RIG).eval()
     warm_start(model, trained.state_dict())
     x = _inputs()
     pose = torch.rand(2, 3, 2) * 2 - 1
@@ -270,8 +229,7 @@ def test_pose_embedding_starts_at_zero_then_the_pose_is_an_input():
         trained(**x, pose=pose)
 
 
-@pytest.mark.parametrize("rig", ["head", "head_layer", "head_rig", "head_rig_fit",
-                                 "head_rig_bridge"])
+@pytest.mark.parametrize("rig", [RIG])
 def test_a_warped_skip_source_is_the_memory_picture_warped_to_each_frames_pose(rig):
     """The engine feeds a ``"warped"`` model each frame's memory picture (the stream's first
     frame: a still camera) warped by its ``pose_path``'s warp to the head pose the keys lead
@@ -279,7 +237,6 @@ def test_a_warped_skip_source_is_the_memory_picture_warped_to_each_frames_pose(r
     from worldstream.engine.backends.builtin import BuiltinBackend, BuiltinConfig
     from worldstream.engine.core.backend import ChunkJob
     from worldstream.engine.models.builtin.loading import load_autoencoder
-    from worldstream.engine.worlds.actions import direction_to_action
     from worldstream.engine.worlds.catalog import make_base_warp, world
 
     torch.manual_seed(0)
@@ -312,74 +269,29 @@ def test_a_warped_skip_source_is_the_memory_picture_warped_to_each_frames_pose(r
         assert (rec.skip - rec.base).abs().max() > 0.1  # the head moved
 
 
-def test_a_backdrop_fill_model_sees_the_streams_backdrop_where_a_turn_uncovers_the_scene():
-    """A model trained with ``backdrop_fill`` gets the rig's warp of the memory picture with
-    the stream's backdrop shown where the turn uncovers the scene; a model without it gets the
-    warp filled from around whatever the backdrop, and a stream without one the same."""
-    from worldstream.engine.backends.builtin import BuiltinBackend, BuiltinConfig
-    from worldstream.engine.core.backend import ChunkJob
-    from worldstream.engine.models.builtin.loading import load_autoencoder
-    from worldstream.engine.worlds.avatar.simulator import AvatarSimulator, backdrop
-    from worldstream.engine.worlds.catalog import make_base_warp, world
+def test_saved_configs_with_retired_keys_load_at_their_default_and_are_refused_otherwise(
+        tmp_path):
+    """A config saved before the experiments left (the shipped avatar's holds ``base_warp``
+    null, ``noise_correlation`` 0 and ``noise_scale`` 2) loads with those keys dropped; a
+    retired key at another value, or the retired ``"previous"`` skip source, is refused with
+    one line naming it and the last commit that ran it."""
+    import json
 
-    first = AvatarSimulator(900_004, "city").step(IDLE)[None]
-    plate = backdrop("city", 900_004)
-    left = direction_to_action(-1, 0)
-    warp = make_base_warp("head_rig_fit", 128)
-    ae = load_autoencoder(world("avatar").assets / "vae")
-    for fill in (True, False):
-        torch.manual_seed(0)
-        model = WorldDiT(dim=32, depth=1, num_heads=2, skip_source="warped",
-                         pose_path="head_rig_fit", view_box=0, backdrop_fill=fill)
-        with torch.no_grad():
-            for p in model.camera.parameters():  # a still camera, as the avatar's
-                p.zero_()
-        gen = BuiltinBackend(model.eval(), ae, BuiltinConfig(attention_backend="reference",
-                                                             ctx_noise=False))
-        for given in (plate, None):
-            state = gen.new_state("a face", seed=1, start_frames=first)
-            gen.set_backdrop(state, given)
-            for _ in range(3):
-                gen.generate([ChunkJob(state, [left], steps=1, seed=0)])
-            gen.finish()
-            rec = state.history[-1]
-            shown = given if fill else None
-            want = gen.encode_frames(warp.apply(first[0], rec.poses[-1], backdrop=shown)[None])
-            assert torch.allclose(rec.skip, want, atol=1e-5), (fill, given is None)
-            filled = gen.encode_frames(warp.apply(first[0], rec.poses[-1])[None])
-            assert (rec.skip - filled).abs().max() > 0.1 if fill and given is not None else True
-            gen.free(state)
-        with pytest.raises(ValueError, match="backdrop must be"):
-            gen.set_backdrop(state, plate[:64])
-    with pytest.raises(ValueError, match="backdrop_fill"):
-        WorldDiT(dim=32, depth=1, num_heads=2, backdrop_fill=True)
-
-
-def test_an_avatar_stream_has_its_looks_backdrop_and_a_look_switch_brings_the_new_one():
-    from worldstream.engine.backends.avatar import AvatarModelBackend
-    from worldstream.engine.backends.builtin import BuiltinBackend, BuiltinConfig
-    from worldstream.engine.models.builtin.autoencoder import build_autoencoder
-    from worldstream.engine.worlds.avatar.actions import ACTION_FACTORS, NUM_ACTIONS
-    from worldstream.engine.worlds.avatar.simulator import backdrop
-
-    model = WorldDiT(dim=32, depth=1, num_heads=2, chunk_frames=1, num_actions=NUM_ACTIONS,
-                     action_factors=ACTION_FACTORS, view_box=0)
-    backend = AvatarModelBackend(BuiltinBackend(model, build_autoencoder(width=8),
-                                                BuiltinConfig(attention_backend="reference")))
-    state = backend.new_state("a video call from the office", 12)
-    np.testing.assert_array_equal(state.inner.backdrop, backdrop("office", 12))
-    backend.set_prompt(state, "someone with a red cap in the city at night")
-    np.testing.assert_array_equal(state.inner.backdrop, backdrop("city", 12))
-    fork = backend.fork(state)
-    np.testing.assert_array_equal(fork.inner.backdrop, backdrop("city", 12))
-    for s in (state, fork):
-        backend.free(s)
-    # the evaluation's streams get their episode's backdrop as a live stream does
-    from worldstream.engine.evaluation.avatar import scripted_episode
-    from worldstream.engine.evaluation.run import start_stream
-
-    ep = scripted_episode(900_602, "forest").episode
-    np.testing.assert_array_equal(ep.backdrop, backdrop("forest", 900_602))
-    inner = start_stream(backend.gen, ep, 5, 1)
-    np.testing.assert_array_equal(inner.backdrop, ep.backdrop)
-    backend.gen.free(inner)
+    model = WorldDiT(dim=32, depth=1, num_heads=2)
+    model.save_pretrained(tmp_path)
+    path = tmp_path / "config.json"
+    saved = json.loads(path.read_text())
+    old = {**saved, "base_warp": None, "noise_correlation": 0.0, "noise_scale": 2.0,
+           "skip_floor": None, "backdrop_fill": False}
+    path.write_text(json.dumps(old))
+    loaded = WorldDiT.from_pretrained(tmp_path)
+    assert "noise_scale" not in loaded.config and loaded.config.noise_scale == 2.0
+    assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(),
+                                                 model.state_dict().values()))
+    for key, value in (("noise_correlation", 0.3), ("skip_floor", 0.8), ("base_warp", "head"),
+                       ("backdrop_fill", True), ("skip_source", "previous")):
+        path.write_text(json.dumps({**saved, key: value}))
+        with pytest.raises(ValueError, match=f"{key}=.*60fcd8b|{key}='previous'.*60fcd8b"):
+            WorldDiT.from_pretrained(tmp_path)
+    shipped = WorldDiT.load_config(Path(__file__).parents[1] / "assets/avatar/transformer")
+    assert shipped["noise_scale"] == 2.0  # the shipped file keeps its keys, and loads

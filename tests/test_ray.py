@@ -201,13 +201,14 @@ def test_a_killed_replicas_sessions_continue_on_the_other(cluster):
 def test_desired_replicas_follow_live_sessions():
     """The autoscaling rule, on a router that was never started (no Ray): one replica per
     ``capacity`` sessions plus room for the next user, within [min, max]."""
-    from worldstream.engine.cluster.router import RayEngine, _Replica, _Routed
+    from worldstream.engine.cluster.placement import Replica, RoutedSession
+    from worldstream.engine.cluster.router import RayEngine
 
     engine = RayEngine("sim", replicas=1, min_replicas=1, max_replicas=3)
-    engine._replicas[0] = _Replica(0, None, {"capacity": 2})
+    engine._replicas[0] = Replica(0, None, {"capacity": 2})
     wanted = []
     for n in range(8):
-        engine._sessions = {str(i): _Routed(None, 0, str(i), None) for i in range(n)}
+        engine._sessions = {str(i): RoutedSession(None, 0, str(i), None) for i in range(n)}
         wanted.append(engine.desired_replicas())
     assert wanted == [1, 1, 2, 2, 3, 3, 3, 3]
     with pytest.raises(ValueError):

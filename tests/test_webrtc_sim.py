@@ -248,7 +248,7 @@ def test_lost_packets_recover_and_decoded_frames_stay_whole(sim_engine):
     """Packets lost on the way (40 in a row, several frames' worth, the camera moving): the
     receiver asks again (NACK) or for a keyframe (PLI), and every frame decoded after the
     loss matches the frame the server sent (within codec tolerance)."""
-    from worldstream.bench.e2e import psnr_db
+    from worldstream.bench.e2e_analysis import psnr_db
 
     with LiveServer(create_app(sim_engine, ui=False)) as server:
         frames, metas, sent, dropped = asyncio.run(

@@ -10,7 +10,7 @@ The shared runner (``engine.backends.runner``) with this family's parts: one KV 
    writes the chunk's own;
 2. cache fill: one more forward of the clean chunk labelled with ``ctx_sigma`` (0, as
    Self-Forcing) writes the keys/values later chunks attend;
-3. streaming VAE decode with the session's causal feature cache (``wan_vae_stream``).
+3. streaming VAE decode with the session's causal feature cache (``engine.models.wan.vae_stream``).
 
 Text: the UMT5 states of a prompt are computed once (diffusers ``WanPipeline.encode_prompt``)
 and projected once per prompt (LRU cache); a prompt switch recaches the window (LongLive).
@@ -30,12 +30,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from worldstream.engine.backends import stages as shared
 from worldstream.engine.backends.runner import (
     PagedAttentionContext,
     PagedRunner,
     RunnerState,
     StreamConfig,
 )
+from worldstream.engine.backends.stages import ChunkBatch, Stage
 from worldstream.engine.core.limits import check_keys, check_prompt
 from worldstream.engine.models.wan.loading import load_wan_parts
 from worldstream.engine.models.wan.model import NUM_TRAIN_TIMESTEPS, WanChunkModel
@@ -51,36 +53,40 @@ TEXT_TOKENS = 512  # UMT5 context length of Wan
 
 @dataclass
 class WanConfig(StreamConfig):
-    """Streaming settings of the Wan causal backend (the shared ones: :class:`StreamConfig`;
-    here ``window_chunks`` 6 = 18 frames + 3 = Self-Forcing's 21-frame training context,
-    ``shift`` 5 and ``ctx_sigma`` 0 as Self-Forcing).
-
-    ``height``/``width``: video size in pixels (multiples of 16). ``latent_frames``: latent
-    frames per chunk (3 in the whole family). ``max_batch``: rows per forward the working-set
-    estimate assumes. ``text_cache``: projected prompts kept (LRU). ``dtype``/``device``: None
-    picks bf16 on CUDA, fp32 on CPU. ``fps``: default playback rate (Wan generates 16 fps).
-    ``batch_invariant`` off: on a GPU batching sessions is where the throughput comes from; a
-    replay (issue 15) is then exact only for chunks that were not batched with another's.
-    """
+    """Streaming settings of the Wan causal backend (the shared ones: :class:`StreamConfig`,
+    here with Self-Forcing's window, shift and context noise)."""
 
     window_chunks: int = 6
+    """:class:`StreamConfig`'s: 6 chunks = 18 frames + 3 = Self-Forcing's 21-frame context."""
     memory_chunks: int = 8
+    """:class:`StreamConfig`'s."""
     shift: float = 5.0
+    """:class:`StreamConfig`'s, as Self-Forcing."""
     ctx_sigma: float = 0.0
+    """:class:`StreamConfig`'s, as Self-Forcing."""
     max_states: int = 2
+    """:class:`StreamConfig`'s."""
     # NOTE: on a GPU, batching the sessions' forwards is where the throughput comes from
-    # (TurboServe, StreamDiffusionV2); a Wan stream's replay is bit-exact only while it shares
-    # no batch, so this family batches by default (the built-in model does not)
+    # (TurboServe, StreamDiffusionV2); a stream's replay is then bit-exact only while it
+    # shares no batch
     batch_invariant: bool = False
+    """:class:`StreamConfig`'s: off, sessions' chunks share forwards."""
     height: int = 480
+    """Video height in pixels (a multiple of 16)."""
     width: int = 832
+    """Video width in pixels (a multiple of 16)."""
     latent_frames: int = 3
+    """Latent frames per chunk (3 in the whole family), >= 1."""
     max_batch: int = 2
+    """Rows per forward the working-set estimate assumes, >= 1."""
     text_cache: int = 64
+    """Projected prompts kept (least recently used dropped), >= 1."""
     dtype: torch.dtype | None = None
+    """Compute dtype (None: bf16 on CUDA, fp32 on a CPU)."""
     device: str | None = None
+    """torch device (None: CUDA where there is one)."""
     fps: int = 16
-    batch_invariant: bool = False
+    """Default playback rate (Wan generates 16 fps)."""
 
     def __post_init__(self):
         super().__post_init__()
@@ -117,6 +123,30 @@ class WanState(RunnerState):
     decode: WanDecodeCache = field(default_factory=WanDecodeCache)
 
 
+def _plan(backend: WanBackend, batch: ChunkBatch) -> None:
+    """Stage: a record per chunk (actions are ignored)."""
+    batch.records = [_WanChunk(None, s.position) for s in batch.states]
+
+
+def _show(backend: WanBackend, batch: ChunkBatch) -> None:
+    """Stage: stream-decode each state's new chunk: ``chunk_frames`` uint8 ``(T, H, W, 3)``."""
+    states = batch.states
+    out: list[np.ndarray | None] = [None] * len(states)
+    lat = denormalize_latents(backend.vae, batch.x0.float()).to(backend.vae_dtype)
+    phases = [[n for n, s in enumerate(states) if s.decode.started == started]
+              for started in (False, True)]  # split before decoding: it starts streams
+    for rows in filter(None, phases):
+        video = decode_stream(backend.vae, lat[rows], [states[n].decode for n in rows])
+        if video.shape[2] < backend.chunk_frames:  # a stream's first chunk
+            pad = backend.chunk_frames - video.shape[2]
+            video = torch.cat([video[:, :, :1].expand(-1, -1, pad, -1, -1), video], 2)
+        rgb = ((video.float() + 1.0) * 127.5).round().clamp(0, 255).to(torch.uint8)
+        rgb = rgb.permute(0, 2, 3, 4, 1).cpu().numpy()
+        for k, n in enumerate(rows):
+            out[n] = rgb[k]
+    batch.frames = out
+
+
 class WanBackend(PagedRunner):
     """``engine.core.backend.WorldBackend`` over a causal Wan transformer, its VAE and a
     prompt encoder ``encode(prompt) -> (512, text_dim)`` (UMT5 states): the shared
@@ -128,6 +158,15 @@ class WanBackend(PagedRunner):
     """
 
     name = "wan-causal"
+    #: one chunk's path (``engine.backends.stages``)
+    stages = (
+        Stage("plan", _plan),
+        Stage("select_pages", shared.select_pages),
+        Stage("condition", shared.condition),
+        Stage("noise", shared.noise),
+        Stage("denoise", shared.denoise, "denoise"),
+        Stage("show", _show, "decode"),
+    )
 
     def __init__(self, transformer, vae, encode_text, config: WanConfig | None = None):
         cfg = config or WanConfig()
@@ -213,9 +252,6 @@ class WanBackend(PagedRunner):
     def _noise(self, generator: torch.Generator) -> torch.Tensor:
         return torch.randn(self.latent_shape, generator=generator)
 
-    def _plan(self, states: list[WanState], actions: list[list[int]]) -> tuple[list, None]:
-        return [_WanChunk(None, s.position) for s in states], None
-
     def _conditioning(self, states: list[WanState], records: list[_WanChunk]) -> tuple:
         return torch.stack([s.text for s in states]), [r.position for r in records]
 
@@ -228,23 +264,6 @@ class WanBackend(PagedRunner):
 
     def _to_x0(self, x: torch.Tensor, sigma: float, out: torch.Tensor) -> torch.Tensor:
         return x - sigma * out  # the transformer predicts the flow noise - x0
-
-    def _show(self, states, records, x0: torch.Tensor, plan: None) -> list[np.ndarray]:
-        """Stream-decode each state's new chunk: ``chunk_frames`` uint8 ``(T, H, W, 3)``."""
-        out: list[np.ndarray | None] = [None] * len(states)
-        lat = denormalize_latents(self.vae, x0.float()).to(self.vae_dtype)
-        phases = [[n for n, s in enumerate(states) if s.decode.started == started]
-                  for started in (False, True)]  # split before decoding: it starts streams
-        for rows in filter(None, phases):
-            video = decode_stream(self.vae, lat[rows], [states[n].decode for n in rows])
-            if video.shape[2] < self.chunk_frames:  # a stream's first chunk
-                pad = self.chunk_frames - video.shape[2]
-                video = torch.cat([video[:, :, :1].expand(-1, -1, pad, -1, -1), video], 2)
-            rgb = ((video.float() + 1.0) * 127.5).round().clamp(0, 255).to(torch.uint8)
-            rgb = rgb.permute(0, 2, 3, 4, 1).cpu().numpy()
-            for k, n in enumerate(rows):
-                out[n] = rgb[k]
-        return out
 
 
 def pipeline_text_encoder(tokenizer, text_encoder, vae, device, dtype):

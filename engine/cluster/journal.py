@@ -1,5 +1,5 @@
 """A session's journal in the front end: what a surviving replica needs to take the session
-over when its replica dies (issue 14) — the prompt and seed, the settings in force, the keys
+over when its replica dies — the prompt and seed, the settings in force, the keys
 held, and the last frames with the actions that produced them."""
 
 from __future__ import annotations

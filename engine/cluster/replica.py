@@ -1,5 +1,5 @@
 """One engine replica: a backend, its page pool and its engine thread in a process of its own,
-driven by the front end through Ray (issue 14).
+driven by the front end through Ray.
 
 NOTE: a Ray *actor*, not a Ray Serve deployment. A session's frames are a continuous stream
 that must reach the front end's WebRTC track within milliseconds, and every control message of

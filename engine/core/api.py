@@ -212,9 +212,8 @@ class EventQueue(queue.Queue):
     A preview carries frames (a fork of 4 branches is ~0.8 MB of pixels) and only the newest
     fork's previews matter, so a new preview evicts the oldest queued one beyond
     ``max_previews``; past ``maxlen`` the oldest event of any kind goes. ``dropped`` counts
-    evictions. This bounds a session's memory when its client stops reading (issue 12: a client
-    forking every 40 ms without reading grew the server by 500 MB in 45 s). ``put`` never
-    blocks."""
+    evictions. This bounds a session's memory when its client stops reading (a client forking
+    without reading would otherwise grow the server without bound). ``put`` never blocks."""
 
     def __init__(self, maxlen: int = 64, max_previews: int = 8):
         super().__init__()

@@ -10,9 +10,7 @@ batch -> ``backend.generate`` -> hand frames to subscribers and account timeline
 from __future__ import annotations
 
 import logging
-import math
 import queue
-import random
 import threading
 import time
 import uuid
@@ -35,20 +33,18 @@ from worldstream.engine.core.api import (
     SessionInfo,
     SettingsCommand,
 )
-from worldstream.engine.core.backend import ChunkJob, ChunkResult, WorldBackend
-from worldstream.engine.core.commands import (
-    CommandHandler,
-    InvalidCommand,
-    derived_seed,
-    is_int,
-    mode_settings,
-)
+from worldstream.engine.core.backend import WorldBackend
+from worldstream.engine.core.batch import BatchRunner
+from worldstream.engine.core.commands import CommandHandler, InvalidCommand
 from worldstream.engine.core.config import EngineConfig
+from worldstream.engine.core.figures import latency_budget, session_metrics
 from worldstream.engine.core.inputlog import InputLog
 from worldstream.engine.core.limits import check_prompt
 from worldstream.engine.core.prompts import PromptPrefetcher
-from worldstream.engine.core.scheduler import BatchPlan, DegradeController, Scheduler
+from worldstream.engine.core.recache import check_history, observe_history
+from worldstream.engine.core.scheduler import DegradeController, Scheduler
 from worldstream.engine.core.session import Session
+from worldstream.engine.core.stream_defaults import check_seed_and_fps, resolve_stream_defaults
 
 log = logging.getLogger(__name__)
 
@@ -76,32 +72,13 @@ class Engine:
         self.model_name = backend.name
         #: the world the backend streams (optional backend attribute; the page adapts to it)
         self.world = getattr(backend, "world", "landscape")
-        #: the world the backend streams (optional backend attribute; the page adapts to it)
-        self.world = getattr(backend, "world", "landscape")
         self.capacity = min(config.max_sessions, backend.max_states)
         # the core knows keys, not actions: the backend names its own action for them
         self.idle_action = backend.key_action(frozenset())
-        self.default_fps = config.fps or backend.default_fps
-        if not config.min_fps <= self.default_fps <= config.max_fps:
-            raise ValueError(f"fps {self.default_fps} outside [{config.min_fps}, {config.max_fps}]")
-        # NOTE: optional backend attribute (not in the WorldBackend contract yet): the chunk
-        # sizes it can generate; without it only its default size is used.
-        self.chunk_sizes = tuple(getattr(backend, "supported_chunk_frames",
-                                         (backend.chunk_frames,)))
-        self.chunk_frames = config.chunk_frames or backend.chunk_frames
-        self.default_steps = config.steps
-        if config.mode is not None:
-            self.chunk_frames, self.default_steps = mode_settings(
-                config.mode, self.chunk_sizes, config.min_steps)
-        if self.chunk_frames not in self.chunk_sizes:
-            raise ValueError(f"chunk_frames {self.chunk_frames} not supported by model "
-                             f"{backend.name!r} (supported: {list(self.chunk_sizes)})")
-        largest = max(self.chunk_sizes)
-        if config.buffer_max_frames < largest + config.batch_join_frames:
-            raise ValueError(f"buffer_max_frames ({config.buffer_max_frames}) must hold a chunk "
-                             f"of {largest} frames plus batch_join_frames "
-                             f"({config.batch_join_frames})")
-        self.rewind_chunks = min(config.rewind_chunks, backend.rewind_chunks)
+        defaults = resolve_stream_defaults(backend, config)  # ValueError
+        self.default_fps, self.default_steps = defaults.fps, defaults.steps
+        self.chunk_sizes, self.chunk_frames = defaults.chunk_sizes, defaults.chunk_frames
+        self.rewind_chunks = defaults.rewind_chunks
         self._lock = threading.Lock()  # sessions dict, subscribers, stats, live-state count
         self._sessions: dict[str, Session] = {}
         # admission, the state budget and the plan of each batch; the commands
@@ -119,8 +96,7 @@ class Engine:
         self._step_cost = getattr(backend, "step_cost", None)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._num_batches = 0
-        self._num_jobs = 0
+        self._batches = BatchRunner(backend, config, self._lock, self._fail)
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> Engine:
@@ -173,21 +149,8 @@ class Engine:
         ValueError for a bad prompt, seed, fps or history."""
         check_prompt(prompt)
         if history is not None:
-            frames, keys = history
-            shape = (self.backend.height, self.backend.width, 3)
-            if (not isinstance(frames, np.ndarray) or frames.dtype != np.uint8
-                    or frames.shape[1:] != shape or len(keys) != len(frames)):
-                raise ValueError(f"history must be (n, {shape}) uint8 frames with one set of "
-                                 "held keys each")
-            history = (frames, [self.backend.key_action(k) for k in keys])  # ValueError
-        if seed is None:
-            seed = random.randrange(2**31)
-        if not is_int(seed) or seed < 0:
-            raise ValueError(f"seed must be a non-negative int, got {seed!r}")
-        fps = self.default_fps if fps is None else fps
-        if not is_int(fps) or not self.config.min_fps <= fps <= self.config.max_fps:
-            raise ValueError(f"fps must be an int in [{self.config.min_fps}, "
-                             f"{self.config.max_fps}], got {fps!r}")
+            history = check_history(self.backend, history)  # ValueError
+        seed, fps = check_seed_and_fps(seed, fps, self.default_fps, self.config)  # ValueError
         if self._stop.is_set():
             raise RuntimeError("engine stopped")
         if self._prompts is not None:  # encode it here, in the caller's thread, not on ours
@@ -288,31 +251,15 @@ class Engine:
         """
         now = time.perf_counter_ns()
         with self._lock:
-            per_session = {}
-            for sid, s in self._sessions.items():
-                gen = list(s.stats.gen_ms)
-                per_session[sid] = {
-                    "fps": s.stats.fps(),
-                    "target_fps": s.degrade.fps,
-                    "steps": s.steps,
-                    "chunk_frames": s.chunk_frames,
-                    "buffer_frames": max(s.clock.buffer_frames(s.frame_index, now), 0.0),
-                    "gen_ms_per_chunk": float(np.mean(gen)) if gen else None,
-                    "action_to_frame_ms": s.stats.latency_percentiles(),
-                    "degraded": s.degrade.degraded,
-                    "degrade_level": s.degrade.level,
-                    "dropped_frames": sum(slot.dropped for slot in s.subscribers),
-                    "subscribers": sum(not slot.closed for slot in s.subscribers),
-                    "late_frames": s.stats.late_frames,
-                    "frames": s.stats.frames,
-                }
+            per_session = {sid: session_metrics(s, now) for sid, s in self._sessions.items()}
             return {
                 "model": self.model_name,
                 "num_sessions": len(self._sessions),
                 "capacity": self.capacity,
                 "aggregate_fps": sum(m["fps"] for m in per_session.values()),
-                "batches": self._num_batches,
-                "mean_batch_size": self._num_jobs / self._num_batches if self._num_batches else 0.0,
+                "batches": self._batches.num_batches,
+                "mean_batch_size": (self._batches.num_jobs / self._batches.num_batches
+                                    if self._batches.num_batches else 0.0),
                 "sessions": per_session,
             }
 
@@ -326,12 +273,7 @@ class Engine:
         engine time, not on the action's path). Raises SessionClosedError."""
         with self._lock:
             s = self._session(session_id)
-            plan = self.scheduler.plan_ms(s)
-            wait = 500.0 * s.chunk_frames / s.clock.fps
-            after = float(np.mean(s.stats.finish_ms)) if s.stats.finish_ms else 0.0
-            return {"mode": s.mode, "chunk_frames": s.chunk_frames, "steps": s.steps,
-                    "fps": s.degrade.fps, "plan_ms": round(plan, 1), "wait_ms": round(wait, 1),
-                    "floor_ms": round(plan + wait, 1), "after_delivery_ms": round(after, 1)}
+            return latency_budget(s, self.scheduler.plan_ms(s))
 
     # ------------------------------------------------------------ engine thread
     def _run(self) -> None:
@@ -343,7 +285,7 @@ class Engine:
                     break
                 plan = self.scheduler.next_batch(self._live(), time.perf_counter_ns())
                 if plan is not None:
-                    self._run_batch(plan)
+                    self._batches.run(plan)
             except Exception:  # a bug must not silently stop every stream
                 log.exception("engine loop error")
 
@@ -388,7 +330,7 @@ class Engine:
             try:
                 session.state = self.backend.new_state(session.prompt, session.seed)
                 if item[2] is not None:
-                    self._observe(session, *item[2])
+                    observe_history(self.backend, session.state, *item[2])
             except Exception as exc:  # CapacityError, ValueError, a backend failure
                 self._fail(session, f"could not create the session: {exc}")
             return
@@ -400,21 +342,6 @@ class Engine:
                          message=str(exc))
         except Exception as exc:
             self._fail(session, f"{type(command).__name__} failed: {exc!r}")
-
-    def _observe(self, s: Session, frames: np.ndarray, actions: list[int]) -> None:
-        """Feed recent frames to a new session's state as context (whole chunks, the newest
-        kept); backends without ``observe`` start from their prompt and seed alone."""
-        observe = getattr(self.backend, "observe", None)
-        n = self.backend.chunk_frames
-        usable = len(frames) - len(frames) % n
-        if observe is None or usable == 0:
-            return
-        frames, actions = frames[-usable:], list(actions)[-usable:]
-        for i in range(0, usable, n):
-            observe(s.state, frames[i:i + n], actions[i:i + n])
-        finish = getattr(self.backend, "finish", None)
-        if finish is not None:
-            finish()
 
     def call(self, session_id: str, fn: Callable[[Session], Any]) -> Future:
         """Run ``fn(session)`` on the engine thread between two batches (where no chunk of
@@ -437,123 +364,6 @@ class Engine:
             future.set_result(fn(session))
         except Exception as exc:  # the caller's to report; the session goes on
             future.set_exception(exc)
-
-    # ------------------------------------------------------------ generation
-    def _run_batch(self, plan: BatchPlan) -> None:
-        jobs, meta = [], []
-        for req in plan.requests:
-            s = req.session
-            if s.closed:
-                continue
-            if req.branch is None:
-                if s.script is not None:  # a story's events due by this chunk
-                    s.script.play_due(s)
-                state, seed = s.state, None
-                s.inputs.steps_used(plan.steps, s.chunk_index, s.frame_index)
-            else:
-                s.inputs.add("preview", s.chunk_index, s.frame_index, branch=req.branch,
-                             steps=plan.steps)
-                branch = s.branches[req.branch]
-                done = self.config.preview_chunks - branch.chunks_left
-                state, seed = branch.state, derived_seed(branch.seed, done)
-            jobs.append(ChunkJob(state, [s.action] * plan.chunk_frames, plan.steps, seed))
-            meta.append((s, req, s.action_seq, s.action_t_ms, s.prompt_version, s.fork_id))
-        if not jobs:
-            return
-        t_start = time.perf_counter_ns()
-        try:
-            results = self.backend.generate(jobs)
-            if len(results) != len(jobs):
-                raise RuntimeError(f"backend returned {len(results)} results for {len(jobs)} jobs")
-        except Exception as exc:  # the whole batch failed: only its sessions end
-            results = [ChunkResult(None, error=exc)] * len(jobs)
-        t_ready = time.perf_counter_ns()
-        gen_ms = (t_ready - t_start) / 1e6
-        with self._lock:
-            self._num_batches += 1
-            self._num_jobs += len(jobs)
-        shape = (plan.chunk_frames, self.backend.height, self.backend.width, 3)
-        for (s, req, action_seq, action_t_ms, prompt_version, fork_id), res in zip(
-            meta, results, strict=True
-        ):
-            if s.closed or (req.branch is not None and fork_id != s.fork_id):
-                continue  # closed, or a branch dropped by adopt/another fork meanwhile
-            error = res.error
-            if error is None and (res.frames is None or res.frames.shape != shape
-                                  or res.frames.dtype != np.uint8):
-                got = None if res.frames is None else (res.frames.shape, res.frames.dtype)
-                error = ValueError(f"chunk frames {got}, expected {shape} uint8")
-            if error is not None:
-                self._fail(s, f"chunk generation failed: {error!r}")
-                continue
-            # "queue": how much later than planned (just in time) the chunk started
-            stages = {"queue": max(t_start - req.start_ns, 0) / 1e6, **res.stages_ms}
-            if req.branch is None:
-                self._deliver(s, res.frames, stages, t_ready, gen_ms,
-                              action_seq, action_t_ms, prompt_version)
-            else:
-                self._preview_chunk(s, req.branch, res.frames)
-        self._finish_batch([s for s, *_ in meta])
-
-    def _finish_batch(self, sessions: list[Session]) -> None:
-        """The backend's work left for after delivery (optional hook ``finish()``: e.g. the
-        built-in model's cache fill), off the action-to-photon path; a failure ends the
-        batch's sessions."""
-        finish = getattr(self.backend, "finish", None)
-        if finish is None:
-            return
-        try:
-            stages = finish()
-        except Exception as exc:
-            for s in sessions:
-                if not s.closed:
-                    self._fail(s, f"chunk finish failed: {exc!r}")
-            return
-        with self._lock:
-            for s in sessions:
-                s.stats.finish_ms.append(sum(stages.values()))
-
-    def _deliver(self, s: Session, rgb: np.ndarray, stages: dict[str, float], t_ready: int,
-                 gen_ms: float, action_seq: int, action_t_ms: float | None,
-                 prompt_version: int) -> None:
-        with self._lock:  # metrics() reads the clock, degradation and stats
-            if not s.clock.started:
-                s.clock.anchor(0, t_ready)  # time to first frame is not a deadline miss
-            else:
-                buffer = s.clock.buffer_frames(s.frame_index, t_ready)
-                late = buffer < 0
-                if late:
-                    # the viewer waited: show the new frames from now on instead of catching up
-                    s.stats.late_frames += math.ceil(-buffer)
-                    s.clock.anchor(s.frame_index, t_ready)
-                # NOTE: degradation judges the session's own work: a chunk that was late only
-                # because it started late (another session's previews, a command's work) is
-                # not this session's fault, and lowering its steps or fps would not help it
-                # (issue 12: a neighbour's prompt flood left this session degraded for good)
-                own_miss = late and gen_ms > 1e3 * len(rgb) / s.clock.fps
-                change = s.degrade.record(own_miss)
-                if change:
-                    s.clock.set_fps(s.degrade.fps, t_ready)
-                    s.emit("degraded", degraded=s.degrade.degraded, level=s.degrade.level,
-                           steps=s.degrade.steps, fps=s.degrade.fps,
-                           reason="chunks late" if change > 0 else "kept up again")
-            frames = s.make_frames(rgb, stages, t_ready, action_seq, action_t_ms, prompt_version)
-            s.stats.add_chunk(t_ready, len(frames), gen_ms)
-            # a consumer that went away (connection closed, recording stopped) closed its slot:
-            # stop feeding it instead of counting drops for good
-            s.subscribers = [slot for slot in s.subscribers if not slot.closed]
-            slots = list(s.subscribers)
-        for slot in slots:
-            for frame in frames:
-                slot.put(frame)
-
-    def _preview_chunk(self, s: Session, index: int, rgb: np.ndarray) -> None:
-        branch = s.branches[index]
-        branch.frames.extend(rgb)
-        branch.chunks_left -= 1
-        if all(b.chunks_left == 0 for b in s.branches):
-            for i, b in enumerate(s.branches):
-                s.emit("preview", seq=s.fork_seq, fork_id=s.fork_id, branch=i, frames=b.frames)
 
     # ------------------------------------------------------------ endings
     def _fail(self, s: Session, message: str) -> None:

@@ -1,6 +1,6 @@
 """Bookkeeping of the paged temporal KV cache: page ids, reference counts and page tables.
 
-No tensors here (like nano-vllm's block manager): the generator owns the page pool tensor
+No tensors here (like nano-vllm's block manager): the model runner owns the page pool tensor
 ``[num_layers, num_pages, heads, page_size, head_dim]`` and indexes it with the page ids handed
 out by :class:`PageAllocator`. A :class:`PageTable` lists one session's (or branch's) pages in
 time order, one list of ``pages_per_chunk`` ids per chunk, and implements the attention sink,

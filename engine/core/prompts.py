@@ -2,9 +2,9 @@
 before a prompt command reaches the engine, so that one session's prompts never stall every
 session's generation.
 
-Why: encoding a new prompt takes ~47 ms on one CPU core (all-MiniLM-L6-v2). On the engine thread
-a session sending a new 380-character prompt every 40 ms froze a neighbour's video from 20 to
-1.5 fps (issue 12). Here each session gets at most ``per_s`` encodings per second; prompts that
+Why: encoding a prompt costs a large part of a chunk's time on a CPU, so on the engine thread
+one session's prompt flood would freeze every other session's video. Here each session gets at
+most ``per_s`` encodings per second; prompts that
 arrive faster are coalesced (the latest waiting prompt wins: intermediate texts would be shown
 for a fraction of a frame at best), and the work runs beside the engine thread, not on it.
 

@@ -7,7 +7,8 @@ import importlib.util
 
 from worldstream.engine.core.backend import WorldBackend
 
-#: name -> "module:factory"; the factory takes keyword arguments and returns a WorldBackend
+#: backend id -> "module:factory"; the factory takes keyword arguments and returns a
+#: WorldBackend. The id is what save points and input logs record as their model.
 _BACKENDS: dict[str, str] = {
     "sim": "worldstream.engine.backends.sim:SimBackend",
     "builtin": "worldstream.engine.backends.builtin:load_builtin_backend",
@@ -15,6 +16,25 @@ _BACKENDS: dict[str, str] = {
     "avatar-sim": "worldstream.engine.backends.avatar_sim:AvatarSimBackend",
     "avatar": "worldstream.engine.backends.avatar:load_avatar_backend",
 }
+
+#: (world, model family) -> backend id: the two axes of ``--world`` and ``--model``
+WORLD_MODELS: dict[tuple[str, str], str] = {
+    ("landscape", "builtin"): "builtin",
+    ("landscape", "sim"): "sim",
+    ("landscape", "wan-causal"): "wan-causal",
+    ("avatar", "builtin"): "avatar",
+    ("avatar", "sim"): "avatar-sim",
+}
+
+
+def backend_id(world: str, model: str) -> str:
+    """The backend that plays ``world`` with model family ``model``; ValueError listing the
+    pairs there are."""
+    found = WORLD_MODELS.get((world, model))
+    if found is None:
+        pairs = ", ".join(f"--world {w} --model {m}" for w, m in WORLD_MODELS)
+        raise ValueError(f"no model {model!r} for world {world!r}; there are: {pairs}")
+    return found
 
 
 #: what to do when a model's files are missing

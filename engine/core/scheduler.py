@@ -328,7 +328,7 @@ class Scheduler:
                 continue
             # NOTE: previews are one session's extra work: they run in the slack before the
             # next stream chunk is due, or once they have waited preview_max_wait_ms, so a
-            # client forking at its rate limit cannot starve the other streams (issue 12)
+            # client forking at its rate limit cannot starve the other streams
             chunk_ms = 1e3 * s.chunk_frames / s.clock.fps
             cost_ns = round(s.stats.gen_estimate_ms(chunk_ms) * len(pending) * 1e6)
             fits = next_stream_ns is None or now_ns + cost_ns <= next_stream_ns

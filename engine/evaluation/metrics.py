@@ -25,8 +25,8 @@ def _gray(rgb: np.ndarray) -> np.ndarray:
 
 def image_shift(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
     """Translation ``(dx, dy)`` in pixels that moves image content of ``a`` to ``b`` (phase
-    correlation with the centred player sprite masked out and a flat-top Tukey window; a Hann
-    window scored 0.71 on ground truth, Tukey 1.0). Sub-pixel by a parabola fit."""
+    correlation with the centred player sprite masked out and a flat-top Tukey window, which
+    reads ground truth better than a Hann window). Sub-pixel by a parabola fit."""
     h, w = a.shape[:2]
     win = np.outer(tukey(h, 0.25), tukey(w, 0.25))
     keep = ~player_mask(h)
@@ -91,8 +91,7 @@ class SceneClassifier:
 
 def anisotropy(rgb: np.ndarray) -> float:
     """Gradient anisotropy ``|Gx² - Gy²| / (Gx² + Gy²)`` of the grey image, sprite excluded:
-    0 = no preferred direction (natural terrain), 1 = pure stripes (issue 11's streak
-    detector)."""
+    0 = no preferred direction (natural terrain), 1 = pure stripes (detects streaks)."""
     g = _gray(rgb)
     keep = ~player_mask(g.shape[0])
     gx = np.diff(g, axis=1)[:-1] ** 2
@@ -108,9 +107,7 @@ def mean_luma(rgb: np.ndarray) -> float:
 
 
 #: RGB distance (levels, Euclidean) beyond which a pixel counts as off its scene's palette:
-#: the autoencoder's round trip of simulator frames puts 0.1-2.6% of pixels beyond it (edges
-#: blended), while the magenta of the moving desert's new ground lay 39-80 levels from the
-#: desert's colours (10th-90th percentile; assets/builtin/MODEL_CARD.md, "Detail as shading")
+#: above the autoencoder's own round-trip error on blended edges, below a wrong-colour ground
 OFF_PALETTE_LEVELS = 20.0
 
 
@@ -146,8 +143,8 @@ def terrain_classes(rgb: np.ndarray, palette: np.ndarray) -> np.ndarray:
     """The terrain class of each pixel of ``rgb (H, W, 3)`` uint8: the row of ``palette``
     ``(K, 3)`` (a scene's class colours, ``engine.worlds.scenes.palette``) whose colour, scaled
     by the best brightness within :data:`CLASS_SCALE`, lies nearest (least squares). Returns
-    ``(H, W)`` int64. On the simulator's own frames 99.6 % of the pixels outside the sprite
-    get their true class (the misses are creatures; ``tests/test_eval_metrics.py``)."""
+    ``(H, W)`` int64. On the simulator's own frames nearly every pixel outside the sprite gets
+    its true class (the misses are creatures)."""
     p = np.asarray(palette, np.float64)
     x = rgb.reshape(-1, 3).astype(np.float64)
     scale = np.clip(x @ p.T / np.sum(p * p, axis=1), *CLASS_SCALE)  # (N, K)
@@ -156,10 +153,8 @@ def terrain_classes(rgb: np.ndarray, palette: np.ndarray) -> np.ndarray:
 
 
 #: the side (px) of the neighbourhood whose majority class a pixel takes before boundaries are
-#: counted: the autoencoder's round trip of simulator frames flips single pixels between classes
-#: whose colours lie 17-33 levels apart (snow's grounds, most of the night), which read
-#: 1.46-1.63 times the simulator's boundaries per pixel; after a 3 x 3 majority 1.02-1.18
-#: (every 20th of 200 frames of each evaluation world; a mottle 4-8 px across survives it)
+#: counted: it removes the single-pixel class flips of the autoencoder's round trip between
+#: close colours, while a real mottle a few pixels across survives it
 MAJORITY_PX = 3
 
 
@@ -168,8 +163,8 @@ def boundary_density(rgb: np.ndarray, palette: np.ndarray, majority: int = MAJOR
     terrain classes differ, pairs touching the sprite's box excluded. Each pixel takes the
     majority class (:func:`terrain_classes`) of the ``majority × majority`` px around it
     (``scipy.ndimage.uniform_filter`` on the classes' indicator planes; 1: none). The
-    simulator's terrain is large regions of one class (value noise at 9-72 px) with a few
-    speckled ones (vegetation): 0.05-0.11 in its frames. A mottle of the scene's own colours,
+    simulator's terrain is large regions of one class with a few speckled ones (vegetation),
+    so its frames read low. A mottle of the scene's own colours,
     which :meth:`ScenePalette.off_fraction` does not see, raises it."""
     classes = terrain_classes(rgb, palette)
     if majority > 1:

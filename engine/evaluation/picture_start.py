@@ -1,4 +1,4 @@
-"""Start from a picture, measured: how close the first second stays to the simulator when the
+"""Start from a picture: how close the first second stays to the simulator when the
 built-in model starts from a simulator frame of a held-out world, and what it makes of
 pictures unlike its world (a sheet of procedural "photos": nothing is downloaded).
 

@@ -13,12 +13,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from worldstream.engine.backends.builtin import BuiltinBackend  # noqa: E402
+from worldstream.engine.evaluation.episodes import record, rollout  # noqa: E402
 from worldstream.engine.evaluation.metrics import (  # noqa: E402
     anisotropy,
     boundary_density,
     sharpness,
 )
-from worldstream.engine.evaluation.run import record, rollout  # noqa: E402
 from worldstream.engine.models.builtin import text as text_encoder  # noqa: E402
 
 MOMENTS = (0, 10, 20, 40, 70, 100, 140, 180, 230)

@@ -21,12 +21,8 @@ from worldstream.engine.core.backend import ChunkJob
 from worldstream.engine.core.commands import derived_seed
 from worldstream.engine.core.inputlog import ReplayLog
 from worldstream.engine.studio.picture import frame_from_png_base64
-from worldstream.engine.studio.savepoint import (
-    decode,
-    file_sha256,
-    import_state,
-    model_version,
-)
+from worldstream.engine.studio.savepoint import decode, file_sha256, model_version
+from worldstream.engine.studio.savestate import import_state
 
 
 class ReplayError(ValueError):

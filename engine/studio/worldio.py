@@ -26,11 +26,10 @@ from worldstream.engine.studio.savepoint import (
     SavepointError,
     decode,
     encode,
-    export_state,
     file_sha256,
-    import_state,
     model_version,
 )
+from worldstream.engine.studio.savestate import export_state, import_state
 from worldstream.engine.studio.story import Storyboard, compile_story
 
 

@@ -7,6 +7,9 @@ walk's (frames ``skip`` on). A scene's mean is the mean of its walks'; the view 
 least-squares slope of the far ground's colour on the start view's, both taken from the
 scene's mean, pooled over scenes, seeds and channels — the best linear predictor of the
 colour of ground far away from the colour of a view.
+
+The shipped prior (``assets/builtin/colour_prior.json``, ``worldstream fit-colour-prior``) is
+fitted with the constants below.
 """
 
 from __future__ import annotations
@@ -18,6 +21,15 @@ from worldstream.engine.models.builtin.colour_prior import ColourPrior
 from worldstream.engine.worlds.recorder import HumanLikePolicy
 from worldstream.engine.worlds.scenes import SCENE_NAMES
 from worldstream.engine.worlds.simulator import WorldSimulator
+
+#: training world seeds 0..WORLDS-1, each walked in every scene
+WORLDS = 20
+#: frames of each walk
+LENGTH = 3000
+#: the walk's last FAR frames are the far ground
+FAR = 100
+#: a scene's mean is taken from frame SKIP on, past the start view
+SKIP = 200
 
 
 def walk_colours(seed: int, scene: str, length: int, far: int, skip: int
@@ -33,7 +45,7 @@ def walk_colours(seed: int, scene: str, length: int, far: int, skip: int
     return means[0], means[-far:].mean(axis=0), means[skip:].mean(axis=0)
 
 
-def fit_colour_prior(seeds: list[int], length: int = 3000, far: int = 100, skip: int = 200,
+def fit_colour_prior(seeds: list[int], length: int = LENGTH, far: int = FAR, skip: int = SKIP,
                      scenes: tuple[str, ...] = SCENE_NAMES) -> ColourPrior:
     """The prior of ``scenes`` fitted on walks of the training worlds ``seeds`` (see the
     module). ValueError for no seeds, or ``far``/``skip`` not within the walk."""
@@ -60,3 +72,9 @@ def fit_colour_prior(seeds: list[int], length: int = 3000, far: int = 100, skip:
               f"{max(seeds)}), human-like walks of {length} frames, far ground the last {far}, "
               f"scene means from frame {skip}")
     return ColourPrior(scene_means, weight, source)
+
+
+def fit_shipped_prior() -> ColourPrior:
+    """The prior of the module's constants: seeds ``0..WORLDS-1``, walks of ``LENGTH`` frames,
+    the far ground the last ``FAR``, scene means from frame ``SKIP``."""
+    return fit_colour_prior(list(range(WORLDS)), LENGTH, FAR, SKIP)

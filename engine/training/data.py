@@ -6,7 +6,7 @@ from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from worldstream.engine.worlds.recorder import record_shard, transpose_shard
+from worldstream.engine.worlds.recorder import record_shard
 
 NUM_SHARDS = 6
 EPISODES_PER_SHARD = 64
@@ -46,14 +46,3 @@ def ensure_dataset(root: Path, num_shards: int = NUM_SHARDS,
     jobs.append((held, list(range(HELDOUT_SEED0, HELDOUT_SEED0 + 16)), EPISODE_FRAMES))
     record_missing(record_shard, jobs, workers)
     return shards, held
-
-
-def transposed_shards(shards: list[Path]) -> list[Path]:
-    """The training shards seen with x and y swapped (``recorder.transpose_shard``), each
-    beside its source as ``<name>_transposed`` and written where missing (no ``camera.npy``);
-    their dirs, in the order of ``shards``."""
-    out = [d.parent / f"{d.name}_transposed" for d in shards]
-    for src, dst in zip(shards, out):
-        if not (dst / "camera.npy").exists():
-            transpose_shard(src, dst)
-    return out

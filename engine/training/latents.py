@@ -4,7 +4,6 @@ read it, and the prompt-embedding table."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,7 +91,7 @@ def attach_poses(data: LatentDataset, rig) -> None:
 def memory_bases(
     recon: np.ndarray, camera: np.ndarray, switch: np.ndarray, chunk_frames: int,
     view_box: int = VIEW_BOX, warp=None, actions: np.ndarray | None = None,
-    settle_px: int = SETTLE_PX, backdrops: np.ndarray | None = None,
+    settle_px: int = SETTLE_PX,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Replay one episode through a :class:`SpatialMemory` as the engine does: each chunk's
     frames read their base at their camera position from the memory as of the chunk's start,
@@ -106,8 +105,7 @@ def memory_bases(
     the pose of the episode's avatar ``actions (L,)`` from its ``rest`` pose, as the engine
     does (None: the pictures as read); ``settle_px`` the memory's settle distance (16, as the
     shipped weights were trained; on-policy replays pass the stream's,
-    ``BuiltinConfig.memory_settle_px``); ``backdrops (L, S, S, 3)`` uint8 each frame's
-    background plate, which the warp shows where it uncovers the scene (None: filled).
+    ``BuiltinConfig.memory_settle_px``).
     Returns base pictures ``(L, S, S, 3)`` uint8 and known planes ``(L, 2, S/d, S/d)``
     float32."""
     memory = SpatialMemory(settle_px=settle_px)
@@ -125,9 +123,7 @@ def memory_bases(
             memory.write(*camera[i], recon[i], exclude, settled=c == 0)
     if warp is not None:
         poses = warp.path(warp.rest, np.asarray(actions).tolist())
-        plates = [None] * len(bases) if backdrops is None else backdrops
-        bases = [warp.apply(rgb, pose, backdrop=plate)
-                 for rgb, pose, plate in zip(bases, poses, plates)]
+        bases = [warp.apply(rgb, pose) for rgb, pose in zip(bases, poses)]
     return np.stack(bases), np.stack(known)
 
 
@@ -154,16 +150,13 @@ def ae_decode(ae, z: torch.Tensor, device: torch.device) -> np.ndarray:
 def encode_shards(
     ae, shard_dirs: list[Path], chunk_frames: int = 1, cache: Path | None = None,
     prompts: tuple[str, ...] = PROMPTS, view_box: int = VIEW_BOX, base_warp: str | None = None,
-    backdrop: Callable[[int, int], np.ndarray] | None = None,
 ) -> LatentDataset:
     """Encode every frame of the shards and its memory base (cached to ``cache`` as a .pt file
     when given); ``prompts`` is the table the shards' prompt indices point into (the world's
     recorder's), ``view_box`` as in :func:`memory_bases`, ``base_warp`` the name of the warp
     (``engine.worlds.catalog.BASE_WARPS``) that moves each base picture to the pose of its
-    frame's actions before it is encoded, as the engine does (None: none); ``backdrop`` the
-    world's background plate by (scene index, world seed) (``WorldSpec.backdrop``), shown
-    where the warp uncovers the scene (None: filled from around). ValueError when
-    ``backdrop`` is given and a shard has no ``seed.npy``."""
+    frame's actions before it is encoded (None: none; a rig's name encodes the ``"warped"``
+    skip source's pictures)."""
     if cache is not None and cache.exists():
         return LatentDataset(**torch.load(cache))
     device = pick_device()
@@ -185,20 +178,12 @@ def encode_shards(
         lat = torch.empty(e, n, c, g, g, dtype=torch.float16)
         base = torch.empty(e, n, c, g, g, dtype=torch.float16)
         known = torch.empty(e, n, 2, g, g, dtype=torch.uint8)
-        if backdrop is not None and "seed" not in shard:
-            raise ValueError(f"shard {d} has no seed.npy: its background plates are unknown "
-                             "(record it again, or let the world's ensure_dataset add it)")
         for i in tqdm(range(e), desc=f"encoding {d.name}", unit="episode"):
             z = encode(np.array(frames[i]))
             recon = decode(z)
-            plates = None
-            if backdrop is not None:
-                seed, scenes = int(shard["seed"][i]), np.asarray(shard["scene"][i])
-                by_scene = {int(k): backdrop(int(k), seed) for k in np.unique(scenes)}
-                plates = np.stack([by_scene[int(k)] for k in scenes])
             rgb, planes = memory_bases(
                 recon, np.asarray(shard["camera"][i]), np.asarray(shard["switch"][i]), chunk_frames,
-                view_box, warp, np.asarray(shard["actions"][i]), backdrops=plates,
+                view_box, warp, np.asarray(shard["actions"][i]),
             )
             lat[i] = z.cpu()
             base[i] = encode(rgb).cpu()

@@ -1,4 +1,5 @@
-"""Train the built-in autoencoder on simulator frames (``worldstream train-ae``).
+"""Train the built-in autoencoder on simulator frames (``worldstream train-ae``), with one
+:class:`~engine.training.config.AEConfig`.
 
 Loss: L1 + MSE on ``decoder(encoder(x))`` (no perceptual network is available offline; GameNGen
 tuned its decoder with MSE alone), or MSE alone (``loss="mse"``: the objective PSNR measures).
@@ -32,9 +33,8 @@ from worldstream.engine.training.common import (
     save_checkpoint,
     seed_everything,
 )
+from worldstream.engine.training.config import AEConfig
 from worldstream.engine.worlds.recorder import load_shard
-
-LOSSES = ("l1+mse", "mse")
 
 
 def _all_frames(shard_dirs: list[Path]) -> list[np.ndarray]:
@@ -65,36 +65,25 @@ def train_ae(
     heldout_dir: Path,
     out_dir: Path,
     run_dir: Path,
+    cfg: AEConfig | None = None,
     *,
-    steps: int = 2000,
-    batch: int = 16,
-    lr: float = 1e-3,
-    seed: int = 0,
-    eval_every: int = 250,
-    decoder_only: bool = False,
     max_minutes: float | None = None,
-    init_from: Path | None = None,
-    loss: str = "l1+mse",
-    ema_decay: float | None = None,
 ) -> dict:
-    """Train (or resume) and return ``{"steps", "heldout_psnr_db", "wall_s"}``; stop after
-    ``steps`` steps or ``max_minutes`` of wall time in this call.
+    """Train (or resume) with ``cfg`` (default: :class:`AEConfig`'s defaults) and return
+    ``{"steps", "heldout_psnr_db", "wall_s"}``; stop after ``cfg.steps`` steps or
+    ``max_minutes`` of wall time in this call. ``cfg`` is written as ``train_config.json``
+    beside the weights each time they are saved.
 
     ``decoder_only``: start from the weights in ``out_dir`` and tune only the decoder, so the
     latents a world model was trained on stay valid (GameNGen tuned its decoder the same way).
     ``init_from``: warm-start a fresh run from a saved autoencoder (another world's).
-    ``loss``: ``"l1+mse"`` or ``"mse"``. ``ema_decay``: keep an EMA of the trained weights with
-    this decay (e.g. 0.999) and evaluate and save those.
-
-    Raises ``ValueError`` for an unknown ``loss`` or an ``ema_decay`` outside (0, 1).
+    ``ema_decay``: keep an EMA of the trained weights and evaluate and save those.
     """
-    if loss not in LOSSES:
-        raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
-    if ema_decay is not None and not 0.0 < ema_decay < 1.0:
-        raise ValueError(f"ema_decay must be in (0, 1), got {ema_decay}")
+    cfg = AEConfig() if cfg is None else cfg
+    steps, batch, seed, loss, ema_decay = cfg.steps, cfg.batch, cfg.seed, cfg.loss, cfg.ema_decay
     device = pick_device()
     seed_everything(seed)
-    if decoder_only:
+    if cfg.decoder_only:
         from worldstream.engine.models.builtin.loading import load_autoencoder
 
         ae = load_autoencoder(out_dir).to(device).train()
@@ -102,12 +91,12 @@ def train_ae(
         params = list(ae.decoder.parameters())
     else:
         ae = build_autoencoder().to(device)
-        if init_from is not None:
+        if cfg.init_from is not None:
             from worldstream.engine.models.builtin.loading import load_autoencoder
 
-            ae.load_state_dict(load_autoencoder(init_from).state_dict())
+            ae.load_state_dict(load_autoencoder(Path(cfg.init_from)).state_dict())
         params = list(ae.parameters())
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
     sched = get_cosine_schedule_with_warmup(opt, 100, steps)
     ema = EMAModel(params, decay=ema_decay) if ema_decay is not None else None
     ckpt_path = run_dir / "ae_checkpoint.pt"
@@ -123,7 +112,7 @@ def train_ae(
         rng = np.random.default_rng([seed, step])
     frames = _all_frames(data_dirs)
     held = np.asarray(load_shard(heldout_dir)["frames"][:, ::8].reshape(-1, 128, 128, 3))
-    if decoder_only and step == 0:
+    if cfg.decoder_only and step == 0:
         best = heldout_psnr(ae, held, device)  # only save what beats the starting weights
     bar = tqdm(total=steps, initial=step, desc="train-ae", unit="step")
     t0 = time.perf_counter()
@@ -132,7 +121,7 @@ def train_ae(
             break
         x = frames_to_tensor(_sample(frames, rng, batch)).to(device)
         with autocast(device):
-            if decoder_only:
+            if cfg.decoder_only:
                 with torch.no_grad():
                     z = ae.encoder(x)
                 y = ae.decoder(z).float()
@@ -152,7 +141,7 @@ def train_ae(
         bar.update(1)
         bar.set_postfix(loss=f"{err.item():.4f}")
         timeout = max_minutes is not None and time.perf_counter() - t0 > 60 * max_minutes
-        if step % eval_every == 0 or step == steps or timeout:
+        if step % cfg.eval_every == 0 or step == steps or timeout:
             if ema is not None:  # held out and saved: the EMA weights
                 ema.store(params)
                 ema.copy_to(params)
@@ -161,6 +150,7 @@ def train_ae(
             if psnr > best:
                 best = psnr
                 ae.save_pretrained(out_dir)
+                cfg.write(out_dir)
             if ema is not None:
                 ema.restore(params)
             save_checkpoint(

@@ -16,8 +16,6 @@ from tqdm import tqdm
 
 from worldstream.engine.worlds.actions import (
     IDLE,
-    NUM_ACTIONS,
-    action_to_direction,
     direction_to_action,
 )
 from worldstream.engine.worlds.scenes import SCENE_NAMES, SCENES
@@ -119,39 +117,6 @@ def record_shard(
     ]
     for key in episodes[0]:
         np.save(out / f"{key}.npy", np.stack([e[key] for e in episodes]))
-    return out
-
-
-def transpose_shard(src: str | Path, dst: str | Path) -> Path:
-    """Write the shard ``src`` seen with the world's x and y axes swapped into ``dst``: every
-    frame transposed (``frames[e, i].transpose(1, 0, 2)``), each action's direction ``(dx,
-    dy)`` turned into ``(dy, dx)``, the camera path's ``(x, y)`` into ``(y, x)``; scenes,
-    prompts, switches (and seeds, where saved) as they are.
-
-    The landscape's plane is seen from above by a camera that moves alike along both axes
-    (``HumanLikePolicy`` presses the four straight keys and the diagonals alike), so the
-    swapped episode is play of the same kind in a mirrored world (only its water shimmer and
-    cloud drift run along the mirrored directions): training on both teaches the model that
-    neither axis is special (a symmetry augmentation; assets/builtin/MODEL_CARD.md, "the
-    anisotropy miss is one orientation"). Not for the avatar: a face is not symmetric under the
-    swap. FileNotFoundError naming a missing file of ``src``."""
-    shard = load_shard(src)
-    out = Path(dst)
-    out.mkdir(parents=True, exist_ok=True)
-    swap = np.array([direction_to_action(*action_to_direction(a)[::-1])
-                     for a in range(NUM_ACTIONS)], np.int8)
-    arrays = {
-        "frames": np.ascontiguousarray(np.asarray(shard["frames"]).transpose(0, 1, 3, 2, 4)),
-        "actions": swap[np.asarray(shard["actions"])],
-        "camera": np.ascontiguousarray(np.asarray(shard["camera"])[..., ::-1]),
-    }
-    for key in ("scene", "prompt", "switch", "seed"):
-        if key in shard:
-            arrays[key] = np.asarray(shard[key])
-    # NOTE: the camera is written last: a shard is complete once camera.npy exists
-    # (engine.training.data.record_missing), so an interrupted copy is made again
-    for key in sorted(arrays, key=lambda k: k == "camera"):
-        np.save(out / f"{key}.npy", arrays[key])
     return out
 
 

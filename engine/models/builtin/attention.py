@@ -4,10 +4,10 @@
 
 * :class:`DenseContext` — a whole token sequence at once (training, reference forward): SDPA with a
   boolean frame-level mask (block-causal by chunk, or any mask the caller builds).
-* a paged context (``engine.backends.builtin.PagedAttentionContext``) — the engine's streaming
-path: it
-  writes the chunk's keys/values into the session's KV-cache pages and attends through
-  ``kernels.paged_attention`` over the CSR page lists (sink + window + selected pages).
+* a paged context (``engine.backends.paged_context.PagedAttentionContext``) — the engine's
+  streaming path: it writes the chunk's keys/values into the session's KV-cache pages and
+  attends through ``kernels.paged_attention`` over the CSR page lists (sink + window +
+  selected pages).
 
 Tensors are ``(batch, heads, tokens, head_dim)``.
 """
@@ -68,20 +68,12 @@ def teacher_forcing_frame_mask(num_frames: int, chunk_frames: int) -> torch.Tens
     return torch.cat([top, bottom], dim=0)
 
 
-# NOTE: inside a torch.compile graph the paged context is an opaque custom op: the context
-# writes the pool and walks page lists whose lengths change every chunk, so tracing it would
-# guard on (and recompile for) every context length, and leaving it out of the graph with
-# torch.compiler.disable broke each forward into seven graphs (the avatar's: five), whose
-# resumes cost time. As one graph, one thread of an AVX-512-BF16 EPYC, the other core
-# training: a 4-step landscape chunk denoised in 25.3-27.0 instead of 26.4-27.8 ms (three
-# alternating process pairs; ~2 % of the chunk), the avatar's in 20.1-20.6 instead of
-# 23.4-25.7 (`python -m bench quick --world avatar --threads 1`, two pairs: 20.1-20.4
-# instead of 17.2-19.0 fps; a third run 19.5). The op cannot take the context object, so the
-# caller binds it (:func:`bound`) for the forward. It writes the KV pool, which is no input of
-# the graph, so it is declared pure (``mutates_args=()``): safe because each call's output
-# feeds the next layer (no reordering or elimination) and no two calls share a layer (no
-# merging), for inference only — the op has no backward, and a CUDA-graph mode would replay
-# stale page lists.
+# NOTE: inside a torch.compile graph the paged context is an opaque custom op: tracing it would
+# recompile for every context length, and torch.compiler.disable would split each forward into
+# several graphs. The caller binds the context (:func:`bound`), since the op cannot take it.
+# It writes the KV pool yet is declared pure (``mutates_args=()``): safe because each call's
+# output feeds the next layer and no two calls share a layer; inference only (no backward, and
+# a CUDA-graph mode would replay stale page lists).
 _bound = threading.local()
 
 

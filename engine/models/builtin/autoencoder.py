@@ -1,10 +1,8 @@
 """The built-in autoencoder: diffusers ``AutoencoderTiny`` configured for 128×128 RGB frames and
 ``(4, 32, 32)`` latents (4× spatial downsampling in three stages, 4 latent channels).
 
-NOTE: v1 used 8× in four stages with 8 channels (``(8, 16, 16)``); it reconstructed held-out
-frames at 23.3 dB, which capped every generated frame's sharpness. Three stages at the same width
-reconstruct better and encode + decode a frame in ~22 ms instead of ~48 ms on one core
-(``/tmp``-free probe numbers in the model card).
+NOTE: three stages rather than four: a deeper downsampling reconstructs too blurry, which caps
+every generated frame's sharpness, and costs more per frame (see the model card).
 
 ``AutoencoderTiny.forward`` quantises latents to uint8 and cuts the gradient, so training and the
 engine call ``encoder``/``decoder`` directly: images in [-1, 1] -> latents -> images in [-1, 1].

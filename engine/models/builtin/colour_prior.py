@@ -1,17 +1,14 @@
 """The built-in landscape's colour prior: what colour ground far from a view has, per scene.
 
 The colour anchor (``BuiltinConfig.colour_anchor``) holds the generated ground's running mean
-colour near a reference. A view's own mean colour is a poor reference for ground a few
-thousand frames away: on training worlds it predicts the mean colour of frames 2,900-3,000 of
-a moving walk with an RMS error of 5.7-12.4 luma levels, the scene's mean colour with 3.3-6.9
-(``assets/builtin/MODEL_CARD.md``, "The colour prior"). The best linear predictor from both,
-fitted on training worlds (``engine.training.colour_prior.fit_colour_prior``), is
+colour near a reference. A view's own mean colour is a poor reference for ground far away; the
+scene's mean colour predicts it better. The best linear predictor from both, fitted on training
+worlds (``engine.training.colour_prior.fit_colour_prior``), is
 
     reference = scene_mean + view_weight * (view_mean - scene_mean)
 
-a shrinkage estimate (James-Stein style) of the ground's colour toward the scene's; the view
-weight came out 0.0-0.2 on two sets of 20 training worlds (the shipped fit: 0.0, the scene
-alone). Stored beside the weights as ``colour_prior.json``.
+a shrinkage estimate (James-Stein style) of the ground's colour toward the scene's (the fit is
+in the model card). Stored beside the weights as ``colour_prior.json``.
 """
 
 from __future__ import annotations

@@ -156,12 +156,8 @@ class SpatialMemory:
             raise ValueError(f"expected a (S, S, 3) frame, got {rgb.shape}")
         size = rgb.shape[0]
         # NOTE: the best-view rule exists because a *decoded* frame is least accurate at its
-        # border (convolution padding); a real frame is not, and letting generated frames
-        # refine its border columns replaced the start picture's edges with the model's
-        # guesses: a loop out of the start view and back read 24.5 dB, 31.3 with real frames
-        # settled (assets/builtin/MODEL_CARD.md, "Real frames are final, ..."). Among real frames
-        # the newest wins: keeping the first (its water since moved) cost teacher-forced
-        # frames 0.5 dB
+        # border; a real frame is not, so generated frames must not refine its edges with the
+        # model's guesses. Among real frames the newest wins (its water has moved since)
         view = np.full((size, size), self.settle_px, np.int16) if settled else self._view(size)
         undo = UndoRecord()
         self._tick += 1

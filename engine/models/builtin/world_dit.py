@@ -6,20 +6,15 @@ the action is also added to every token of its frame (a strong per-token signal)
 learned over the 8×8 grid, rotary (RoPE) over time, so cached keys stay valid as the stream
 moves on. Attention goes through ``engine.models.builtin.attention.attend`` (one call site): dense
 block-causal for training, paged KV cache in the engine. The network predicts the clean latent
-x0 (velocity prediction failed at this width in the first training runs).
+x0 (velocity prediction does not train well at this width).
 
-Spatial memory (v2). Every frame is fed a *base*: the window of the stream's spatial memory
+Spatial memory. Every frame is fed a *base*: the window of the stream's spatial memory
 (``engine.models.builtin.spatial_memory``) at the frame's camera position, encoded by the
 autoencoder, with two planes saying where memory holds content of the current prompt (*current*)
 and of an earlier one (*stale*, to restyle). The output is residual on that base, so the
-transformer generates only what memory cannot explain: newly revealed ground, animated water,
-clouds and creatures, the player sprite, a new prompt's look. The camera position comes from a
-learned camera dynamics model (:class:`CameraDynamics`, velocity from the previous velocity and the
-action, fitted to the simulator's recorded camera paths): the model decides where the view moves,
-the memory makes sure what was seen stays where it was. Since the base is read from memory once per
-frame at integer pixel offsets, nothing is resampled twice — v1's base was the previous
-*generated* frame shifted by a sub-pixel amount, and its rollouts collapsed into streaks within
-three seconds (issue 11).
+transformer generates only what memory cannot explain. The camera position comes from a learned
+camera dynamics model (``engine.models.builtin.camera_dynamics``): the model decides where the
+view moves, the memory makes sure what was seen stays where it was.
 """
 
 from __future__ import annotations
@@ -28,11 +23,12 @@ import math
 
 import torch
 import torch.nn.functional as F
-from diffusers.configuration_utils import ConfigMixin, register_to_config
+from diffusers.configuration_utils import ConfigMixin, FrozenDict, register_to_config
 from diffusers.models.modeling_utils import ModelMixin
 from torch import nn
 
 from worldstream.engine.models.builtin.attention import AttentionContext, attend
+from worldstream.engine.models.builtin.camera_dynamics import CameraDynamics
 
 
 def _timestep_embedding(sigma: torch.Tensor, dim: int) -> torch.Tensor:
@@ -81,7 +77,37 @@ class WorldDiTActionEmbedding(nn.Module):
 
 
 #: a model's second skip sources (``WorldDiT``'s ``skip_source``)
-SKIP_SOURCES = (None, "previous", "warped")
+SKIP_SOURCES = (None, "warped")
+
+#: the last commit whose code trained and ran the retired config keys below
+RETIRED_AT = "60fcd8b"
+#: config keys of experiments that did not ship, each with the only value still accepted (a
+#: saved config holding it loads, the key dropped; any other value is refused)
+RETIRED_KEYS = {"base_warp": None, "noise_correlation": 0.0, "noise_scale": 2.0,
+                "skip_floor": None, "backdrop_fill": False}
+
+
+class WorldDiTConfig(FrozenDict):
+    """A :class:`WorldDiT`'s config: diffusers' frozen dict, with the retired keys readable as
+    attributes at their fixed values (``RETIRED_KEYS``) for code that still reads them."""
+
+
+for _key, _value in RETIRED_KEYS.items():
+    setattr(WorldDiTConfig, _key, _value)
+
+
+def drop_retired_keys(config: dict) -> dict:
+    """``config`` (a saved :class:`WorldDiT` config dict) without the retired keys, each of
+    which must hold its only accepted value; ValueError naming the key and ``RETIRED_AT``
+    otherwise, or for ``skip_source`` ``"previous"``."""
+    for key, value in config.items():
+        if key in RETIRED_KEYS and value != RETIRED_KEYS[key]:
+            raise ValueError(f"WorldDiT config {key}={value!r} is a retired experiment (only "
+                             f"{RETIRED_KEYS[key]!r} loads); commit {RETIRED_AT} runs it")
+    if config.get("skip_source") == "previous":
+        raise ValueError("WorldDiT config skip_source='previous' is a retired experiment; "
+                         f"commit {RETIRED_AT} runs it")
+    return {k: v for k, v in config.items() if k not in RETIRED_KEYS}
 
 
 class WorldDiTPoseEmbedding(nn.Module):
@@ -144,106 +170,37 @@ class WorldDiTBlock(nn.Module):
         return x + gate2 * self.mlp(h)
 
 
-class CameraDynamics(nn.Module):
-    """Learned camera motion: ``v_t = v_{t-1} + L([v_{t-1}, a_t]) + MLP([v_{t-1}, a_t])`` with
-    the action one-hot, in image pixels per frame; the camera position is the running sum of
-    ``v``. A linear part (momentum and thrust: what a camera with inertia mostly is) plus a
-    small MLP for the rest; fitted to the simulator's recorded camera paths
-    (``engine.training.train_world.fit_camera_dynamics``). Recurrent because a world with
-    inertia needs the velocity as state."""
-
-    def __init__(self, num_actions: int, hidden: int = 64):
-        super().__init__()
-        self.num_actions = num_actions
-        self.linear = nn.Linear(2 + num_actions, 2)
-        self.mlp = nn.Sequential(
-            nn.Linear(2 + num_actions, hidden), nn.SiLU(), nn.Linear(hidden, 2)
-        )
-        for layer in (self.linear, self.mlp[2]):  # zero at init: the camera stays put
-            nn.init.zeros_(layer.weight)
-            nn.init.zeros_(layer.bias)
-
-    def forward(self, vel: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
-        """``vel (N, 2)`` float32 px/frame, ``actions (N,)`` int64 -> next velocity ``(N, 2)``."""
-        hot = F.one_hot(actions, self.num_actions).to(vel.dtype)
-        x = torch.cat([vel, hot], dim=-1).to(self.linear.weight.dtype)
-        return vel + (self.linear(x) + self.mlp(x)).float()
-
-    @torch.no_grad()
-    def rollout(
-        self, vel: torch.Tensor, actions: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Displacements of a sequence: ``vel (2,)`` before it, ``actions (T,)`` ->
-        ``(T, 2)`` float32 per-frame displacement (px) and the final velocity ``(2,)``."""
-        out = []
-        v = vel.float()[None]
-        for a in actions.reshape(-1):
-            v = self(v, a.reshape(1))
-            out.append(v[0])
-        return torch.stack(out), v[0]
-
-
 class WorldDiT(ModelMixin, ConfigMixin):
     """Causal world transformer with a spatial-memory base and learned camera dynamics.
 
-    Args (config): ``latent_channels`` (4), ``latent_size`` (32), ``patch_size`` (4), ``dim``,
-    ``depth``, ``num_heads``, ``mlp_ratio``, ``num_actions`` (9), ``text_dim`` (384),
-    ``chunk_frames`` (frames per chunk it was trained with), ``latent_mean``/``latent_std``
-    (per-channel autoencoder latent statistics; the model sees normalised latents),
-    ``image_size`` (frame side, px), ``view_box`` (side in px of the view-anchored square at
-    the frame centre that is never written to memory: the player sprite; 0 = none),
-    ``action_factors`` (None: ``num_actions`` independent ids; else the sizes of the factors
-    an action id is made of, product ``num_actions``, each embedded separately: per-frame
-    conditioning such as expression and speech, see :class:`WorldDiTActionEmbedding`),
-    ``base_warp`` (None, or the name of the warp its memory bases were moved with before they
-    were encoded, ``engine.worlds.catalog.BASE_WARPS``: the avatar's head pose),
-    ``skip_source`` (None; else a second picture fed beside the base, and the skip becomes a
-    per-pixel mix of the two, see :meth:`forward`: ``"previous"``, the clean latent of the last
-    frame before the frame's chunk; ``"warped"``, the memory picture warped to the rig's pose,
-    ``pose_path``'s ``apply``).
+    Config:
+        latent_channels: autoencoder latent channels (4).
+        latent_size: latent frame side, latent px (32).
+        patch_size: token side, latent px (4: 8 × 8 tokens a frame).
+        dim, depth, num_heads, mlp_ratio: transformer width, blocks, heads, MLP ratio.
+        num_actions: action ids (9 for the landscape).
+        text_dim: scene-prompt embedding width (384).
+        chunk_frames: frames a chunk, as trained (the engine reads it).
+        latent_mean, latent_std: per-channel latent statistics; the model sees
+            ``(z - mean) / std``.
+        image_size: frame side, px.
+        view_box: side (px) of the centre square never written to memory (0 = none).
+        action_factors: None (plain ids) or the factor sizes an id is made of, product
+            ``num_actions`` (:class:`WorldDiTActionEmbedding`).
+        skip_source: None, or ``"warped"``: a second picture beside the base, the memory
+            picture moved to the frame's pose by the ``pose_path`` rig; the skip becomes
+            ``base + m · (source − base)`` with ``m`` a predicted per-pixel map (zero at start).
+        pose_path: None, or the name in ``engine.worlds.catalog.BASE_WARPS`` of the rig whose
+            pose (yaw, pitch in [-1, 1]) conditions every frame.
+        skip_prior: offset added to the predicted map (1.0 starts trusting the source).
 
-    Why ``skip_source``: the output is a residual on the memory base, and the base reaches the
-    output through a direct skip, while the frames before reach it only through attention over
-    16-px patches, which does not carry their detail through four layers. For a still camera
-    (the avatar) the base is the character at rest, so a turning head had to be erased and
-    redrawn by the residual; the model drew one turned head for every character (the eyes and
-    glasses of none in particular), ghosted over the head at rest. With a second source the
-    network predicts a mixing map ``m`` beside its residual, and the skip becomes ``base + m ·
-    (source − base)``: where the source is right (the head moved by the warp, or as the last
-    frame left it) its detail comes through as directly as the base's does, and where it is
-    wrong (the neck and background a warp drags along) the base's (the gated skip of highway
-    networks; zero at start, so a warm-started model begins as the model it came from).
-    ``skip_prior`` (0.0) is added to the predicted map: 1.0 starts a model trusting its source
-    everywhere (the network then learns where not to). Why: from zero, the avatar's map
-    averaged 0.23 over a turning head (the skip mostly the head at rest under the turned one: a
-    ghost); started at 1.0 with the layered head warp, the network still pulled it to ~0.3, a
-    blend of two pictures that each miss by a pixel or two being the better answer under a
-    squared error (assets/avatar/MODEL_CARD.md, v2.4), but its turns read better.
-    ``skip_floor`` (None) bounds the map from below: a map of at least 0.8, say, draws every
-    pixel mostly from the source, so the head at rest can no longer come through the skip and
-    what the source misses must come from the residual (no gradient flows to the map where it
-    sits at the floor). Why: the map's blend is the squared error's optimum, so no loss of that
-    kind and no prior trains it away (v2.7's map over a turned head: about 0.35).
-
-    ``pose_path`` (None, or the name in ``engine.worlds.catalog.BASE_WARPS`` of a rig whose
-    pose path conditions every frame: the avatar's head yaw and pitch eased toward the held
-    keys, see :meth:`forward`). Why: the head's pose is set by the keys through the rig's
-    easing, and a model that must read it from its context drew, even from true context, a
-    blend of the head at rest and the head turned all the way (it did not know how far
-    along the turn a frame is); the landscape's camera path is given the same way.
-
-    ``backdrop_fill`` (False): with the ``"warped"`` skip source, what a turn uncovers of the
-    character's region at rest showed the scene's background plate when the model was trained
-    (the rig's ``apply(..., backdrop=)``; the avatar world's plate is drawn by its simulator),
-    so the engine passes a stream's backdrop to the rig; False: the rig's fill from around,
-    which a model trained on it expects (a fill it was not trained on read worse). Why: the
-    fill drags the neck's and hair's colours over uncovered background, and no fill can know
-    a background that does not continue sideways (assets/avatar/MODEL_CARD.md).
-
-    ``noise_correlation`` (0.0) and ``noise_scale`` (2.0 latent px): the denoising noise the
-    model was trained on (``engine.models.builtin.world_noise.correlated``: a share
-    ``noise_correlation`` of each pixel's variance low-passed over ``noise_scale`` pixels; 0 is
-    white noise); the engine draws its initial noise the same way.
+    Why ``skip_source``: the base reaches the output through a direct skip, the frames before
+    only through attention over 16-px patches; for a still camera (the avatar) a turned head
+    had to be redrawn by the residual over the head at rest. With the warped picture in the
+    skip its detail comes through directly where the rig is right (a gated skip, as in highway
+    networks). Why ``pose_path``: a model reading the pose from its context did not know how
+    far along a turn a frame is. Saved configs with retired keys load when those hold their
+    only accepted value (:func:`drop_retired_keys`).
     """
 
     def normalize(self, z: torch.Tensor) -> torch.Tensor:
@@ -279,32 +236,15 @@ class WorldDiT(ModelMixin, ConfigMixin):
         image_size: int = 128,
         view_box: int = 13,
         action_factors: tuple[int, ...] | None = None,
-        base_warp: str | None = None,
         skip_source: str | None = None,
         pose_path: str | None = None,
         skip_prior: float = 0.0,
-        noise_correlation: float = 0.0,
-        noise_scale: float = 2.0,
-        skip_floor: float | None = None,
-        backdrop_fill: bool = False,
     ):
-        # chunk_frames, latent_mean/std, image_size, view_box, base_warp, noise_correlation/
-        # scale: how the model was trained (the engine reads them); latents are normalised per
-        # channel as (z - mean) / std
         super().__init__()
-        if not 0.0 <= noise_correlation < 1.0 or noise_scale <= 0:
-            raise ValueError("noise_correlation must be in [0, 1) and noise_scale > 0 latent px, "
-                             f"got {noise_correlation} and {noise_scale}")
         if skip_source not in SKIP_SOURCES:
             raise ValueError(f"skip_source must be one of {SKIP_SOURCES}, got {skip_source!r}")
         if skip_source == "warped" and pose_path is None:
             raise ValueError("skip_source 'warped' warps to a rig's pose: give pose_path")
-        if skip_floor is not None and (skip_source is None or not 0.0 <= skip_floor <= 1.0):
-            raise ValueError("skip_floor bounds the mixing map of a skip_source and must be in "
-                             f"[0, 1], got {skip_floor} with skip_source {skip_source!r}")
-        if backdrop_fill and skip_source != "warped":
-            raise ValueError("backdrop_fill fills what the warped skip source uncovers: it "
-                             f"needs skip_source 'warped', got {skip_source!r}")
         grid = latent_size // patch_size
         self.tokens_per_frame = grid * grid
         # 1. patch stem over [noisy latent ; base ; base σ, current, stale planes (; second
@@ -346,6 +286,15 @@ class WorldDiT(ModelMixin, ConfigMixin):
         # 5. where the camera goes: velocity from the previous velocity and the action
         self.camera = CameraDynamics(num_actions)
 
+    @classmethod
+    def extract_init_dict(cls, config_dict, **kwargs):
+        return super().extract_init_dict(drop_retired_keys(dict(config_dict)), **kwargs)
+
+    # NOTE: defined after __init__, whose decorator is diffusers' register_to_config
+    def register_to_config(self, **kwargs):
+        super().register_to_config(**kwargs)
+        self._internal_dict = WorldDiTConfig(self._internal_dict)
+
     def forward(
         self,
         latents: torch.Tensor,
@@ -376,9 +325,9 @@ class WorldDiT(ModelMixin, ConfigMixin):
             ctx: attention context (dense mask or paged KV cache), see
             ``engine.models.builtin.attention``.
             skip: ``(B, T, C, h, w)`` normalised latent of each frame's second skip source
-                (``skip_source``: the last frame before its chunk, or the memory picture warped
-                to its pose), noised at ``base_sigma`` as the base is; required by a model
-                with ``skip_source``, refused otherwise (ValueError).
+                (``skip_source``: the memory picture warped to its pose), noised at
+                ``base_sigma`` as the base is; required by a model with ``skip_source``,
+                refused otherwise (ValueError).
             pose: ``(B, T, 2)`` float32 the rig's pose (yaw, pitch in [-1, 1]) at each frame,
                 for a model with ``pose_path`` (required there, refused otherwise:
                 ValueError).
@@ -431,8 +380,6 @@ class WorldDiT(ModelMixin, ConfigMixin):
         through = base.float()
         if skip is not None:
             mix = cfg.skip_prior + self._unpatchify(self.skip_gate(h).float(), 1)  # (B,T,1,h,w)
-            if cfg.skip_floor is not None:
-                mix = mix.clamp_min(cfg.skip_floor)
             through = through + mix * (skip.float() - through)
         return x + (1 - base_sigma.float())[..., None, None, None] * through
 
@@ -443,31 +390,3 @@ class WorldDiT(ModelMixin, ConfigMixin):
         g = self.config.latent_size // p
         x = x.reshape(b, t, g, g, p, p, channels).permute(0, 1, 6, 2, 4, 3, 5)
         return x.reshape(b, t, channels, g * p, g * p)
-
-
-def warm_start(model: WorldDiT, state: dict[str, torch.Tensor]) -> None:
-    """Load ``state`` (a trained :class:`WorldDiT`'s ``state_dict``) into ``model``; a model
-    with ``skip_source`` or ``pose_path`` warm-started from one without gets the stem's
-    second-source input channels, the skip's mixing map and the pose embedding's outputs at
-    zero, so it starts as exactly the trained model (as ControlNet's zero convolutions add a
-    condition to a trained network); a deeper model keeps its extra blocks, after the trained
-    ones, as initialised (adaLN-Zero: each adds nothing until trained, so the deeper model
-    also starts as the trained one). RuntimeError or ValueError when the shapes differ
-    otherwise (a shallower model included)."""
-    stem = state.get("stem.weight")
-    own = model.stem.weight
-    if stem is not None and stem.shape != own.shape:
-        extra = own.shape[1] - stem.shape[1]
-        if not model.config.skip_source or extra != model.config.latent_channels:
-            raise ValueError(f"stem {tuple(stem.shape)} does not fit {tuple(own.shape)}")
-        pad = torch.zeros(stem.shape[0], extra, *stem.shape[2:], dtype=stem.dtype)
-        state = {**state, "stem.weight": torch.cat([stem, pad], dim=1)}
-    # parts the trained model has not, kept as initialised (zero outputs: no change)
-    trained = {int(k.split(".")[1]) for k in state if k.startswith("blocks.")}
-    blocks = [f"blocks.{i}" for i in range(len(model.blocks)) if trained and i > max(trained)]
-    modules = dict(model.named_modules())
-    for name in ("skip_gate", "pose_emb", *blocks):
-        part = modules.get(name)
-        if part is not None and not any(k.startswith(f"{name}.") for k in state):
-            state = {**state, **{f"{name}.{k}": v.clone() for k, v in part.state_dict().items()}}
-    model.load_state_dict(state)

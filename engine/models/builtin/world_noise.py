@@ -22,11 +22,8 @@ Optionally (``period`` > 0) the field drifts slowly in its own time: a frame at 
 ``θ = π/2 · r / period`` — still standard normal at every pixel, one time step to the next
 correlated by ``cos(π / (2·period))``, independent ``2·period`` steps apart, and at ``t = 0``
 exactly the fixed field. A field fixed in time gives a resting camera the same noise every
-frame, so the model's bias there never averages out (a night world left idle for 3,000 frames
-brightened by 11 levels where fresh noise gave 7); drifting in stream time loses the revisit
-gain instead, so the built-in backend advances the field's time only while the camera has
-rested for long (``engine.backends.builtin.BuiltinBackend._field_clock``;
-assets/builtin/MODEL_CARD.md).
+frame, so the model's bias there never averages out; drifting in stream time loses the
+revisit gain instead (the trade-off is in the model card).
 """
 
 from __future__ import annotations

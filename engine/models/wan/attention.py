@@ -4,9 +4,9 @@
 for a :class:`WanPagedAttnProcessor`; cross-attention (``attn2``) keeps diffusers' own
 ``WanAttnProcessor``. A processor projects q/k/v exactly like diffusers (RMS norm across heads,
 interleaved-pair RoPE), then hands them to the context bound for the current forward (an
-``engine.backends.builtin.PagedAttentionContext``): it writes the chunk's keys/values into the
-chunk's pages and attends through ``kernels.paged_attention`` over sink + window + own pages, which
-is block-causal attention by chunk.
+``engine.backends.paged_context.PagedAttentionContext``): it writes the chunk's keys/values
+into the chunk's pages and attends through ``kernels.paged_attention`` over sink + window + own
+pages, which is block-causal attention by chunk.
 
 RoPE uses absolute latent-frame positions (a chunk starting at frame ``p`` gets time rows
 ``p..p+F-1``), as the causal Wan models do; the time axis is computed for any position, so a

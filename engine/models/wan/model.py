@@ -68,8 +68,9 @@ class WanChunkModel:
             timestep: ``(B,)`` float, ``1000 * sigma`` of each row.
             text: ``(B, L, inner_dim)`` projected prompt (:meth:`project_text`).
             frame_start: ``(B,)`` int, absolute latent-frame index of each row's first frame.
-            context: the attention context (``engine.backends.builtin.PagedAttentionContext``): it
-                writes this chunk's keys/values to its pages and attends the rows' pages.
+            context: the attention context (``engine.backends.paged_context
+                .PagedAttentionContext``): it writes this chunk's keys/values to its pages and
+                attends the rows' pages.
         Returns:
             ``(B, C, F, h, w)`` flow prediction in the transformer's dtype.
         """

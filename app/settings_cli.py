@@ -1,0 +1,55 @@
+"""The one way the commands take settings: ``--set field=value`` (repeatable; fields of a
+config dataclass, validated; ``--set help`` lists them with their values and one line of doc
+each)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--set", dest="sets", action="append", default=[],
+                        metavar="FIELD=VALUE",
+                        help="override a setting (repeatable; values as JSON: 2, 0.5, true, "
+                             "null, [32, 80]); `--set help` lists the settings")
+
+
+def wants_help(args: argparse.Namespace) -> bool:
+    """Whether ``--set help`` was given."""
+    return "help" in args.sets
+
+
+def overrides(cls: type, args: argparse.Namespace) -> dict:
+    """``--set`` items as ``cls`` field values; ValueError naming a bad one."""
+    from worldstream.engine.backends.settings import parse_overrides
+
+    return parse_overrides(cls, args.sets)
+
+
+def print_settings(cls: type, values: dict, source: str) -> int:
+    """Print ``cls``'s settings with ``values`` (from ``source``) over the defaults."""
+    from worldstream.engine.backends.settings import describe
+
+    print(f"settings (values: {source}, else the defaults); change one with --set FIELD=VALUE"
+          "\n")
+    print(describe(cls, values))
+    return 0
+
+
+def builtin_overrides(args: argparse.Namespace) -> dict:
+    """``--set`` items as built-in model settings (``BuiltinConfig``)."""
+    from worldstream.engine.backends.builtin import BuiltinConfig
+
+    return overrides(BuiltinConfig, args)
+
+
+def print_builtin_settings(world: str, model_path: str | Path | None = None) -> int:
+    """``--set help`` of the built-in model family, with ``world``'s values."""
+    from worldstream.engine.backends.builtin import BuiltinConfig
+    from worldstream.engine.backends.settings import SETTINGS_FILE, load_settings
+    from worldstream.engine.worlds.catalog import world as world_spec
+
+    folder = Path(model_path) if model_path else world_spec(world).assets
+    return print_settings(BuiltinConfig, load_settings(BuiltinConfig, folder),
+                          str(folder / SETTINGS_FILE))

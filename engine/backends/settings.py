@@ -1,0 +1,175 @@
+"""Stream settings as data: a world's ``stream_config.json`` beside its weights, overrides as
+``field=value`` (``--set``), and the fields' one-line docs (``--set help``), all read
+from the config dataclass itself so that nothing is written twice.
+
+Errors are one-line ValueErrors naming the field.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import json
+import textwrap
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+import torch
+
+#: the file beside a world's weights that holds its stream settings
+SETTINGS_FILE = "stream_config.json"
+#: the commit that last had the code of retired settings (the model cards' experiments tables)
+RETIRED_AT = "60fcd8b"
+#: settings of experiments that did not ship, with the value that meant "off"
+RETIRED = {"decode_refining": False, "world_noise_period": 0, "world_noise_hold": 64}
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """Each dataclass field's docstring (the string literal under it), base classes first;
+    a field without one maps to ""."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body
+        for node, after in zip(body, body[1:] + [None]):
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                doc = (after.value.value if isinstance(after, ast.Expr)
+                       and isinstance(after.value, ast.Constant) else "")
+                docs[node.target.id] = " ".join(str(doc).split())
+    return {f.name: docs.get(f.name, "") for f in dataclasses.fields(cls)}
+
+
+def coerce(cls: type, name: str, value: Any) -> Any:
+    """``value`` (JSON-like: numbers, strings, lists, null) as the type of field ``name`` of
+    ``cls``; ValueError naming the field for an unknown field or a value of another type."""
+    hints = typing.get_type_hints(cls)
+    if name not in {f.name for f in dataclasses.fields(cls)}:
+        raise ValueError(f"unknown setting {name!r}; `--set help` lists them")
+    try:
+        return _coerce(hints[name], value)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"setting {name}: {err}") from None
+
+
+def _coerce(hint: Any, value: Any) -> Any:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(arg, value)
+            except (TypeError, ValueError) as err:
+                errors.append(str(err))
+        raise ValueError("; ".join(errors))
+    if origin is tuple:
+        if not isinstance(value, list | tuple):
+            raise ValueError(f"expected a list, got {value!r}")
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_coerce(args[0], v) for v in value)
+        if len(value) != len(args):
+            raise ValueError(f"expected {len(args)} values, got {value!r}")
+        return tuple(_coerce(a, v) for a, v in zip(args, value))
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"expected true or false, got {value!r}")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"expected an integer, got {value!r}")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"expected a number, got {value!r}")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise ValueError(f"expected a string, got {value!r}")
+        return value
+    if hint is torch.dtype:
+        if value not in _DTYPES:
+            raise ValueError(f"expected one of {sorted(_DTYPES)}, got {value!r}")
+        return _DTYPES[value]
+    raise ValueError(f"cannot be set from text ({hint})")
+
+
+def drop_retired(values: dict[str, Any], where: str) -> dict[str, Any]:
+    """``values`` without retired settings at their "off" value; ValueError naming the first
+    retired setting asked at another value."""
+    out = dict(values)
+    for name, off in RETIRED.items():
+        if name in out:
+            if out.pop(name) != off:
+                raise ValueError(f"{where}: setting {name} was retired (its code last at "
+                                 f"{RETIRED_AT}); only {json.dumps(off)} loads")
+    return out
+
+
+def load_settings(cls: type, folder: Path) -> dict[str, Any]:
+    """The settings of ``folder/stream_config.json`` as ``cls`` field values ({} without the
+    file); ValueError naming the file and the field for a bad one."""
+    path = Path(folder) / SETTINGS_FILE
+    if not path.is_file():
+        return {}
+    try:
+        raw = json.loads(path.read_text())
+    except ValueError as err:
+        raise ValueError(f"{path}: not JSON ({err})") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: expected an object of settings")
+    try:
+        raw = drop_retired(raw, str(path))
+        return {name: coerce(cls, name, value) for name, value in raw.items()}
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from None
+
+
+def parse_overrides(cls: type, items: list[str]) -> dict[str, Any]:
+    """``--set field=value`` items as ``cls`` field values; the value is read as JSON (true,
+    null, 0.5, [32, 80]) and otherwise taken as text. ValueError naming the item."""
+    out: dict[str, Any] = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        if not sep or not name:
+            raise ValueError(f"--set expects field=value, got {item!r}")
+        try:
+            value = json.loads(text)
+        except ValueError:
+            value = text
+        out.update(drop_retired({name.strip(): value}, "--set"))
+        if name.strip() in out:
+            out[name.strip()] = coerce(cls, name.strip(), out[name.strip()])
+    return out
+
+
+def describe(cls: type, values: dict[str, Any] | None = None) -> str:
+    """One line per settable field of ``cls``: name, type, value (``values``, else the
+    default) and its doc."""
+    hints = typing.get_type_hints(cls)
+    docs = field_docs(cls)
+    lines = []
+    for f in dataclasses.fields(cls):
+        default = (values or {}).get(f.name, f.default)
+        if default is dataclasses.MISSING:
+            default = "(required)"
+        kind = getattr(hints[f.name], "__name__", str(hints[f.name]).replace("typing.", ""))
+        lines.append(f"{f.name} ({kind}) = {_show(default)}\n    {docs[f.name]}")
+    return "\n".join(lines)
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, torch.dtype):
+        return str(value).removeprefix("torch.")
+    if dataclasses.is_dataclass(value):
+        return type(value).__name__
+    return json.dumps(value) if isinstance(value, bool | int | float | str | type(None)) \
+        else str(value)

@@ -1,0 +1,79 @@
+"""The front end's table entries for replicas and routed sessions, and the rules that read
+them: where a new session goes, how many replicas the live sessions want, which idle replica
+may stop. Plain data and arithmetic: no Ray here."""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from worldstream.engine.cluster.journal import Journal
+from worldstream.engine.core.api import EventQueue, FrameSlot, SessionInfo
+
+#: a replica idle this long may be stopped when there are more than wanted (no flapping), s
+IDLE_BEFORE_STOP_S = 30.0
+
+
+@dataclass
+class Replica:
+    id: int
+    handle: Any
+    info: dict
+    alive: bool = True
+    sessions: set[str] = field(default_factory=set)  # public session ids placed here
+    pending: int = 0  # sessions being created here right now
+    failovers: int = 0  # sessions this replica took over from a dead one
+    metrics: dict = field(default_factory=dict)
+    offset_ns: int | None = None  # local perf_counter_ns minus the replica's
+    idle_since: float | None = None  # monotonic s since it holds no session
+    pump: threading.Thread | None = None
+
+
+@dataclass
+class RoutedSession:
+    """A session as the front end sees it: where it lives, who watches, what to restore."""
+
+    info: SessionInfo  # the public id and size
+    replica: int
+    remote_id: str
+    journal: Journal
+    slots: list[FrameSlot] = field(default_factory=list)
+    events: EventQueue = field(default_factory=EventQueue)
+    index_offset: int = 0  # public frame index = the replica's + this (continues on failover)
+    next_index: int = 0
+
+
+def place(live: list[Replica], exclude: int | None = None) -> Replica | None:
+    """The live replica with room and the fewest sessions (then the fastest chunks)."""
+    candidates = [r for r in live if r.id != exclude
+                  and len(r.sessions) + r.pending < r.info["capacity"]]
+    if not candidates:
+        return None
+    return min(candidates, key=lambda r: (len(r.sessions) + r.pending,
+                                          r.metrics.get("chunk_ms_p50") or 0.0, r.id))
+
+
+def wanted_replicas(live: list[Replica], num_sessions: int, min_replicas: int,
+                    max_replicas: int) -> int:
+    """One replica per ``capacity`` live sessions plus room for the next user, within
+    ``[min_replicas, max_replicas]``."""
+    per = live[0].info["capacity"] if live else 1
+    want = math.ceil((num_sessions + 1) / max(per, 1))
+    return min(max(want, min_replicas), max_replicas)
+
+
+def mark_idle(live: list[Replica], now: float) -> None:
+    """Start (or clear) each replica's idle clock."""
+    for rep in live:
+        if rep.sessions or rep.pending:
+            rep.idle_since = None
+        elif rep.idle_since is None:
+            rep.idle_since = now
+
+
+def idle_replicas(live: list[Replica], now: float) -> list[Replica]:
+    """Replicas idle for a while, with no creation in flight: those that may stop."""
+    return [r for r in live if not r.sessions and not r.pending
+            and r.idle_since is not None and now - r.idle_since >= IDLE_BEFORE_STOP_S]

@@ -1,0 +1,45 @@
+"""A backend state to and from a save point's arrays and scalars, by backend: the built-in
+model, the simulator and the avatar world (:mod:`engine.studio.savestate_builtin`,
+``savestate_sim``, ``savestate_avatar``); the file around them is :mod:`engine.studio.savepoint`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from worldstream.engine.core.api import CapacityError
+from worldstream.engine.studio.savepoint import SavepointError
+from worldstream.engine.studio.savestate_avatar import export_avatar, import_avatar
+from worldstream.engine.studio.savestate_builtin import export_builtin, import_builtin
+from worldstream.engine.studio.savestate_sim import export_sim, import_sim
+
+
+def export_state(backend: Any, state: Any) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """``(arrays, scalars)`` of a backend state (call where nothing generates it, e.g. the
+    engine thread). SavepointError for a backend that cannot save its state."""
+    if backend.name == "builtin":
+        return export_builtin(backend, state)
+    if backend.name == "sim":
+        return {}, export_sim(state)
+    if backend.name in ("avatar", "avatar-sim"):
+        return export_avatar(backend, state)
+    raise SavepointError(f"model {backend.name!r} cannot save its state")
+
+
+def import_state(backend: Any, arrays: dict[str, np.ndarray], scalars: dict[str, Any]) -> Any:
+    """A new backend state from :func:`export_state`'s output; counts against the backend's
+    state budget (free it with ``backend.free``). CapacityError when full, SavepointError for
+    contents that do not fit the backend (nothing is held then)."""
+    try:
+        if backend.name == "builtin":
+            return import_builtin(backend, arrays, scalars)
+        if backend.name == "sim":
+            return import_sim(backend, scalars)
+        if backend.name in ("avatar", "avatar-sim"):
+            return import_avatar(backend, arrays, scalars)
+    except (CapacityError, SavepointError):
+        raise
+    except Exception as err:  # a hand-edited or damaged file that passed the header checks
+        raise SavepointError(f"the save point's state does not fit this model ({err!r})") from None
+    raise SavepointError(f"model {backend.name!r} cannot load a saved state")

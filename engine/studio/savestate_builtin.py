@@ -1,0 +1,221 @@
+"""Save-point state of the built-in model: the state's KV-cache pages in time order, the
+retained chunks' latents, memory bases and camera path, the spatial memory's tiles and their
+undo records, the text embedding and the RNG state as arrays; the rest as JSON scalars.
+Older files without later fields load with the documented defaults."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+from worldstream.engine.core.api import CapacityError
+from worldstream.engine.studio.savepoint import SavepointError
+
+
+def _optional_float(value) -> float | None:
+    """A saved scalar that may be null; ValueError/TypeError for anything but a number."""
+    return None if value is None else float(value)
+
+
+def _optional_colour(value) -> np.ndarray | None:
+    """A saved mean colour (three numbers) that may be null; ValueError otherwise."""
+    if value is None:
+        return None
+    colour = np.asarray(value, np.float64)
+    if colour.shape != (3,):
+        raise ValueError(f"a colour is three numbers, got {value!r}")
+    return colour
+
+
+def _saved_colour(arrays: dict[str, np.ndarray], name: str) -> np.ndarray | None:
+    """The colour ``(3,)`` float64 saved as ``name``, None when it is absent; ValueError for
+    another shape."""
+    return _optional_colour(arrays[name].tolist()) if name in arrays else None
+
+
+def _t2n(x) -> np.ndarray:
+    return x.detach().float().cpu().contiguous().numpy()
+
+
+def export_builtin(gen, state) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    import torch
+
+    with gen._settled():  # the last chunk's deferred cache fill and memory write first
+        if state.freed:
+            raise SavepointError("the state was freed")
+        pages = state.table.all_pages()
+        idx = torch.tensor(pages, dtype=torch.long, device=gen.k_pool.device)
+        arrays = {"kv.k": _t2n(gen.k_pool[:, idx]), "kv.v": _t2n(gen.v_pool[:, idx]),
+                  "text": _t2n(state.text), "rng": state.rng.get_state().numpy()}
+        history = []
+        for i, rec in enumerate(state.history):
+            for name in ("latents", "base", "known", "context", "skip"):
+                value = getattr(rec, name)
+                if value is not None:
+                    arrays[f"h{i}.{name}"] = _t2n(value)
+            arrays[f"h{i}.origins"] = rec.origins
+            arrays[f"h{i}.field_times"] = rec.field_times
+            arrays[f"h{i}.cam_pos"] = np.asarray(rec.camera[0], np.float64)
+            arrays[f"h{i}.cam_vel"] = _t2n(rec.camera[1])
+            arrays[f"h{i}.pose"] = np.asarray(rec.pose, np.float64)
+            if rec.poses is not None:
+                arrays[f"h{i}.poses"] = np.asarray(rec.poses, np.float64)
+            for name in ("colour_mean", "colour_reference"):
+                if getattr(rec, name) is not None:
+                    arrays[f"h{i}.{name}"] = np.asarray(getattr(rec, name), np.float64)
+            undo = []
+            for j, record in enumerate(rec.undo):
+                parts = []
+                for k, (key, ys, xs, rgb, epoch, view) in enumerate(record.parts):
+                    arrays[f"h{i}.u{j}.{k}.rgb"] = rgb
+                    arrays[f"h{i}.u{j}.{k}.epoch"] = epoch
+                    arrays[f"h{i}.u{j}.{k}.view"] = view
+                    parts.append([list(key), [ys.start, ys.stop], [xs.start, xs.stop]])
+                undo.append(parts)
+            history.append({"actions": list(rec.actions), "position": rec.position,
+                            "rest_run": rec.rest_run,
+                            "has": [n for n in ("latents", "context")
+                                    if getattr(rec, n) is not None], "undo": undo})
+        # NOTE: the spatial memory's tiles are private to it; a save point is the one place
+        # that needs all of them, so they are read here rather than widening its API
+        mem = state.memory
+        keys = list(mem._tiles)
+        for name in ("rgb", "epoch", "view"):
+            arrays[f"mem.{name}"] = (np.stack([getattr(mem._tiles[k], name) for k in keys])
+                                     if keys else np.zeros((0,), np.uint8))
+        if state.start_frames is not None:
+            arrays["start_frames"] = state.start_frames
+        scalars = {
+            "prompt": state.prompt,
+            "attention": state.attention,
+            "window_chunks": state.table.window_chunks,
+            "needs_recache": state.needs_recache,
+            "restyle_left": state.restyle_left,
+            "guide_left": state.guide_left,
+            "noise_seed": state.noise_seed,
+            "detail_reference": state.detail_reference,
+            "colour_reference": (None if state.colour_reference is None
+                                 else [float(v) for v in state.colour_reference]),
+            "reference_prompt": state.reference_prompt,
+            "table": {"num_chunks": state.table.num_chunks,
+                      "sink_pages": len(state.table.sink_pages()), "pages": len(pages)},
+            "history": history,
+            "memory": {"tile": mem.tile, "max_tiles": mem.max_tiles, "settle_px": mem.settle_px,
+                       "epoch": mem.epoch, "tick": mem._tick, "keys": [list(k) for k in keys],
+                       "used": [mem._used.get(k, 0) for k in keys]},
+        }
+    return arrays, scalars
+
+
+def import_builtin(gen, arrays: dict[str, np.ndarray], scalars: dict[str, Any]):
+    import torch
+
+    from worldstream import kernels
+    from worldstream.engine.backends.builtin import BuiltinState, ChunkRecord
+    from worldstream.engine.core.kv_cache import PageTable
+    from worldstream.engine.models.builtin.spatial_memory import SpatialMemory, UndoRecord, _Tile
+
+    cfg, f = gen.config, gen.chunk_frames
+    n = int(scalars["table"]["pages"])
+    sink = int(scalars["table"]["sink_pages"])
+    k, v = arrays["kv.k"], arrays["kv.v"]
+    want = (gen.k_pool.shape[0], n, *gen.k_pool.shape[2:])
+    if k.shape != want or v.shape != want or (n - sink) % f or sink not in (0, f):
+        raise SavepointError(f"the save point's KV pages {k.shape} do not fit this model "
+                             f"({want})")
+    with gen._settled():
+        pages = gen.allocator.allocate(n) if n else []
+        if pages is None:
+            raise CapacityError("KV page pool exhausted", 2.0)
+        table = PageTable(gen.allocator, pages_per_chunk=f, window_chunks=cfg.window_chunks,
+                          sink=cfg.sink, max_chunks=cfg.memory_chunks)
+        try:
+            idx = torch.tensor(pages, dtype=torch.long, device=gen.k_pool.device)
+            gen.k_pool[:, idx] = torch.from_numpy(k).to(gen.k_pool.device, gen.k_pool.dtype)
+            gen.v_pool[:, idx] = torch.from_numpy(v).to(gen.v_pool.device, gen.v_pool.dtype)
+            if sink:
+                table.append_chunk(pages[:sink])
+            for start in range(sink, n, f):
+                table.append_chunk(pages[start:start + f])
+            table.num_chunks = int(scalars["table"]["num_chunks"])
+            table.window_chunks = int(scalars["window_chunks"])
+            attention = scalars["attention"]
+            if attention is not None:
+                attention = kernels.resolve_backend(str(attention), gen.device)
+            history = deque()
+            for i, h in enumerate(scalars["history"]):
+                if gen.model.config.skip_source and f"h{i}.skip" not in arrays:
+                    raise SavepointError("the save point was made by a model without a "
+                                         "second skip source; this one needs it")
+                if gen.pose_rig is not None and f"h{i}.poses" not in arrays:
+                    raise SavepointError("the save point was made by a model without the "
+                                         "rig's pose input; this one needs it")
+
+                def get(name, i=i):
+                    return torch.from_numpy(arrays[f"h{i}.{name}"].copy())
+
+                undo = [UndoRecord([(tuple(key), slice(*ys), slice(*xs),
+                                     arrays[f"h{i}.u{j}.{p}.rgb"].copy(),
+                                     arrays[f"h{i}.u{j}.{p}.epoch"].copy(),
+                                     arrays[f"h{i}.u{j}.{p}.view"].copy())
+                                    for p, (key, ys, xs) in enumerate(parts)])
+                        for j, parts in enumerate(h["undo"])]
+                history.append(ChunkRecord(
+                    get("latents") if "latents" in h["has"] else None, get("base"),
+                    get("known"), [int(a) for a in h["actions"]], int(h["position"]),
+                    arrays[f"h{i}.origins"].astype(np.int64),
+                    (arrays[f"h{i}.cam_pos"].astype(np.float64), get("cam_vel")),
+                    get("context") if "context" in h["has"] else None, undo,
+                    field_times=arrays[f"h{i}.field_times"].astype(np.int64),
+                    rest_run=int(h["rest_run"]),
+                    # save points from before the base warp hold no pose: at rest
+                    pose=(arrays[f"h{i}.pose"].astype(np.float64) if f"h{i}.pose" in arrays
+                          else np.zeros(2)),
+                    skip=get("skip") if f"h{i}.skip" in arrays else None,
+                    poses=(arrays[f"h{i}.poses"].astype(np.float64) if f"h{i}.poses" in arrays
+                           else None),
+                    # save points from before the running mean's reference hold none: the
+                    # next chunk restarts the mean (as after a prompt switch)
+                    colour_mean=_saved_colour(arrays, f"h{i}.colour_mean"),
+                    colour_reference=_saved_colour(arrays, f"h{i}.colour_reference")))
+            m = scalars["memory"]
+            memory = SpatialMemory(int(m["tile"]), int(m["max_tiles"]), int(m["settle_px"]))
+            memory.epoch, memory._tick = int(m["epoch"]), int(m["tick"])
+            for t, (key, used) in enumerate(zip(m["keys"], m["used"])):
+                key = tuple(int(c) for c in key)
+                memory._tiles[key] = _Tile(arrays["mem.rgb"][t].copy(),
+                                           arrays["mem.epoch"][t].copy(),
+                                           arrays["mem.view"][t].copy())
+                memory._owned.add(key)
+                memory._used[key] = int(used)
+            rng = torch.Generator()
+            rng.set_state(torch.from_numpy(arrays["rng"].copy()))
+            text = torch.from_numpy(arrays["text"].copy())
+            if text.shape != (gen.model.config.text_dim,):
+                raise SavepointError(f"the saved prompt embedding is {tuple(text.shape)}")
+            # NOTE: files from before 60fcd8b may hold a "backdrop" plate, which only a retired
+            # experiment read: ignored
+            start = arrays.get("start_frames")
+            return BuiltinState(table, str(scalars["prompt"]), text, rng, history,
+                                bool(scalars["needs_recache"]), attention=attention,
+                                memory=memory,
+                                start_frames=None if start is None else start.copy(),
+                                restyle_left=int(scalars["restyle_left"]),
+                                guide_left=int(scalars.get("guide_left", 0)),
+                                noise_seed=int(scalars.get("noise_seed", 0)),
+                                detail_reference=_optional_float(
+                                    scalars.get("detail_reference")),
+                                colour_reference=_optional_colour(
+                                    scalars.get("colour_reference")),
+                                # older files: the stream's own prompt
+                                reference_prompt=str(scalars.get("reference_prompt",
+                                                                 scalars["prompt"])))
+        except BaseException:
+            held = set(table.all_pages())
+            table.free()
+            rest = [p for p in pages if p not in held]  # allocated, not yet in the table
+            if rest:
+                gen.allocator.decref(rest)
+            raise
