@@ -5,7 +5,7 @@ STAMP  := $(VENV)/.installed
 export GRADIO_ANALYTICS_ENABLED := False
 export HF_HUB_OFFLINE := 1
 
-.PHONY: play test lint browser
+.PHONY: play test test-fast lint browser
 
 # torch first: the CPU build of 2.13.0 lies on this machine's disk; an unpinned torch would
 # pull a multi-GB CUDA build
@@ -31,6 +31,12 @@ test: $(STAMP) browser
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy engine/core engine/backends/runner.py
 	$(VENV)/bin/pytest
+
+# the quick loop: the same checks, the suite less the tests marked slow or browser
+test-fast: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy engine/core engine/backends/runner.py
+	$(VENV)/bin/pytest -m "not slow and not browser"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -7,20 +7,21 @@ import json
 from pathlib import Path
 
 from worldstream.engine.models.builtin.colour_prior import FILENAME
-from worldstream.engine.models.builtin.loading import BUILTIN_DIR
 
 
 def register(sub) -> None:
     p = sub.add_parser("fit-colour-prior",
                        help="fit the built-in landscape's colour prior on simulated walks")
-    p.add_argument("--out", type=Path, default=BUILTIN_DIR / FILENAME,
+    p.add_argument("--out", type=Path, default=None,
                    help=f"where the prior is written (default: assets/builtin/{FILENAME})")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
+    from worldstream.engine.models.builtin.loading import BUILTIN_DIR
     from worldstream.engine.training.colour_prior import fit_shipped_prior
 
+    args.out = args.out or BUILTIN_DIR / FILENAME
     prior = fit_shipped_prior()
     prior.save(args.out)
     print(json.dumps({"out": str(args.out), "view_weight": prior.view_weight,

@@ -83,6 +83,15 @@ def register(app: FastAPI, engine: Any, authorized: Callable, client_of: Callabl
     def session_of(session_id: str, request: Request, token: str | None = None):
         return authorized(session_id, bearer(request) or token, client_of(request))
 
+    async def upload(session_id: str, request: Request, types: tuple[str, ...], refusal: str,
+                     limit: int) -> bytes:
+        """The body sent to session ``session_id`` (checked first): 415 with ``refusal`` when
+        its Content-Type is none of ``types``, 413 past ``limit`` bytes."""
+        session_of(session_id, request)
+        if _content_type(request) not in types:
+            raise ApiError(415, refusal, "content-type")
+        return await _read_capped(request, limit, ApiError)
+
     @app.get("/api/sessions/{session_id}/log")
     async def input_log(session_id: str, request: Request, token: str | None = None
                         ) -> Response:
@@ -101,30 +110,24 @@ def register(app: FastAPI, engine: Any, authorized: Callable, client_of: Callabl
 
     @app.post("/api/sessions/{session_id}/state")
     async def load_state(session_id: str, request: Request) -> dict[str, Any]:
-        session_of(session_id, request)
-        if _content_type(request) != "application/octet-stream":
-            raise ApiError(415, "send the save file as Content-Type: application/octet-stream",
-                           "content-type")
-        data = await _read_capped(request, MAX_SAVEPOINT_BYTES, ApiError)
+        data = await upload(session_id, request, ("application/octet-stream",),
+                            "send the save file as Content-Type: application/octet-stream",
+                            MAX_SAVEPOINT_BYTES)
         return await wait(lambda: studio("load", session_id, data), "state")
 
     @app.post("/api/sessions/{session_id}/picture")
     async def picture(session_id: str, request: Request) -> dict[str, Any]:
-        session_of(session_id, request)
-        if _content_type(request) not in ("image/png", "image/jpeg"):
-            raise ApiError(415, "send the picture as Content-Type: image/png or image/jpeg",
-                           "content-type")
-        data = await _read_capped(request, MAX_PICTURE_BYTES, ApiError)
+        data = await upload(session_id, request, ("image/png", "image/jpeg"),
+                            "send the picture as Content-Type: image/png or image/jpeg",
+                            MAX_PICTURE_BYTES)
         return await wait(lambda: studio("start_from_picture", session_id, data),
                           "picture")
 
     @app.post("/api/sessions/{session_id}/story")
     async def story(session_id: str, request: Request) -> dict[str, Any]:
-        session_of(session_id, request)
-        if _content_type(request) != "application/json":
-            raise ApiError(415, "the body must be JSON sent as Content-Type: application/json",
-                           "content-type")
-        raw = await _read_capped(request, MAX_STORY_BYTES, ApiError)
+        raw = await upload(session_id, request, ("application/json",),
+                           "the body must be JSON sent as Content-Type: application/json",
+                           MAX_STORY_BYTES)
         try:
             board = await asyncio.to_thread(parse_story, raw)
         except ValueError as err:

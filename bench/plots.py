@@ -12,6 +12,15 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 
+def _label(ax, xlabel: str, ylabel: str, title: str, grid: bool = False) -> None:
+    """Name the axes of ``ax`` and title it; ``grid``: a light grid behind."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    if grid:
+        ax.grid(alpha=0.3)
+
+
 def latency_histogram(latencies_ms: Sequence[float], title: str, label: str = "latency (ms)"):
     """Histogram with p50/p95/p99 marked."""
     fig, ax = plt.subplots(figsize=(6, 3.5))
@@ -22,9 +31,7 @@ def latency_histogram(latencies_ms: Sequence[float], title: str, label: str = "l
             v = np.percentile(lat, p)
             ax.axvline(v, color="k", linestyle=style, label=f"p{p} {v:.0f} ms")
         ax.legend()
-    ax.set_xlabel(label)
-    ax.set_ylabel("count")
-    ax.set_title(title)
+    _label(ax, label, "count", title)
     return fig
 
 
@@ -37,10 +44,8 @@ def tradeoff(points: list[dict], title: str):
         ax.errorbar(p["fps"], p["latency_ms"], yerr=[[0], [max(up, 0)]], fmt="o", capsize=3)
         ax.annotate(p["label"], (p["fps"], p["latency_ms"]), textcoords="offset points",
                     xytext=(4, 4), fontsize=8)
-    ax.set_xlabel("frames per second (higher is better)")
-    ax.set_ylabel("action-to-frame ms, p50 (bar: p95)")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
+    _label(ax, "frames per second (higher is better)", "action-to-frame ms, p50 (bar: p95)",
+           title, grid=True)
     return fig
 
 
@@ -92,10 +97,7 @@ def scaling(counts: Sequence[int], per_session_fps: Sequence[float],
 def latency_over_time(t_s: Sequence[float], latencies_ms: Sequence[float], title: str):
     fig, ax = plt.subplots(figsize=(6.5, 3))
     ax.plot(t_s, latencies_ms, marker=".", linestyle="none")
-    ax.set_xlabel("time since the first action (s)")
-    ax.set_ylabel("latency (ms)")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
+    _label(ax, "time since the first action (s)", "latency (ms)", title, grid=True)
     return fig
 
 

@@ -49,27 +49,20 @@ class PaddedPages:
     counts: torch.Tensor
 
 
+def _block_dims(shape: AttentionShape) -> tuple[int, int, int, int, int]:
+    """``(batch, heads, n_q_blocks, q_block_size, head_dim)`` of ``shape``."""
+    return shape.batch, shape.heads, shape.n_q_blocks, shape.q_block_size, shape.head_dim
+
+
 def split_query_blocks(q: torch.Tensor, shape: AttentionShape) -> torch.Tensor:
     """``[B, H, Lq, D]`` -> ``[B * n_q_blocks, H, q_block_size, D]``, row ``b * n_q_blocks + j``."""
-    b, h, nqb, qbs, d = (
-        shape.batch,
-        shape.heads,
-        shape.n_q_blocks,
-        shape.q_block_size,
-        shape.head_dim,
-    )
+    b, h, nqb, qbs, d = _block_dims(shape)
     return q.reshape(b, h, nqb, qbs, d).transpose(1, 2).reshape(b * nqb, h, qbs, d)
 
 
 def merge_query_blocks(out: torch.Tensor, shape: AttentionShape) -> torch.Tensor:
     """Inverse of :func:`split_query_blocks`."""
-    b, h, nqb, qbs, d = (
-        shape.batch,
-        shape.heads,
-        shape.n_q_blocks,
-        shape.q_block_size,
-        shape.head_dim,
-    )
+    b, h, nqb, qbs, d = _block_dims(shape)
     return out.reshape(b, nqb, h, qbs, d).transpose(1, 2).reshape(b, h, shape.q_len, d)
 
 

@@ -11,42 +11,44 @@ from worldstream.streaming.framelog import FRAME_LOG_FRAMES
 
 @dataclass(frozen=True)
 class Limits:
-    """``max_sessions``: live sessions before ``POST /api/sessions`` answers 503.
-    ``messages_per_s`` / ``message_burst``: token bucket of control messages per session
-    (key presses come at ~10/s, the page's pings at 1/s). ``idle_timeout_s``: a session with no
-    client message or authenticated request for this long is closed. ``retry_after_s``: what a
-    503 tells the client to wait. ``frame_log_frames``: frame records kept per session for the
-    latency lab (``streaming.framelog``). Message size and prompt length are schema limits
-    (``streaming.messages``).
-
-    Resources a client can hold: ``detached_grace_s``: a session with no open
-    transport (never connected, or its tab crashed without a DELETE) is paused at once and
-    closed after this long. ``recording_keep_s``: a closed session's recording stays
-    downloadable this long. ``peer_connections_per_session``: WebRTC peer connections a session
-    may hold (pending or connected; more: 429); ``offer_connect_timeout_s``: a peer connection
-    not connected by then is closed (its UDP sockets freed). ``sessions_per_client``: sessions
-    one client address may hold (None: no limit; on loopback every client has one address).
-    ``auth_failures_per_s`` / ``auth_failure_burst``: token bucket of failed authentications
-    per client address (then 429). ``creations_per_s`` / ``creation_burst``: the same for
-    session creations (each costs the engine a prompt encoding and a state).
-    ``websockets_per_session``: open WebSocket connections a session may hold (more: 429)."""
+    """Per-server limits on sessions and per-session or per-client limits on traffic (the line
+    under each field is its doc). Message size and prompt length are schema limits
+    (``streaming.messages``)."""
 
     max_sessions: int = 4
+    """Live sessions before ``POST /api/sessions`` answers 503."""
     messages_per_s: float = 30.0
+    """Control messages per second per session (a token bucket; key presses come at ~10/s)."""
     message_burst: int = 60
+    """That bucket's size."""
     idle_timeout_s: float = 120.0
+    """A session with no client message or authenticated request for this long is closed."""
     retry_after_s: float = 5.0
+    """What a 503 tells the client to wait, s."""
     frame_log_frames: int = FRAME_LOG_FRAMES
+    """Frame records kept per session for the latency lab (``streaming.framelog``)."""
     detached_grace_s: float = 15.0
+    """A session with no open transport is paused at once and closed after this long, s."""
     recording_keep_s: float = 900.0
+    """A closed session's recording stays downloadable this long, s."""
     peer_connections_per_session: int = 2
+    """WebRTC peer connections a session may hold, pending or connected (more: 429)."""
     offer_connect_timeout_s: float = 15.0
+    """A peer connection not connected by then is closed (its UDP sockets freed), s."""
     sessions_per_client: int | None = None
+    """Sessions one client address may hold (None: no limit; on loopback every client has one
+    address)."""
     auth_failures_per_s: float = 2.0
+    """Failed authentications per second per client address before 429 (a token bucket)."""
     auth_failure_burst: int = 20
+    """That bucket's size."""
     creations_per_s: float = 2.0
+    """Session creations per second per client address (each costs a prompt encoding and a
+    state)."""
     creation_burst: int = 20
+    """That bucket's size."""
     websockets_per_session: int = 2
+    """Open WebSocket connections a session may hold (more: 429)."""
 
     def __post_init__(self) -> None:
         for name in ("max_sessions", "message_burst", "frame_log_frames",

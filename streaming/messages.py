@@ -15,18 +15,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
-from worldstream.engine.core import api
+from worldstream.engine.core import api, fields
 from worldstream.engine.core.limits import (
     DIRECTION_KEYS,
     MAX_ATTENTION_CHARS,
-    MAX_CHUNK_FRAMES,
-    MAX_FORK_BRANCHES,
-    MAX_MEMORY_FRAMES,
-    MAX_PROMPT_CHARS,
-    MAX_REWIND_CHUNKS,
-    MAX_SAY_CHARS,
-    MAX_STEPS,
-    MIN_MEMORY_FRAMES,
+    MAX_FORK_BRANCHES,  # noqa: F401  # the wire's bounds, read as messages.MAX_*
+    MAX_PROMPT_CHARS,  # noqa: F401
 )
 from worldstream.engine.worlds.avatar.actions import EXPRESSIONS
 
@@ -55,6 +49,12 @@ def _finite(value: float) -> float:
     return value
 
 
+def _not_blank(text: str) -> str:
+    if not text.strip():
+        raise ValueError("must not be blank")
+    return text
+
+
 # ---------------------------------------------------------------- client -> server
 class ActionMessage(_Strict):
     """The full set of held keys from now on (empty = idle); ``t`` = client clock, ms.
@@ -67,7 +67,7 @@ class ActionMessage(_Strict):
     keys: list[Key] = Field(max_length=4)
     pointer: list[float] | None = Field(default=None, min_length=2, max_length=2)  # [dx, dy]
     expression: Expression | None = None
-    say: str | None = Field(default=None, min_length=1, max_length=MAX_SAY_CHARS)
+    say: fields.SayText | None = None
 
     _t_finite = field_validator("t")(_finite)
 
@@ -88,7 +88,7 @@ class ActionMessage(_Strict):
 
 
 class Blend(_Strict):
-    text: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
+    text: fields.PromptText
     weight: float = Field(ge=0.0, le=1.0)
 
 
@@ -96,28 +96,20 @@ class PromptMessage(_Strict):
     type: Literal["prompt"]
     seq: int = Field(ge=0, le=MAX_SEQ)
     t: float
-    text: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
+    text: fields.PromptText
     blend: Blend | None = None
 
     _t_finite = field_validator("t")(_finite)
-
-    @field_validator("text")
-    @classmethod
-    def _not_blank(cls, text: str) -> str:
-        if not text.strip():
-            raise ValueError("must not be blank")
-        return text
+    _text_not_blank = field_validator("text")(_not_blank)
 
 
 class SettingsMessage(_Strict):
     type: Literal["settings"]
     seq: int = Field(ge=0, le=MAX_SEQ)
-    steps: int | None = Field(default=None, ge=1, le=MAX_STEPS)
-    chunk_frames: int | None = Field(default=None, ge=1, le=MAX_CHUNK_FRAMES)
+    steps: fields.Steps | None = None
+    chunk_frames: fields.ChunkFrames | None = None
     fps: int | None = Field(default=None, ge=1, le=60)
-    memory_frames: int | None = Field(
-        default=None, ge=MIN_MEMORY_FRAMES, le=MAX_MEMORY_FRAMES
-    )
+    memory_frames: fields.MemoryFrames | None = None
     attention: str | None = Field(default=None, min_length=1, max_length=MAX_ATTENTION_CHARS)
     mode: Literal["responsive", "quality"] | None = None
 
@@ -125,19 +117,19 @@ class SettingsMessage(_Strict):
 class ForkMessage(_Strict):
     type: Literal["fork"]
     seq: int = Field(ge=0, le=MAX_SEQ)
-    k: int = Field(ge=1, le=MAX_FORK_BRANCHES)
+    k: fields.ForkBranches
 
 
 class AdoptMessage(_Strict):
     type: Literal["adopt"]
     seq: int = Field(ge=0, le=MAX_SEQ)
-    branch: int = Field(ge=0, lt=MAX_FORK_BRANCHES)
+    branch: fields.Branch
 
 
 class RewindMessage(_Strict):
     type: Literal["rewind"]
     seq: int = Field(ge=0, le=MAX_SEQ)
-    chunks: int = Field(ge=1, le=MAX_REWIND_CHUNKS)
+    chunks: fields.RewindChunks
 
 
 class PingMessage(_Strict):
@@ -349,16 +341,11 @@ class EventMessage(BaseModel):
 
 # ---------------------------------------------------------------- HTTP bodies
 class CreateSessionRequest(_Strict):
-    prompt: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
+    prompt: fields.PromptText
     seed: int | None = Field(default=None, ge=0, lt=2**31)
     fps: int | None = Field(default=None, ge=1, le=60)
 
-    @field_validator("prompt")
-    @classmethod
-    def _not_blank(cls, text: str) -> str:
-        if not text.strip():
-            raise ValueError("must not be blank")
-        return text
+    _prompt_not_blank = field_validator("prompt")(_not_blank)
 
 
 class OfferRequest(_Strict):

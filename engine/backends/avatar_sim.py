@@ -18,9 +18,14 @@ from typing import Any
 
 import numpy as np
 
-from worldstream.engine.backends.sim import simulate_each
+from worldstream.engine.backends.sim import (
+    check_job,
+    pop_history,
+    push_history,
+    simulate_each,
+)
 from worldstream.engine.core.backend import ChunkJob, ChunkResult
-from worldstream.engine.core.limits import MAX_STEPS, check_prompt
+from worldstream.engine.core.limits import check_prompt, heavier_prompt
 from worldstream.engine.worlds.actions import IDLE, keys_to_action
 from worldstream.engine.worlds.avatar.actions import AvatarControls, expression_index
 from worldstream.engine.worlds.avatar.looks import LOOKS
@@ -139,13 +144,7 @@ class AvatarSimBackend(AvatarControlsMixin):
         """Switch to the look of the heavier prompt; ValueError (nothing changes) for a bad
         prompt or weight."""
         self._live(state)
-        check_prompt(text)
-        if blend_text is not None:
-            check_prompt(blend_text, "blend prompt")
-        if not 0.0 <= blend_weight <= 1.0:
-            raise ValueError(f"blend weight must be in [0, 1], got {blend_weight}")
-        heavier = blend_text if blend_text is not None and blend_weight > 0.5 else text
-        state.inner[0].set_look(self._look_for(heavier))
+        state.inner[0].set_look(self._look_for(heavier_prompt(text, blend_text, blend_weight)))
 
     def fork(self, state: AvatarState) -> AvatarState:
         self._live(state)
@@ -164,24 +163,15 @@ class AvatarSimBackend(AvatarControlsMixin):
         the history."""
         self._live(state)
         sims = state.inner[1]
-        if not isinstance(chunks, int) or not 1 <= chunks <= len(sims):
-            raise ValueError(f"can rewind 1..{len(sims)} chunks, got {chunks!r}")
-        for _ in range(chunks - 1):
-            sims.pop()
-        state.inner = (sims.pop(), sims)
+        state.inner = (pop_history(sims, chunks), sims)
         self._rewind_controls(state, chunks)
 
     def _generate_one(self, job: ChunkJob) -> np.ndarray:
         state = self._live(job.state)
-        if not 1 <= job.steps <= MAX_STEPS:
-            raise ValueError(f"steps must be in [1, {MAX_STEPS}], got {job.steps}")
-        if job.num_frames < 1:
-            raise ValueError("a chunk needs at least one frame")
+        check_job(job)
         actions = self._actions(state, job.actions, self.rewind_chunks)
         sim, sims = state.inner
-        sims.append(copy.deepcopy(sim))
-        while len(sims) > self.rewind_chunks:
-            sims.popleft()
+        push_history(sims, copy.deepcopy(sim), self.rewind_chunks)
         return np.stack([sim.step(a) for a in actions])
 
     def generate(self, jobs: list[ChunkJob]) -> list[ChunkResult]:

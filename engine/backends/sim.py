@@ -14,11 +14,12 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from worldstream.engine.core.backend import ChunkJob, ChunkResult
-from worldstream.engine.core.limits import MAX_STEPS, check_prompt
+from worldstream.engine.core.limits import MAX_STEPS, check_prompt, heavier_prompt
 from worldstream.engine.worlds.actions import action_to_direction, keys_to_action
 from worldstream.engine.worlds.simulator import SIZE, WorldSimulator
 
@@ -117,13 +118,7 @@ class SimBackend:
         """Cross-fade to the scene of the heavier prompt (``blend_text`` when its weight is
         above 0.5). ValueError (nothing changes) for a bad prompt or weight."""
         self._live(state)
-        check_prompt(text)
-        if blend_text is not None:
-            check_prompt(blend_text, "blend prompt")
-        if not 0.0 <= blend_weight <= 1.0:
-            raise ValueError(f"blend weight must be in [0, 1], got {blend_weight}")
-        heavier = blend_text if blend_text is not None and blend_weight > 0.5 else text
-        state.sim.set_scene(self._scene_for(heavier))
+        state.sim.set_scene(self._scene_for(heavier_prompt(text, blend_text, blend_weight)))
 
     def fork(self, state: SimState) -> SimState:
         """An independent copy (with its history)."""
@@ -138,29 +133,46 @@ class SimBackend:
     def rewind(self, state: SimState, chunks: int) -> None:
         """Back to the world as it was ``chunks`` chunks ago; ValueError beyond the history."""
         self._live(state)
-        if not isinstance(chunks, int) or not 1 <= chunks <= len(state.history):
-            raise ValueError(f"can rewind 1..{len(state.history)} chunks, got {chunks!r}")
-        for _ in range(chunks - 1):
-            state.history.pop()
-        state.sim = state.history.pop()
+        state.sim = pop_history(state.history, chunks)
 
     def _generate_one(self, job: ChunkJob) -> np.ndarray:
         state = self._live(job.state)
-        if not 1 <= job.steps <= MAX_STEPS:
-            raise ValueError(f"steps must be in [1, {MAX_STEPS}], got {job.steps}")
-        if job.num_frames < 1:
-            raise ValueError("a chunk needs at least one frame")
+        check_job(job)
         for action in job.actions:  # all checked before the world moves
             action_to_direction(action)
-        state.history.append(_copy_sim(state.sim))
-        while len(state.history) > self.rewind_chunks:
-            state.history.popleft()
+        push_history(state.history, _copy_sim(state.sim), self.rewind_chunks)
         return np.stack([state.sim.step(action) for action in job.actions])
 
     def generate(self, jobs: list[ChunkJob]) -> list[ChunkResult]:
         """Step each job's world once per action. A bad job gets a result with ``error``;
         ``stages_ms`` holds the batch's ``simulate`` wall time."""
         return simulate_each(jobs, self._generate_one)
+
+
+def check_job(job: ChunkJob) -> None:
+    """ValueError for a chunk job a simulator cannot run: steps outside [1, MAX_STEPS] or no
+    frame."""
+    if not 1 <= job.steps <= MAX_STEPS:
+        raise ValueError(f"steps must be in [1, {MAX_STEPS}], got {job.steps}")
+    if job.num_frames < 1:
+        raise ValueError("a chunk needs at least one frame")
+
+
+def push_history(history: deque, snapshot: Any, limit: int) -> None:
+    """Keep ``snapshot`` (the world before a chunk) as the newest of at most ``limit``."""
+    history.append(snapshot)
+    while len(history) > limit:
+        history.popleft()
+
+
+def pop_history(history: deque, chunks: int) -> Any:
+    """The world as it was ``chunks`` chunks ago, taken off ``history`` with every later one;
+    ValueError (nothing changes) beyond the history."""
+    if not isinstance(chunks, int) or not 1 <= chunks <= len(history):
+        raise ValueError(f"can rewind 1..{len(history)} chunks, got {chunks!r}")
+    for _ in range(chunks - 1):
+        history.pop()
+    return history.pop()
 
 
 def simulate_each(jobs: list[ChunkJob],

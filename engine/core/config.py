@@ -27,65 +27,61 @@ MODES: dict[str, Mode] = {
 
 @dataclass
 class EngineConfig:
-    """Settings of :class:`engine.core.engine.Engine`. ``__post_init__`` raises ValueError naming
-    the first invalid field. ``None`` means "the backend's default" where noted.
-
-    Attributes:
-        max_sessions: sessions admitted at once (the backend's ``max_states`` also limits).
-        fps: default target frames per second of a session (None: backend ``default_fps``).
-        max_fps: the highest fps a client may request.
-        mode: the sessions' starting mode (a key of :data:`MODES`; it sets chunk frames and
-            steps) or None: ``steps`` and ``chunk_frames`` below.
-        steps: default denoising steps per chunk (1-4) when ``mode`` is None.
-        chunk_frames: frames per chunk (1-4; None: backend ``chunk_frames``) when ``mode`` is
-            None.
-        max_batch: most chunk jobs in one ``backend.generate`` call.
-        buffer_max_frames: the most frames a session may be generated ahead of its playout
-            clock (chunks start just in time, see ``jit_margin_ms``; this bounds the start).
-        batch_join_frames: a chunk may join a batch started for another session up to this
-            many frame intervals before its own just-in-time start (0: no joining).
-        jit_margin_ms: a chunk starts at its first frame's presentation time minus the p95 of
-            the session's recent chunk times minus this margin, ms.
-        slot_maxlen: default size of a subscriber's frame slot.
-        preview_chunks: chunks generated per branch of a fork.
-        preview_max_wait_ms: fork previews run in the slack between stream chunks, or once
-            they have waited this long (then a stream may be late once).
-        max_fork: the largest ``k`` of a fork.
-        rewind_chunks: the deepest rewind accepted (the backend may keep less).
-        degrade_after_misses: consecutive late chunks of a session before it degrades one level.
-        recover_after_chunks: consecutive on-time chunks before one level is restored.
-        min_steps: degradation lowers steps down to this, then lowers fps.
-        min_fps: degradation never lowers fps below this.
-        fps_degrade_factor: fps multiplier per fps degradation level, in (0, 1).
-        retry_after_s: the ``retry_after_s`` of a CapacityError.
-        metrics_window_s: span of the measured-fps window.
-        prompts_per_s: prompt encodings per second per session (off the engine thread); faster
-            prompts are coalesced, the latest wins (``engine.core.prompts``).
-    """
+    """Settings of :class:`engine.core.engine.Engine` (the line under each field is its doc).
+    ``__post_init__`` raises ValueError naming the first invalid field."""
 
     max_sessions: int = 4
+    """Sessions admitted at once (the backend's ``max_states`` also limits)."""
     fps: int | None = None
+    """Default target frames per second of a session (None: backend ``default_fps``)."""
     max_fps: int = 60
+    """The highest fps a client may request."""
     mode: str | None = None
+    """The sessions' starting mode (a key of :data:`MODES`; it sets chunk frames and steps) or
+    None: ``steps`` and ``chunk_frames`` below."""
     steps: int = 4
+    """Default denoising steps per chunk (1-4) when ``mode`` is None."""
     chunk_frames: int | None = None
+    """Frames per chunk (1-4; None: backend ``chunk_frames``) when ``mode`` is None."""
     max_batch: int = 8
+    """Most chunk jobs in one ``backend.generate`` call."""
     buffer_max_frames: int = 8
+    """The most frames a session may be generated ahead of its playout clock (chunks start just in
+    time, see ``jit_margin_ms``; this bounds the start)."""
     batch_join_frames: int = 2
+    """A chunk may join a batch started for another session up to this many frame intervals before
+    its own just-in-time start (0: no joining)."""
     jit_margin_ms: float = 5.0
+    """A chunk starts at its first frame's presentation time minus the p95 of the session's recent
+    chunk times minus this margin, ms."""
     slot_maxlen: int = 8
+    """Default size of a subscriber's frame slot."""
     preview_chunks: int = 2
+    """Chunks generated per branch of a fork."""
     preview_max_wait_ms: float = 250.0
+    """Fork previews run in the slack between stream chunks, or once they have waited this long
+    (then a stream may be late once)."""
     max_fork: int = MAX_FORK_BRANCHES
+    """The largest ``k`` of a fork."""
     rewind_chunks: int = 8
+    """The deepest rewind accepted (the backend may keep less)."""
     degrade_after_misses: int = 3
+    """Consecutive late chunks of a session before it degrades one level."""
     recover_after_chunks: int = 60
+    """Consecutive on-time chunks before one level is restored."""
     min_steps: int = 1
+    """Degradation lowers steps down to this, then lowers fps."""
     min_fps: int = 4
+    """Degradation never lowers fps below this."""
     fps_degrade_factor: float = 0.75
+    """Fps multiplier per fps degradation level, in (0, 1)."""
     retry_after_s: float = 5.0
+    """The ``retry_after_s`` of a CapacityError."""
     metrics_window_s: float = 2.0
+    """Span of the measured-fps window."""
     prompts_per_s: float = 2.0
+    """Prompt encodings per second per session (off the engine thread); faster prompts are
+    coalesced, the latest wins (``engine.core.prompts``)."""
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -16,12 +16,12 @@ schema for reading is :class:`ReplayLog`. No torch here.
 
 from __future__ import annotations
 
-import json
 import threading
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from worldstream.engine.core import fields
 from worldstream.engine.core.api import (
     ActionCommand,
     AdoptCommand,
@@ -32,14 +32,7 @@ from worldstream.engine.core.api import (
 )
 from worldstream.engine.core.limits import (
     MAX_ATTENTION_CHARS,
-    MAX_CHUNK_FRAMES,
-    MAX_FORK_BRANCHES,
-    MAX_MEMORY_FRAMES,
-    MAX_PROMPT_CHARS,
-    MAX_REWIND_CHUNKS,
-    MAX_SAY_CHARS,
-    MAX_STEPS,
-    MIN_MEMORY_FRAMES,
+    check_json,
 )
 
 LOG_FORMAT = "worldstream-input-log/1"
@@ -155,7 +148,7 @@ class ControlsEvent(_Event):
     # the names are the world's (the core imports no world): the backend's apply_controls
     # refuses an unknown one at replay with one line; here only the length is bounded
     expression: str | None = Field(default=None, min_length=1, max_length=32)
-    say: str | None = Field(default=None, min_length=1, max_length=MAX_SAY_CHARS)
+    say: fields.SayText | None = None
 
     @model_validator(mode="after")
     def _one_control(self) -> ControlsEvent:
@@ -166,44 +159,44 @@ class ControlsEvent(_Event):
 
 class PromptEvent(_Event):
     kind: Literal["prompt"]
-    text: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
-    blend_text: str | None = Field(default=None, min_length=1, max_length=MAX_PROMPT_CHARS)
+    text: fields.PromptText
+    blend_text: fields.PromptText | None = None
     blend_weight: float = Field(default=0.0, ge=0.0, le=1.0)
 
 
 class SettingsEvent(_Event):
     kind: Literal["settings"]
-    chunk_frames: int = Field(ge=1, le=MAX_CHUNK_FRAMES)
-    steps: int = Field(ge=1, le=MAX_STEPS)
-    memory_frames: int | None = Field(default=None, ge=MIN_MEMORY_FRAMES, le=MAX_MEMORY_FRAMES)
+    chunk_frames: fields.ChunkFrames
+    steps: fields.Steps
+    memory_frames: fields.MemoryFrames | None = None
     attention: str | None = Field(default=None, max_length=MAX_ATTENTION_CHARS)
 
 
 class StepsEvent(_Event):
     kind: Literal["steps"]
-    steps: int = Field(ge=1, le=MAX_STEPS)
+    steps: fields.Steps
 
 
 class ForkEvent(_Event):
     kind: Literal["fork"]
-    k: int = Field(ge=1, le=MAX_FORK_BRANCHES)
+    k: fields.ForkBranches
     fork_id: int = Field(ge=0)
 
 
 class PreviewEvent(_Event):
     kind: Literal["preview"]
-    branch: int = Field(ge=0, lt=MAX_FORK_BRANCHES)
-    steps: int = Field(ge=1, le=MAX_STEPS)
+    branch: fields.Branch
+    steps: fields.Steps
 
 
 class AdoptEvent(_Event):
     kind: Literal["adopt"]
-    branch: int = Field(ge=0, lt=MAX_FORK_BRANCHES)
+    branch: fields.Branch
 
 
 class RewindEvent(_Event):
     kind: Literal["rewind"]
-    chunks: int = Field(ge=1, le=MAX_REWIND_CHUNKS)
+    chunks: fields.RewindChunks
 
 
 class CutEvent(_Event):
@@ -211,7 +204,7 @@ class CutEvent(_Event):
     beat that asks for a cut."""
 
     kind: Literal["cut"]
-    prompt: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
+    prompt: fields.PromptText
     seed: int = Field(ge=0)
 
 
@@ -238,9 +231,9 @@ class ReplayLog(BaseModel):
     model_version: str
     start: LogStart
     seed: int = Field(ge=0)
-    prompt: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
-    chunk_frames: int = Field(ge=1, le=MAX_CHUNK_FRAMES)
-    steps: int = Field(ge=1, le=MAX_STEPS)
+    prompt: fields.PromptText
+    chunk_frames: fields.ChunkFrames
+    steps: fields.Steps
     fps: int = Field(ge=1, le=240)
     chunks: int = Field(ge=0, le=1_000_000)
     frames: int = Field(ge=0)
@@ -250,12 +243,7 @@ class ReplayLog(BaseModel):
 def parse_log(raw: bytes | str, name: str = "input log") -> ReplayLog:
     """Validate an input log (JSON text). Raises ValueError with one line naming ``name`` and
     the first bad field (``events.3.keys.0: ...``)."""
-    if len(raw) > MAX_LOG_BYTES:
-        raise ValueError(f"{name}: {len(raw)} bytes, the limit is {MAX_LOG_BYTES}")
-    try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{name}: not valid JSON ({err})") from None
+    data = check_json(raw, name, MAX_LOG_BYTES)
     if isinstance(data, dict) and data.get("format") not in (None, LOG_FORMAT):
         raise ValueError(f"{name}: format {data.get('format')!r} is not {LOG_FORMAT!r}")
     try:

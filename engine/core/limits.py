@@ -7,6 +7,9 @@ this implementation admits, documented in ``streaming/PROTOCOL_EXTENSIONS.md``.
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 #: the direction keys an ``action`` message may hold; a backend maps held keys to its own
 #: actions (the built-in world: 9 direction ids; Wan: none)
 DIRECTION_KEYS: tuple[str, ...] = ("up", "down", "left", "right")
@@ -39,6 +42,29 @@ def check_prompt(text: object, name: str = "prompt") -> str:
     if len(text) > MAX_PROMPT_CHARS:
         raise ValueError(f"{name} is {len(text)} characters; the limit is {MAX_PROMPT_CHARS}")
     return text.strip()
+
+
+def check_json(raw: bytes | str, name: str, limit: int) -> Any:
+    """The decoded JSON text ``raw``; ValueError (one line naming ``name``) when it is longer
+    than ``limit`` bytes (characters for a str) or not valid JSON."""
+    if len(raw) > limit:
+        raise ValueError(f"{name}: {len(raw)} bytes, the limit is {limit}")
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{name}: not valid JSON ({err})") from None
+
+
+def heavier_prompt(text: str, blend_text: str | None, blend_weight: float) -> str:
+    """The prompt of a blend that weighs more (``blend_text`` when its weight is above 0.5),
+    as given: for a backend that shows one prompt at a time. ValueError when either prompt
+    fails :func:`check_prompt` or the weight is outside [0, 1]."""
+    check_prompt(text)
+    if blend_text is not None:
+        check_prompt(blend_text, "blend prompt")
+    if not 0.0 <= blend_weight <= 1.0:
+        raise ValueError(f"blend weight must be in [0, 1], got {blend_weight}")
+    return blend_text if blend_text is not None and blend_weight > 0.5 else text
 
 
 def check_keys(keys: object) -> frozenset[str]:

@@ -1,5 +1,5 @@
 """Image metrics for world-model evaluation, each validated on simulator ground truth
-(``tests/test_eval_metrics.py``): PSNR, phase-correlation motion, Laplacian sharpness, a
+(``tests/evaluation/test_eval_metrics.py``): PSNR, phase-correlation motion, Laplacian sharpness, a
 nearest-centroid scene classifier on colour histograms, gradient anisotropy, the fraction
 of a frame off its scene's palette and the density of terrain-class boundaries."""
 

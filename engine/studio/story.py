@@ -21,14 +21,13 @@ File format (JSON, ``STORY_FORMAT``)::
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from worldstream.engine.core.inputlog import LOG_FORMAT
-from worldstream.engine.core.limits import MAX_PROMPT_CHARS
+from worldstream.engine.core.limits import MAX_PROMPT_CHARS, check_json
 
 STORY_FORMAT = "worldstream-story/1"
 MAX_STORY_BYTES = 64 * 1024
@@ -102,13 +101,7 @@ class Storyboard(_Strict):
 def parse_story(raw: bytes | str, name: str = "storyboard") -> Storyboard:
     """Validate a storyboard (JSON text). Raises ValueError with one line naming the beat and
     the field: ``storyboard: beat 2, duration_s: Input should be greater than 0``."""
-    if len(raw) > MAX_STORY_BYTES:
-        raise ValueError(f"{name}: {len(raw)} bytes, the limit is {MAX_STORY_BYTES}")
-    try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{name}: not valid JSON ({err})") from None
-    return story_from_data(data, name)
+    return story_from_data(check_json(raw, name, MAX_STORY_BYTES), name)
 
 
 def story_from_data(data: Any, name: str = "storyboard") -> Storyboard:

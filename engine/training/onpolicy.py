@@ -24,10 +24,9 @@ from worldstream.engine.backends.builtin import BuiltinBackend, BuiltinConfig
 from worldstream.engine.models.builtin.attention import DenseContext
 from worldstream.engine.models.builtin.loading import load_colour_prior
 from worldstream.engine.models.builtin.world_dit import WorldDiT
-from worldstream.engine.models.builtin.world_noise import training_noise
-from worldstream.engine.training.common import autocast, pick_device
+from worldstream.engine.training.common import pick_device
 from worldstream.engine.training.latents import LatentDataset
-from worldstream.engine.training.recipe import change_map, noised_skip
+from worldstream.engine.training.recipe import change_map, noised_forward
 from worldstream.engine.training.rollouts import collect_rollouts, load_episodes, onpolicy_bases
 from worldstream.engine.worlds.recorder import PROMPTS
 
@@ -105,20 +104,8 @@ def onpolicy_loss(
     sig = sig.repeat_interleave(chunk_frames, dim=1).to(device)
     ctx_frames = is_ctx.repeat_interleave(chunk_frames, dim=1).to(device)[..., None, None, None]
     clean = torch.where(ctx_frames, zg, z)
-    base_sig = (torch.rand(b, f, generator=gen) * ctx_sigma_max).to(device)
-    bs = base_sig[..., None, None, None]
-    zb = (1 - bs) * zb_own + bs * torch.randn(zb_own.shape, generator=gen).to(device)
-    txt = txt.to(device) * (torch.rand(b, 1, 1, generator=gen) >= 0.1).to(device)
-    offset = torch.randint(0, 1000, (b, 1), generator=gen)
-    pos = (offset + torch.arange(f)[None]).to(device)
-    s = sig[..., None, None, None]
-    noise = training_noise(z.shape, gen, 0.0, 2.0)  # white noise
-    x = (1 - s) * clean + s * noise.to(device)
-    known = known.to(device)
-    zs = noised_skip(model, skip, gen, base_sig, device)
-    with autocast(device):
-        pred = model(x, zb, base_sig, known, sig, actions.to(device), txt, pos, ctx, skip=zs,
-                     pose=None if pose is None else pose.to(device))
+    pred, known, _ = noised_forward(model, clean, zb_own, sig, known, actions, txt, gen,
+                                    ctx_sigma_max, ctx, device, skip, pose)
     target = onpolicy_target(z, zb_own, zb_orig, known)
     weight = 1.0 + new_weight * (1.0 - known[:, :, :1])
     if change_weight:

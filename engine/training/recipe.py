@@ -19,7 +19,6 @@ import torch.nn.functional as F
 
 from worldstream.engine.models.builtin.attention import DenseContext
 from worldstream.engine.models.builtin.world_dit import WorldDiT
-from worldstream.engine.models.builtin.world_noise import training_noise
 from worldstream.engine.training.common import autocast
 from worldstream.engine.training.latents import LatentDataset
 
@@ -151,20 +150,8 @@ def world_prediction(
     sig = sample_chunk_sigmas(gen, b, nc, ctx_sigma_max, p_context)
     sig = sig.repeat_interleave(chunk_frames, dim=1).to(device)
     zb = degrade_bases(zb, gen, p_degrade)
-    base_sig = (torch.rand(b, f, generator=gen) * ctx_sigma_max).to(device)
-    bs = base_sig[..., None, None, None]
-    zb = (1 - bs) * zb + bs * torch.randn(zb.shape, generator=gen).to(device)
-    txt = txt.to(device) * (torch.rand(b, 1, 1, generator=gen) >= 0.1).to(device)
-    offset = torch.randint(0, 1000, (b, 1), generator=gen)
-    pos = (offset + torch.arange(f)[None]).to(device)
-    s = sig[..., None, None, None]
-    noise = training_noise(z.shape, gen, 0.0, 2.0)  # white noise
-    x = (1 - s) * z + s * noise.to(device)
-    known = known.to(device)
-    zs = noised_skip(model, skip, gen, base_sig, device)
-    with autocast(device):
-        pred = model(x, zb, base_sig, known, sig, actions.to(device), txt, pos, ctx, skip=zs,
-                     pose=None if pose is None else pose.to(device))
+    pred, known, txt = noised_forward(model, z, zb, sig, known, actions, txt, gen, ctx_sigma_max,
+                                      ctx, device, skip, pose)
     # NOTE: most of a frame is remembered ground the model only has to copy; without weighting,
     # the few percent it must generate (new ground at the border, the sprite, restyled ground)
     # were a few percent of the loss, and at step 500 new ground came out in no scene's colours
@@ -172,6 +159,45 @@ def world_prediction(
     if change is not None:
         weight = weight + change_weight * change
     return WorldPrediction(pred, z, weight, sig, known, txt)
+
+
+def noised_forward(
+    model: WorldDiT,
+    clean: torch.Tensor,
+    zb: torch.Tensor,
+    sig: torch.Tensor,
+    known: torch.Tensor,
+    actions: torch.Tensor,
+    txt: torch.Tensor,
+    gen: torch.Generator,
+    ctx_sigma_max: float,
+    ctx: DenseContext,
+    device: torch.device,
+    skip: torch.Tensor | None,
+    pose: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The model's x0 prediction for normalised latents ``clean (B, F, C, h, w)`` noised at the
+    per-frame levels ``sig (B, F)`` (white noise), on top of the normalised bases ``zb`` noised
+    at U[0, ctx_sigma_max], the text dropped 10 % of the time, positions from a random offset
+    and the noised second skip source (:func:`noised_skip`). Returns ``pred``, ``known`` and
+    ``txt`` (on ``device``, the text as dropped). The one forward of :func:`world_prediction`
+    and :func:`~engine.training.onpolicy.onpolicy_loss` (same draws from ``gen``, same order)."""
+    b, f = actions.shape
+    base_sig = (torch.rand(b, f, generator=gen) * ctx_sigma_max).to(device)
+    bs = base_sig[..., None, None, None]
+    zb = (1 - bs) * zb + bs * torch.randn(zb.shape, generator=gen).to(device)
+    txt = txt.to(device) * (torch.rand(b, 1, 1, generator=gen) >= 0.1).to(device)
+    offset = torch.randint(0, 1000, (b, 1), generator=gen)
+    pos = (offset + torch.arange(f)[None]).to(device)
+    s = sig[..., None, None, None]
+    noise = torch.randn(clean.shape, generator=gen)
+    x = (1 - s) * clean + s * noise.to(device)
+    known = known.to(device)
+    zs = noised_skip(model, skip, gen, base_sig, device)
+    with autocast(device):
+        pred = model(x, zb, base_sig, known, sig, actions.to(device), txt, pos, ctx, skip=zs,
+                     pose=None if pose is None else pose.to(device))
+    return pred, known, txt
 
 
 def change_map(z: torch.Tensor, zb: torch.Tensor, cap: float = 10.0) -> torch.Tensor:

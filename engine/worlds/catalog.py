@@ -66,7 +66,7 @@ WORLDS: dict[str, WorldSpec] = {
 
 #: base warps by name (``module:Class``): a class taking the frame size (px) whose instances
 #: have ``rest`` (the pose of a stream's first frames), ``path(pose, actions)`` (each frame's
-#: pose) and ``apply(picture, pose, backdrop=None)`` (the memory picture moved to a pose); the
+#: pose) and ``apply(picture, pose)`` (the memory picture moved to a pose); the
 #: shipped avatar model's rig is the only one
 BASE_WARPS = {"head_rig_fit": "worldstream.engine.worlds.avatar.head_rig:FittedRigHeadWarp"}
 

@@ -70,20 +70,12 @@ def record_episode(
     scene_idx = int(rng.integers(len(SCENE_NAMES)))
     sim = WorldSimulator(seed, SCENE_NAMES[scene_idx])
     policy = HumanLikePolicy(rng)
-    prompt_idx = _draw_prompt(rng, scene_idx)
-    out = {
-        "frames": np.empty((length, 128, 128, 3), np.uint8),
-        "actions": np.empty(length, np.int8),
-        "scene": np.empty(length, np.int8),
-        "prompt": np.empty(length, np.int16),
-        "switch": np.zeros(length, bool),
-        # top-left corner of the rendered crop, world px (x, y): the ground-truth camera path
-        "camera": np.empty((length, 2), np.int64),
-    }
+    prompt_idx = draw_prompt(rng, PROMPT_SCENE, scene_idx)
+    out = episode_arrays(length, 128, np.int8)
     for i in range(length):
         if i > 0 and rng.random() < switch_prob:
             scene_idx = int((scene_idx + rng.integers(1, len(SCENE_NAMES))) % len(SCENE_NAMES))
-            prompt_idx = _draw_prompt(rng, scene_idx)
+            prompt_idx = draw_prompt(rng, PROMPT_SCENE, scene_idx)
             if transition_frames is None:
                 sim.set_scene(SCENE_NAMES[scene_idx])
             else:
@@ -96,9 +88,33 @@ def record_episode(
     return out
 
 
-def _draw_prompt(rng: np.random.Generator, scene_idx: int) -> int:
-    candidates = [i for i, s in enumerate(PROMPT_SCENE) if s == scene_idx]
+def episode_arrays(length: int, size: int, action_dtype: type) -> dict[str, np.ndarray]:
+    """The arrays of one episode of ``length`` frames of ``size`` px (the shard layout above;
+    ``actions`` of ``action_dtype``), to be filled frame by frame. ``camera`` starts at zero:
+    the top-left corner of the rendered crop, world px (x, y), the ground-truth camera path
+    (a world whose camera never moves leaves it there)."""
+    return {
+        "frames": np.empty((length, size, size, 3), np.uint8),
+        "actions": np.empty(length, action_dtype),
+        "scene": np.empty(length, np.int8),
+        "prompt": np.empty(length, np.int16),
+        "switch": np.zeros(length, bool),
+        "camera": np.zeros((length, 2), np.int64),
+    }
+
+
+def draw_prompt(rng: np.random.Generator, prompt_scene: tuple[int, ...], scene_idx: int) -> int:
+    """A random prompt index of scene (or look) ``scene_idx``; ``prompt_scene[i]`` is the scene
+    of prompt ``i``."""
+    candidates = [i for i, s in enumerate(prompt_scene) if s == scene_idx]
     return int(rng.choice(candidates))
+
+
+def save_shard(out: Path, episodes: list[dict[str, np.ndarray]]) -> None:
+    """Stack the episodes' arrays into the shard folder ``out`` (one ``.npy`` a key)."""
+    out.mkdir(parents=True, exist_ok=True)
+    for key in episodes[0]:
+        np.save(out / f"{key}.npy", np.stack([e[key] for e in episodes]))
 
 
 def record_shard(
@@ -110,13 +126,10 @@ def record_shard(
 ) -> Path:
     """Record one episode per seed into the shard folder ``out_dir`` (tqdm progress)."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    episodes = [
+    save_shard(out, [
         record_episode(s, length, switch_prob, transition_frames)
         for s in tqdm(seeds, desc=f"recording {out.name}", unit="episode")
-    ]
-    for key in episodes[0]:
-        np.save(out / f"{key}.npy", np.stack([e[key] for e in episodes]))
+    ])
     return out
 
 

@@ -25,8 +25,8 @@ def noise(backend: Any, batch: ChunkBatch) -> None:
         if backend.config.world_noise:
             mc = backend.model.config
             seed = job.seed if job.seed is not None else state.noise_seed
-            rows.append(chunk_noise(seed, rec.origins, rec.field_times, backend.downsample,
-                                    mc.latent_channels, mc.latent_size))
+            rows.append(chunk_noise(seed, rec.origins, backend.downsample, mc.latent_channels,
+                                    mc.latent_size))
         else:
             rows.append(backend._noise(torch.Generator().manual_seed(job.seed)
                                        if job.seed is not None else state.rng))

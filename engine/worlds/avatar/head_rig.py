@@ -53,7 +53,7 @@ class RigBuild:
 PLAIN_BUILD = RigBuild()
 #: :func:`fit_build`'s colour tolerance (RGB distance, levels): two patches nearer than this
 #: are taken for the same part's colour (the autoencoder moves a flat patch by less; a hair and
-#: skin this alike are not told apart, tests/test_head_warp.py)
+#: skin this alike are not told apart, tests/worlds/test_head_warp.py)
 BUILD_TOLERANCE = 40.0
 
 
@@ -295,13 +295,12 @@ class RigHeadWarp(HeadWarp):
         clean[(self._face & self._features).numpy()] = np.median(picture[skin_area], axis=0)
         return clean
 
-    def apply(self, picture: np.ndarray, pose: np.ndarray,
-              backdrop: np.ndarray | None = None) -> np.ndarray:
+    def apply(self, picture: np.ndarray, pose: np.ndarray) -> np.ndarray:
         """``picture (S, S, 3)`` uint8 (the memory picture at rest) with its parts moved to
         ``pose`` ``(2,)`` rounded to ``1 / POSE_STEPS``; the picture itself (not a copy) where
         that is (0, 0). What the turn uncovers of the character's region at rest shows the
-        nearest pixel outside the region. ValueError for another size or a ``backdrop``."""
-        key = self._pose_key(picture, pose, backdrop)
+        nearest pixel outside the region. ValueError for another size."""
+        key = self._pose_key(picture, pose)
         if key is None:
             return picture
         grid, face = self._cached(self._maps, (self.build(picture), *key),

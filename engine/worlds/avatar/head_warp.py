@@ -124,25 +124,20 @@ class HeadWarp:
         return torch.stack([(xs - d[0] + 0.5) * 2 / self.size - 1,
                             (ys - d[1] + 0.5) * 2 / self.size - 1], dim=-1)[None]
 
-    def _pose_key(self, picture: np.ndarray, pose: np.ndarray,
-                  backdrop: np.ndarray | None = None) -> tuple[int, int] | None:
+    def _pose_key(self, picture: np.ndarray, pose: np.ndarray) -> tuple[int, int] | None:
         """``pose`` quantised (:meth:`quantise`), or None at rest (the picture is shown as it
-        is). ValueError for a picture not ``(size, size, 3)`` or a ``backdrop`` given."""
+        is). ValueError for a picture not ``(size, size, 3)``."""
         if picture.shape != (self.size, self.size, 3):
             raise ValueError(f"picture must be ({self.size}, {self.size}, 3), "
                              f"got {picture.shape}")
-        if backdrop is not None:
-            raise ValueError("a base warp shows no background plate: backdrop must be None")
         key = self.quantise(pose)
         return None if key == (0, 0) else key
 
-    def apply(self, picture: np.ndarray, pose: np.ndarray,
-              backdrop: np.ndarray | None = None) -> np.ndarray:
+    def apply(self, picture: np.ndarray, pose: np.ndarray) -> np.ndarray:
         """``picture (S, S, 3)`` uint8 (the memory picture at rest) warped to ``pose``
         ``(2,)`` rounded to ``1 / POSE_STEPS``; the picture itself (not a copy) where that is
-        (0, 0). ValueError for another size, or for a ``backdrop`` (no warp shows a
-        background plate; the keyword stays for the engine's call, which passes None)."""
-        key = self._pose_key(picture, pose, backdrop)
+        (0, 0). ValueError for another size."""
+        key = self._pose_key(picture, pose)
         if key is None:
             return picture
         x = torch.from_numpy(np.ascontiguousarray(picture)).permute(2, 0, 1)[None].float()

@@ -21,6 +21,7 @@ from worldstream.engine.worlds.actions import IDLE, direction_to_action
 from worldstream.engine.worlds.avatar.actions import NUM_EXPRESSIONS, AvatarControls
 from worldstream.engine.worlds.avatar.looks import LOOK_NAMES, PROMPT_LOOK
 from worldstream.engine.worlds.avatar.simulator import SIZE, AvatarSimulator
+from worldstream.engine.worlds.recorder import draw_prompt, episode_arrays, save_shard
 
 WORDS = (
     "hello there how are you today I am fine thank you the weather is lovely let us talk about "
@@ -70,19 +71,12 @@ def record_episode(seed: int, length: int, switch_prob: float = 1 / 200,
     look_idx = int(rng.integers(len(LOOK_NAMES))) if look is None else LOOK_NAMES.index(look)
     sim = AvatarSimulator(seed, LOOK_NAMES[look_idx])
     policy = PuppeteerPolicy(rng)
-    prompt_idx = _draw_prompt(rng, look_idx)
-    out = {
-        "frames": np.empty((length, SIZE, SIZE, 3), np.uint8),
-        "actions": np.empty(length, np.int16),
-        "scene": np.empty(length, np.int8),
-        "prompt": np.empty(length, np.int16),
-        "switch": np.zeros(length, bool),
-        "camera": np.zeros((length, 2), np.int64),
-    }
+    prompt_idx = draw_prompt(rng, PROMPT_LOOK, look_idx)
+    out = episode_arrays(length, SIZE, np.int16)
     for i in range(length):
         if i > 0 and rng.random() < switch_prob:
             look_idx = int((look_idx + rng.integers(1, len(LOOK_NAMES))) % len(LOOK_NAMES))
-            prompt_idx = _draw_prompt(rng, look_idx)
+            prompt_idx = draw_prompt(rng, PROMPT_LOOK, look_idx)
             sim.set_look(LOOK_NAMES[look_idx])
             out["switch"][i] = True
         action = policy()
@@ -91,19 +85,12 @@ def record_episode(seed: int, length: int, switch_prob: float = 1 / 200,
     return out
 
 
-def _draw_prompt(rng: np.random.Generator, look_idx: int) -> int:
-    return int(rng.choice([i for i, n in enumerate(PROMPT_LOOK) if n == look_idx]))
-
-
 def record_shard(out_dir: str | Path, seeds: list[int], length: int,
                  switch_prob: float = 1 / 200) -> Path:
     """Record one episode per seed into the shard folder ``out_dir`` (tqdm progress)."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    episodes = [record_episode(s, length, switch_prob)
-                for s in tqdm(seeds, desc=f"recording {out.name}", unit="episode")]
-    for key in episodes[0]:
-        np.save(out / f"{key}.npy", np.stack([e[key] for e in episodes]))
+    save_shard(out, [record_episode(s, length, switch_prob)
+                     for s in tqdm(seeds, desc=f"recording {out.name}", unit="episode")])
     np.save(out / "seed.npy", np.asarray(seeds, np.int64))
     return out
 
