@@ -30,8 +30,8 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 
 def field_docs(cls: type) -> dict[str, str]:
-    """Each dataclass field's docstring (the string literal under it), base classes first;
-    a field without one maps to ""."""
+    """Each dataclass field's docstring (the string literal under it; a subclass's override
+    without one keeps the base class's); a field without any maps to ""."""
     docs: dict[str, str] = {}
     for klass in reversed(cls.__mro__):
         if not dataclasses.is_dataclass(klass):
@@ -39,9 +39,10 @@ def field_docs(cls: type) -> dict[str, str]:
         body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body
         for node, after in zip(body, body[1:] + [None]):
             if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-                doc = (after.value.value if isinstance(after, ast.Expr)
-                       and isinstance(after.value, ast.Constant) else "")
-                docs[node.target.id] = " ".join(str(doc).split())
+                if isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant):
+                    docs[node.target.id] = " ".join(str(after.value.value).split())
+                else:  # an override without a doc of its own keeps its base class's
+                    docs.setdefault(node.target.id, "")
     return {f.name: docs.get(f.name, "") for f in dataclasses.fields(cls)}
 
 

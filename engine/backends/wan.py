@@ -56,21 +56,16 @@ class WanConfig(StreamConfig):
     """Streaming settings of the Wan causal backend (the shared ones: :class:`StreamConfig`,
     here with Self-Forcing's window, shift and context noise)."""
 
+    # Self-Forcing's: 6 chunks = 18 frames + 3 = its 21-frame training context, its timestep
+    # shift and clean context. NOTE: on a GPU, batching the sessions' forwards is where the
+    # throughput comes from (TurboServe, StreamDiffusionV2): not batch-invariant, so a
+    # stream's replay is bit-exact only while it shares no batch
     window_chunks: int = 6
-    """:class:`StreamConfig`'s: 6 chunks = 18 frames + 3 = Self-Forcing's 21-frame context."""
     memory_chunks: int = 8
-    """:class:`StreamConfig`'s."""
     shift: float = 5.0
-    """:class:`StreamConfig`'s, as Self-Forcing."""
     ctx_sigma: float = 0.0
-    """:class:`StreamConfig`'s, as Self-Forcing."""
     max_states: int = 2
-    """:class:`StreamConfig`'s."""
-    # NOTE: on a GPU, batching the sessions' forwards is where the throughput comes from
-    # (TurboServe, StreamDiffusionV2); a stream's replay is then bit-exact only while it
-    # shares no batch
     batch_invariant: bool = False
-    """:class:`StreamConfig`'s: off, sessions' chunks share forwards."""
     height: int = 480
     """Video height in pixels (a multiple of 16)."""
     width: int = 832
