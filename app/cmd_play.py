@@ -35,7 +35,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "= 1-frame chunks at 2 steps, quality = 2-frame chunks (where the "
                              "model has them) at 4 steps (default responsive)")
     scale = parser.add_argument_group(
-        "scale-out on Ray", "engine replicas in processes of their own (README, 'Scale-out')")
+        "scale-out on Ray", "engine replicas in processes of their own (README, 'Serving other "
+        "people')")
     scale.add_argument("--replicas", type=_replica_range, default=None, metavar="N|MIN-MAX",
                        help="start N engine replicas on Ray, or MIN and autoscale up to MAX "
                             "with the sessions (default: one engine in this process, no Ray)")
@@ -46,7 +47,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        metavar="CPUS[,GPUS]",
                        help="Ray num_cpus and num_gpus of one replica (default 1,0)")
     exposed = parser.add_argument_group(
-        "running it exposed", "see README, 'Running it exposed'")
+        "serving other people", "see README, 'Serving other people'")
     exposed.add_argument("--auth", action="store_true",
                          help="require a server key to create sessions and read metrics: the "
                               "key is read from $WORLDSTREAM_KEY (or a fresh one is printed); "
@@ -156,7 +157,8 @@ def run(args: argparse.Namespace) -> int:
     from worldstream.streaming.webrtc import bind_media, configure_ice_consent
 
     if settings_cli.wants_help(args):
-        return settings_cli.print_builtin_settings(args.world, args.model_path)
+        return settings_cli.print_builtin_settings(args.world, args.model_path,
+                                                   {"compile": True})
     name = backend_id(args.world, args.model)
     if args.world == "avatar" and args.replicas is not None:
         raise ValueError("--world avatar runs in one process (no --replicas)")

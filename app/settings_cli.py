@@ -44,12 +44,15 @@ def builtin_overrides(args: argparse.Namespace) -> dict:
     return overrides(BuiltinConfig, args)
 
 
-def print_builtin_settings(world: str, model_path: str | Path | None = None) -> int:
-    """``--set help`` of the built-in model family, with ``world``'s values."""
+def print_builtin_settings(world: str, model_path: str | Path | None = None,
+                           command_values: dict | None = None) -> int:
+    """``--set help`` of the built-in model family, with ``world``'s values and those the
+    command sets itself (``command_values``: ``play`` compiles the model)."""
     from worldstream.engine.backends.builtin import BuiltinConfig
     from worldstream.engine.backends.settings import SETTINGS_FILE, load_settings
     from worldstream.engine.worlds.catalog import world as world_spec
 
     folder = Path(model_path) if model_path else world_spec(world).assets
-    return print_settings(BuiltinConfig, load_settings(BuiltinConfig, folder),
-                          str(folder / SETTINGS_FILE))
+    values = {**load_settings(BuiltinConfig, folder), **(command_values or {})}
+    source = str(folder / SETTINGS_FILE) + (", this command" if command_values else "")
+    return print_settings(BuiltinConfig, values, source)
