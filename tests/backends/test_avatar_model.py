@@ -166,6 +166,7 @@ def test_shipped_model_shows_the_expression_held_and_opens_the_mouth_to_speak():
     assert np.corrcoef(darkness, track)[0, 1] >= 0.6
 
 
+@pytest.mark.slow
 def test_shipped_model_switches_look_as_a_stream_of_that_look_starts():
     """A prompt switch shows the new look's character (its simulator picture at rest is the
     independent reference), with the expression held across it; before the look switch

@@ -101,6 +101,7 @@ def test_sim_save_load_continue_is_identical():
         replay(SimBackend(), log, got.append)
 
 
+@pytest.mark.slow
 def test_avatar_sim_save_load_continue_keeps_expression_and_speech():
     from worldstream.engine.backends.avatar_sim import AvatarSimBackend
 
