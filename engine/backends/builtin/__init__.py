@@ -31,7 +31,8 @@ def builtin_config(path: str | Path = BUILTIN_DIR, **overrides) -> BuiltinConfig
     (``colour_prior=None`` leaves the prior out). ValueError naming a bad setting or file."""
     path = Path(path)
     settings = {**load_settings(BuiltinConfig, path), **overrides}
-    if "colour_prior" not in settings and settings.get("colour_anchor", 2.0) is not None:
+    anchored = settings.get("colour_anchor", BuiltinConfig.colour_anchor) is not None
+    if "colour_prior" not in settings and anchored:
         settings["colour_prior"] = load_colour_prior(path)
     return BuiltinConfig(**settings)
 
