@@ -12,7 +12,7 @@ export HF_HUB_OFFLINE := 1
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q torch==2.13.0
-	$(VENV)/bin/pip install -q -e '.[dev]'
+	$(VENV)/bin/pip install -q -e '.[dev,games]'
 	touch $(STAMP)
 
 play: $(STAMP)

@@ -1,0 +1,255 @@
+"""A Gymnasium environment as a deterministic game: made by id, snapshotted, replayed.
+
+``GameEnv`` wraps any env with image observations and a discrete action space: ``ALE/Pong-v5``
+(ale-py), ``VizdoomBasic-v1`` (vizdoom), ``CrafterReward-v1`` (crafter), any id registered
+with Gymnasium, or ``module:factory`` for a user's own env. Settings that make an env a function
+of its seed and actions are the default (ALE: no sticky actions, a fixed frame skip).
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from worldstream.engine.worlds.game.frames import scale_frame
+
+#: env id prefix -> keyword arguments that make its episodes a function of seed and actions
+DETERMINISTIC: dict[str, dict[str, Any]] = {
+    "ALE/": {"repeat_action_probability": 0.0, "frameskip": 4, "full_action_space": False},
+    "Vizdoom": {"frame_skip": 4},
+}
+#: observation dict keys that hold the screen, in the order they are looked for
+_IMAGE_KEYS = ("pixels", "screen", "image", "rgb", "observation")
+
+
+class GameEnvError(ValueError):
+    """An env id or env that cannot be a game world; the message names what is expected."""
+
+
+def _register_plugins() -> None:
+    """Register the game packages that are installed (each is optional)."""
+    try:
+        import ale_py
+        gym.register_envs(ale_py)
+    except ImportError:
+        pass
+    try:
+        import vizdoom.gymnasium_wrapper  # noqa: F401  (registers the Vizdoom* ids)
+    except ImportError:
+        pass
+    if "CrafterReward-v1" not in gym.registry:
+        gym.register("CrafterReward-v1", entry_point="worldstream.engine.worlds.game.env:"
+                     "make_crafter")
+        gym.register("CrafterNoReward-v1", entry_point="worldstream.engine.worlds.game.env:"
+                     "make_crafter", kwargs={"reward": False})
+
+
+_PACKAGE_FOR = {"ALE/": "ale-py", "Vizdoom": "vizdoom", "Crafter": "crafter"}
+
+
+class _OldApiEnv(gym.Env):
+    """A gym-0.21-style env (``reset() -> obs``, ``step -> (obs, r, done, info)``) seen through
+    Gymnasium's API; crafter is one."""
+
+    def __init__(self, env: Any, meanings: list[str] | None = None):
+        self.env = env
+        self.action_space = gym.spaces.Discrete(int(env.action_space.n))
+        shape = tuple(int(s) for s in env.observation_space.shape)
+        self.observation_space = gym.spaces.Box(0, 255, shape, np.uint8)
+        self.meanings = meanings
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        if seed is not None and hasattr(self.env, "_seed"):
+            self.env._seed = seed  # crafter seeds its world generator from this attribute
+        return self.env.reset(), {}
+
+    def step(self, action: int):
+        obs, reward, done, info = self.env.step(action)
+        return obs, reward, bool(done), False, info
+
+    def get_action_meanings(self) -> list[str]:
+        return list(self.meanings or [str(i) for i in range(self.action_space.n)])
+
+    def close(self) -> None:
+        pass
+
+
+def make_crafter(reward: bool = True, size: int = 64) -> _OldApiEnv:
+    """Crafter (pure Python, top-down) through Gymnasium's API."""
+    try:
+        import crafter
+    except ImportError as exc:
+        raise GameEnvError("crafter is not installed: pip install crafter") from exc
+    return _OldApiEnv(crafter.Env(area=(64, 64), size=(size, size), reward=reward),
+                      list(crafter.constants.actions))
+
+
+def _make_raw(env_id: str) -> Any:
+    if not isinstance(env_id, str) or not env_id.strip():
+        raise GameEnvError(f"an env id must be a non-empty string, got {env_id!r}")
+    if ":" in env_id and "/" not in env_id.split(":")[0]:
+        module_name, _, factory = env_id.partition(":")
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            raise GameEnvError(f"env {env_id!r}: cannot import module {module_name!r} "
+                               f"({exc}); expected module:factory") from exc
+        make = getattr(module, factory, None)
+        if not callable(make):
+            raise GameEnvError(f"env {env_id!r}: {module_name} has no callable {factory!r}")
+        env = make()
+        return env if hasattr(env, "observation_space") and _new_api(env) else _OldApiEnv(env)
+    _register_plugins()
+    kwargs = next((dict(v) for k, v in DETERMINISTIC.items() if env_id.startswith(k)), {})
+    try:
+        return gym.make(env_id, **kwargs)
+    except gym.error.Error as exc:
+        package = next((p for k, p in _PACKAGE_FOR.items() if env_id.startswith(k)), None)
+        hint = (f" (is {package} installed? pip install {package})" if package else
+                "; expected a Gymnasium id such as ALE/Pong-v5 or module:factory")
+        raise GameEnvError(f"unknown env id {env_id!r}{hint}: {exc}") from exc
+    except Exception as exc:  # a ROM or data file the env's package lacks, and the like
+        raise GameEnvError(f"env {env_id!r} failed to start: {exc}") from exc
+
+
+def _new_api(env: Any) -> bool:
+    return isinstance(env, gym.Env) or isinstance(getattr(env, "unwrapped", None), gym.Env)
+
+
+def _image_key(space: Any, env_id: str) -> str | None:
+    """The dict key holding the screen (None when the observation is the screen itself);
+    GameEnvError when no observation is an ``(H, W, 3)`` image."""
+    def is_image(s: Any) -> bool:
+        shape = getattr(s, "shape", None)
+        return shape is not None and len(shape) == 3 and shape[2] == 3 and shape[0] >= 8
+
+    if isinstance(space, gym.spaces.Dict):
+        for key in _IMAGE_KEYS:
+            if key in space.spaces and is_image(space.spaces[key]):
+                return key
+    elif is_image(space):
+        return None
+    raise GameEnvError(f"env {env_id!r} has no image observation (got {space}); a game world "
+                       "needs (H, W, 3) RGB frames")
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A game as it was: the episode's seed and actions (always enough to replay it), the
+    env's native state where it has one (ALE), and the frame it showed."""
+
+    seed: int
+    actions: tuple[int, ...]
+    native: Any
+    frame: np.ndarray
+    done: bool
+
+
+class GameEnv:
+    """One deterministic game.
+
+    Args:
+        env_id: a Gymnasium id or ``module:factory``.
+        size: output frames are ``(size, size, 3)`` uint8 (``scale_frame``).
+    Raises GameEnvError (a ValueError) for an unknown id, a missing package or ROM, an env
+    without image observations or without a discrete action space.
+    """
+
+    def __init__(self, env_id: str, size: int = 64):
+        if not isinstance(size, int) or not 8 <= size <= 512:
+            raise GameEnvError(f"size must be an int in [8, 512], got {size!r}")
+        self.env_id = env_id
+        self.size = size
+        self.env = _make_raw(env_id)
+        if not isinstance(self.env.action_space, gym.spaces.Discrete):
+            self.env.close()
+            raise GameEnvError(f"env {env_id!r} has action space {self.env.action_space}; a "
+                               "game world needs a discrete one (Discrete(n))")
+        self._key = _image_key(self.env.observation_space, env_id)
+        self.num_actions = int(self.env.action_space.n)
+        self.action_meanings = tuple(_meanings(self.env))
+        self._ale = getattr(self.env.unwrapped, "ale", None)
+        self.seed = 0
+        self.actions: list[int] = []
+        self.raw: np.ndarray | None = None
+        self.frame: np.ndarray | None = None
+        self.done = False
+
+    def _observe(self, obs: Any) -> np.ndarray:
+        image = obs[self._key] if self._key is not None else obs
+        self.raw = np.ascontiguousarray(np.asarray(image, dtype=np.uint8))
+        self.frame = scale_frame(self.raw, self.size)
+        return self.frame
+
+    def reset(self, seed: int) -> np.ndarray:
+        """Start the episode of ``seed``; its first frame ``(size, size, 3)`` uint8."""
+        obs, _ = self.env.reset(seed=int(seed))
+        self.seed, self.actions, self.done = int(seed), [], False
+        return self._observe(obs)
+
+    def step(self, action: int) -> np.ndarray:
+        """The frame after ``action``; ValueError (nothing changes) for an action outside
+        ``[0, num_actions)``. After the episode ends (``done``) the env stays on its last
+        frame: the caller resets."""
+        if not isinstance(action, (int, np.integer)) or not 0 <= action < self.num_actions:
+            raise ValueError(f"action must be an int in [0, {self.num_actions}), got {action!r}")
+        if self.frame is None:
+            raise RuntimeError("reset the game before stepping it")
+        if self.done:
+            return self.frame
+        obs, _, terminated, truncated, _ = self.env.step(int(action))
+        self.actions.append(int(action))
+        self.done = bool(terminated or truncated)
+        return self._observe(obs)
+
+    def snapshot(self) -> Snapshot:
+        """The game as it is now (cheap with ALE's native state; otherwise seed + actions)."""
+        if self.frame is None:
+            raise RuntimeError("reset the game before taking a snapshot")
+        native = self._ale.cloneState(include_rng=True) if self._ale is not None else None
+        if native is None and self._copyable():
+            native = copy.deepcopy(self.env.unwrapped)
+        return Snapshot(self.seed, tuple(self.actions), native, self.frame.copy(), self.done)
+
+    def _copyable(self) -> bool:
+        # pure-Python envs (crafter) deep-copy; native ones (vizdoom) replay from the seed
+        return isinstance(self.env.unwrapped, _OldApiEnv)
+
+    def restore(self, snap: Snapshot) -> np.ndarray:
+        """Back to ``snap``: the env continues exactly as it would have from there."""
+        if self._ale is not None and snap.native is not None:
+            self._ale.restoreState(snap.native)
+        elif snap.native is not None and self._copyable():
+            self.env.unwrapped.env = copy.deepcopy(snap.native.env)
+        else:
+            self.reset(snap.seed)
+            for action in snap.actions:
+                self.env.step(action)
+        self.seed, self.actions, self.done = snap.seed, list(snap.actions), snap.done
+        self.frame = snap.frame.copy()
+        return self.frame
+
+    def close(self) -> None:
+        self.env.close()
+
+
+def _meanings(env: Any) -> list[str]:
+    """Action names: ALE's and crafter's own, ViZDoom's buttons, or the indices."""
+    unwrapped = env.unwrapped
+    if hasattr(unwrapped, "get_action_meanings"):
+        return [str(m) for m in unwrapped.get_action_meanings()]
+    game = getattr(unwrapped, "game", None)
+    n = int(env.action_space.n)
+    if game is not None and hasattr(game, "get_available_buttons"):
+        buttons = [str(b).split(".")[-1] for b in game.get_available_buttons()]
+        # the vizdoom wrapper's Discrete space: 0 = no button, then one button each
+        if n == len(buttons) + 1:
+            return ["NOOP", *buttons]
+        if n == len(buttons):
+            return buttons
+    return [str(i) for i in range(n)]
