@@ -7,7 +7,8 @@ text/plain`` and no preflight; with DNS rebinding it can even reach a server bou
 under a foreign ``Host``. So: a request must name one of the server's hosts (Starlette's
 ``TrustedHostMiddleware``), a browser request from another origin is refused, JSON bodies must
 say so (``application/json`` forces a CORS preflight that this server never grants), and when
-the server is exposed it can demand a key for creating sessions and reading metrics.
+the server is exposed it can demand a key for creating sessions and reading metrics. Of the
+mounted UI framework only what the page loads is served (:func:`page_only`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
 from worldstream.streaming.limits import RateLimiter
 from worldstream.streaming.sessions import token_matches
 
@@ -28,9 +32,10 @@ LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 
 @dataclass(frozen=True)
 class AccessPolicy:
-    """``auth_key``: when set, ``POST /api/sessions`` and ``GET /api/metrics`` need
-    ``Authorization: Bearer <auth_key>`` (the page passes it from its ``?key=`` parameter), and
-    an unknown session id answers 401 like a wrong token (no existence oracle).
+    """``auth_key``: when set, ``POST /api/sessions`` needs ``Authorization: Bearer
+    <auth_key>`` (the page passes it from its ``?key=`` parameter), ``GET /api/metrics`` the key
+    or a session's token, and an unknown session id answers 401 like a wrong token (no
+    existence oracle).
     ``allowed_hosts``: ``Host`` header names served (None: any; Starlette's wildcard rules,
     e.g. ``*.example.com``). ``allowed_origins``: browser origins allowed besides the server's
     own (``scheme://host[:port]``)."""
@@ -73,6 +78,33 @@ class AccessPolicy:
         return parts.scheme in ("http", "https") and bool(host) and parts.netloc == host
 
 
+#: what the page loads from the UI framework (Gradio), recorded with Chromium: the page, its
+#: theme, scripts, styles, fonts and icon (its config is inlined in the page)
+UI_PATHS = frozenset({"/", "/theme.css", "/favicon.ico"})
+UI_PREFIXES = ("/assets/", "/static/")
+#: this server's own routes: the API and the page's JS/CSS
+OWN_PREFIXES = ("/api/", "/ws-static/")
+
+
+def page_only(app: FastAPI) -> None:
+    """Answer 404 to every route of the mounted UI framework that the page does not load.
+
+    NOTE: Gradio serves, to anyone, its API schema (``/gradio_api/info``, ``/openapi.json``,
+    ``/gradio_api/openapi.json``), its config (``/config``: its version among the rest),
+    uploads to a temporary folder (``/gradio_api/upload``), its event queue, login and
+    monitoring routes: none of them is used by this page (it has no Gradio events: the steering
+    goes over WebRTC and WebSocket), and each would be one more door on an exposed server. An
+    allow list, so that a Gradio upgrade adding routes adds none here."""
+
+    @app.middleware("http")
+    async def ui_page_only(request: Request, call_next):
+        path = request.url.path
+        if path.startswith(OWN_PREFIXES) or (request.method in ("GET", "HEAD") and (
+                path in UI_PATHS or path.startswith(UI_PREFIXES))):
+            return await call_next(request)
+        return JSONResponse({"error": "not found"}, status_code=404)
+
+
 def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -84,7 +116,7 @@ def is_loopback(host: str) -> bool:
 
 class ClientBuckets:
     """A token bucket per client address: ``burst`` events, then ``per_s`` a second. Counts
-    failed authentications (then 429 whatever the request presents) and session creations.
+    failed authentications (then 429 to the requests that fail) and session creations.
     Remembers the ``max_clients`` most recent addresses (an attacker rotating addresses cannot
     grow it without bound)."""
 

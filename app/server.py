@@ -20,8 +20,9 @@ from fastapi.responses import JSONResponse, Response  # noqa: E402
 from fastapi.staticfiles import StaticFiles  # noqa: E402
 from starlette.middleware.trustedhost import TrustedHostMiddleware  # noqa: E402
 
-from worldstream.app.access import AccessPolicy, ClientBuckets  # noqa: E402
-from worldstream.engine.core.api import CapacityError, EngineAPI  # noqa: E402
+from worldstream.app.access import AccessPolicy, ClientBuckets, page_only  # noqa: E402
+from worldstream.app.metrics import metrics_body  # noqa: E402
+from worldstream.engine.core.api import CapacityError, EngineAPI, SessionClosedError  # noqa: E402
 from worldstream.streaming import messages as m  # noqa: E402
 from worldstream.streaming.limits import Limits  # noqa: E402
 from worldstream.streaming.sessions import (  # noqa: E402
@@ -55,6 +56,10 @@ class ApiError(Exception):
         if self.field is not None:
             body["field"] = self.field
         return JSONResponse(body, status_code=self.status, headers=self.headers)
+
+
+#: the answer to a request whose session closed while it was under way
+SESSION_ENDED = ApiError(404, "the session has ended", "session_id")
 
 
 def _bearer(request: Request) -> str | None:
@@ -123,6 +128,9 @@ def create_app(engine: EngineAPI, limits: Limits | None = None, *, ui: bool = Tr
     app.state.webrtc = webrtc
     app.state.access = access
     app.add_exception_handler(ApiError, lambda _request, err: err.response())
+    # NOTE: a session may close (DELETE, the reaper) during any await of a request that
+    # authenticated before it: whatever then meets the closed session is a 404, never a 500
+    app.add_exception_handler(SessionClosedError, lambda _request, _err: SESSION_ENDED.response())
     if access.allowed_hosts is not None:  # against DNS rebinding (HTTP and WebSocket)
         app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(access.allowed_hosts))
 
@@ -136,31 +144,33 @@ def create_app(engine: EngineAPI, limits: Limits | None = None, *, ui: bool = Tr
     def client_of(conn: Request | WebSocket) -> str:
         return conn.client.host if conn.client is not None else "unknown"
 
-    def refuse_if_throttled(client: str) -> None:
-        """429 for a client past its failed authentications, whatever it presents now."""
+    def failed_authentication(client: str) -> None:
+        """Count a failed authentication of ``client``: 429 once it is past its share.
+
+        NOTE: only requests that fail are counted and refused. Users behind one NAT, a campus
+        network or a carrier's address are one client here: a request that authenticates (its
+        session's token, the server key) is never refused for the failures of others."""
         if throttle.empty(client):
             raise ApiError(429, "too many failed authentications", "authorization",
                            headers={"Retry-After": "5"})
+        throttle.take(client)
 
     def check_key(request: Request) -> None:
-        client = client_of(request)
-        refuse_if_throttled(client)
         if not access.key_ok(_bearer(request)):
-            throttle.take(client)
+            failed_authentication(client_of(request))
             raise ApiError(401, "this server needs its key: Authorization: Bearer <key>",
                            "authorization")
 
     def authorized(session_id: str, token: str | None, client: str) -> StreamSession:
-        refuse_if_throttled(client)
         try:
             session = manager.authenticate(session_id, token)
         except UnknownSessionError:
-            throttle.take(client)
+            failed_authentication(client)
             if access.auth_key is not None:  # exposed: no existence oracle
                 raise ApiError(401, "missing or wrong bearer token", "authorization") from None
             raise ApiError(404, f"unknown session {session_id!r}", "session_id") from None
         except BadTokenError as err:
-            throttle.take(client)
+            failed_authentication(client)
             raise ApiError(401, str(err), "authorization") from None
         if not session.rate.allow():
             raise ApiError(429, f"more than {limits.messages_per_s:g} requests/s",
@@ -220,19 +230,21 @@ def create_app(engine: EngineAPI, limits: Limits | None = None, *, ui: bool = Tr
         # a download link cannot set headers: the token may also come as ?token= (extension);
         # the recording of a closed session stays downloadable for limits.recording_keep_s
         token = _bearer(request) or token
-        refuse_if_throttled(client_of(request))
         try:
             path = manager.kept_recording(session_id, token)
         except UnknownSessionError:  # not a closed session's: a live one's, or nothing
             path = authorized(session_id, token, client_of(request)).recording_path
         except BadTokenError as err:
-            throttle.take(client_of(request))
+            failed_authentication(client_of(request))
             raise ApiError(401, str(err), "authorization") from None
-        if path is None or not path.exists():
-            raise ApiError(404, "this session has no recording; send {\"type\":\"record\"}",
-                           "recording")
-        # read whole: the writer may still be appending (fragmented MP4, valid at any cut)
-        data = await asyncio.to_thread(path.read_bytes)
+        no_recording = ApiError(404, "this session has no recording; send "
+                                     "{\"type\":\"record\"}", "recording")
+        if path is None:
+            raise no_recording
+        try:  # read whole: the writer may still be appending (fragmented MP4, valid at any cut)
+            data = await asyncio.to_thread(path.read_bytes)
+        except FileNotFoundError:  # none yet, or deleted (kept long enough, server stopping)
+            raise no_recording from None
         return Response(data, media_type="video/mp4", headers={
             "Content-Disposition": f'attachment; filename="worldstream-{session_id}.mp4"'})
 
@@ -247,17 +259,18 @@ def create_app(engine: EngineAPI, limits: Limits | None = None, *, ui: bool = Tr
 
     @app.get("/api/metrics")
     async def metrics(request: Request) -> dict[str, Any]:
-        check_key(request)
-        sessions = {s.session_id: {"fps_target": s.info.fps, **s.telemetry.snapshot(),
-                                   "frames_sent": s.telemetry.frames_sent,
-                                   "recording": s.recorder is not None}
-                    for s in manager.sessions()}
-        engine_metrics = engine.metrics()
-        body = {"model": engine.model_name, "capacity": manager.capacity,
-                "sessions": sessions, "engine": engine_metrics}
-        if "replicas" in engine_metrics:  # scale-out: which process holds which session
-            body["replicas"] = engine_metrics["replicas"]
-        return body
+        # aggregates for anyone served; a session's own figures with its token, all of them
+        # with the server key (app/metrics.py)
+        presented = _bearer(request)
+        key_holder = access.auth_key is not None and access.key_ok(presented)
+        own = None if key_holder else manager.with_token(presented)
+        if not key_holder and own is None and (presented or access.auth_key):
+            # a wrong credential, or none on a server with a key
+            failed_authentication(client_of(request))
+            raise ApiError(401, "missing or wrong bearer token", "authorization")
+        shown = None if key_holder else {own.session_id} if own is not None else set()
+        return metrics_body(engine.model_name, manager.capacity, manager.sessions(),
+                            engine.metrics(), shown)
 
     @app.websocket("/api/sessions/{session_id}/ws")
     async def websocket(ws: WebSocket, session_id: str, token: str | None = None) -> None:
@@ -268,11 +281,14 @@ def create_app(engine: EngineAPI, limits: Limits | None = None, *, ui: bool = Tr
             if session.websockets >= limits.websockets_per_session:
                 raise ApiError(429, f"this session holds {limits.websockets_per_session} "
                                     "WebSocket connections; close one first", "session_id")
+            connection = WebSocketConnection(manager, session, ws)  # holds its place
         except ApiError as err:
             await ws.send_denial_response(err.response())
             return
-        await ws.accept()
-        await WebSocketConnection(manager, session, ws).serve()
+        except SessionClosedError:
+            await ws.send_denial_response(SESSION_ENDED.response())
+            return
+        await connection.serve()  # accepts
 
     from worldstream.app import world_routes
 
@@ -284,5 +300,6 @@ def create_app(engine: EngineAPI, limits: Limits | None = None, *, ui: bool = Tr
     if ui:
         from worldstream.app.ui import mount_ui
 
+        page_only(app)  # of the UI framework's routes, only what the page loads
         mount_ui(app, engine.model_name, getattr(engine, "world", "landscape"))
     return app

@@ -13,6 +13,8 @@ in ``bench e2e``):
 3. ``forks``: beside a WebSocket client that sends ``next`` x4, then a ``fork`` every 40 ms
    and never reads (its receive queue holds one message).
 4. ``offers``: beside a client posting the same valid offer (its peer gone) every 35 ms.
+   ``oversized``: beside ten clients sending 8 MB data-channel messages (:mod:`bench.oversized`),
+   with the server's resident memory sampled (goal: growth <= 50 MB). ``--phases`` picks some.
 
 Each reports the normal session's fps and action-to-photon p50/p95; goals: fps >= 90% of
 ``alone``, p95 within +20%. Then:
@@ -148,7 +150,11 @@ async def flood(url: str, kind: str, seconds: float) -> dict:
     return {"sent": sent, "answers": answers}
 
 
-def _flood_main(url: str, kind: str, seconds: float) -> dict:
+def _flood_main(url: str, kind: str, seconds: float, oversized: dict | None = None) -> dict:
+    if kind == "oversized":
+        from worldstream.bench import oversized as big
+
+        return asyncio.run(big.flood(url, seconds=seconds, **oversized))
     return asyncio.run(flood(url, kind, seconds))
 
 
@@ -166,13 +172,14 @@ def normal_session(url: str, seconds: float, seed: int) -> dict:
             "frames": result["frames_received"]}
 
 
-def phase(url: str, kind: str | None, seconds: float, seed: int) -> dict:
+def phase(url: str, kind: str | None, seconds: float, seed: int,
+          oversized: dict | None = None) -> dict:
     """The normal session for ``seconds`` with adversary ``kind`` (None: alone) beside it."""
     if kind is None:
         return normal_session(url, seconds, seed)
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(1) as pool:
-        adversary = pool.apply_async(_flood_main, (url, kind, seconds + 4))
+        adversary = pool.apply_async(_flood_main, (url, kind, seconds + 4, oversized))
         time.sleep(2)  # the flood is under way before the normal session starts
         result = normal_session(url, seconds, seed)
         result["adversary"] = adversary.get(timeout=seconds + 120)
@@ -289,19 +296,24 @@ async def _vanish(url: str, keep_s: float | None) -> dict:
 def _markdown(payload: dict) -> str:
     from worldstream.bench.results import context_md, table
 
-    alone, calm = payload["phases"]["alone"], payload["phases"]["calm"]
+    alone = payload["phases"]["alone"]
+    calm = payload["phases"].get("calm", {"fps": None, "a2p_p95_ms": None})
 
     def ratio(a, b):
         return a / b if a and b else None
 
     rows = []
     for name, p in payload["phases"].items():
-        rows.append([name, p["fps"], ratio(p["fps"], alone["fps"]), ratio(p["fps"], calm["fps"]),
+        # the oversized phase runs on a server of its own, beside its own reference
+        rows.append([name, p["fps"], ratio(p["fps"], p.get("alone_fps") or alone["fps"]),
+                     ratio(p["fps"], calm["fps"]),
                      p["a2p_p50_ms"], p["a2p_p95_ms"],
-                     (ratio(p["a2p_p95_ms"], alone["a2p_p95_ms"]) or 1) - 1,
+                     (ratio(p["a2p_p95_ms"], p.get("alone_p95_ms") or alone["a2p_p95_ms"])
+                      or 1) - 1,
                      (ratio(p["a2p_p95_ms"], calm["a2p_p95_ms"]) or 1) - 1,
                      json.dumps(p.get("adversary", {}).get("answers", {}))])
     mem, van = payload.get("memory"), payload.get("vanish")
+    big = payload["phases"].get("oversized")
     text = ("# Soak with adversarial clients (issue 12)\n\n" + context_md(payload) + "\n"
             + table(["phase", "fps", "fps / alone", "fps / calm", "a2p p50 ms", "a2p p95 ms",
                      "p95 vs alone", "p95 vs calm", "adversary's answers"], rows))
@@ -311,6 +323,10 @@ def _markdown(payload: dict) -> str:
                  f"{mem['rss_start_mib']} MiB at the start, peak "
                  f"{mem['rss_peak_mib']}, {mem['rss_end_mib']} 5 s after its DELETE "
                  f"({mem['growth_mib']:+.1f} MiB).")
+    if big:
+        from worldstream.bench.oversized import summary
+
+        text += "\n\n" + summary(big)
     if van:
         text += (f"\n\nVanished clients at full capacity (answer before: {van['full_answer']}):"
                  f" a new user admitted after {van['admitted_after_s']} s; the vanished "
@@ -329,10 +345,20 @@ def main(argv: list[str] | None = None) -> int:
                         help="minutes of the non-reading fork client (0: skip)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of the server")
     parser.add_argument("--skip-vanish", action="store_true")
+    parser.add_argument("--phases", default="calm,prompts,forks,offers,oversized",
+                        help="flood phases to run beside the normal session (alone: always)")
+    parser.add_argument("--oversized-seconds", type=float, default=60.0)
+    parser.add_argument("--oversized-clients", type=int, default=10)
+    parser.add_argument("--oversized-mb", type=float, default=8.0)
+    parser.add_argument("--oversized-period-s", type=float, default=1.0,
+                        help="pause of each oversized client between two messages")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     if args.seconds <= 0 or args.rss_minutes < 0:
         raise SystemExit("--seconds must be > 0 and --rss-minutes >= 0")
+    kinds = [k for k in args.phases.split(",") if k]
+    if unknown := set(kinds) - {*FLOOD_PERIOD_S, "oversized"}:
+        raise SystemExit(f"--phases: unknown {sorted(unknown)}")
 
     from worldstream.bench import results
     from worldstream.bench.common import hardware_info
@@ -341,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     phases: dict[str, dict] = {}
     with PlayServer(args.model, max_sessions=2, threads=args.threads) as server:
         phase(server.url, None, 3, seed=99)  # warm-up: first session, encoder, codec
-        for kind in (None, "calm", "prompts", "forks", "offers"):
+        for kind in [None, *(k for k in kinds if k != "oversized")]:
             name = kind or "alone"
             phases[name] = phase(server.url, kind, args.seconds, seed=len(phases))
             p = phases[name]
@@ -355,10 +381,16 @@ def main(argv: list[str] | None = None) -> int:
         if not args.skip_vanish:
             vanish = asyncio.run(_vanish(server.url, Limits().recording_keep_s))
             print(f"[adversarial] vanish: {vanish}", file=sys.stderr)
+    if "oversized" in kinds:  # one session per client: a server of its own, with room
+        from worldstream.bench.oversized import run
+
+        phases["oversized"] = run(args)
+        print(f"[adversarial] oversized: {phases['oversized']}", file=sys.stderr)
     payload = results.stamp_payload("soak", {
         "hardware": hardware_info(),
         "settings": {"model": args.model, "seconds": args.seconds, "rss_minutes": args.rss_minutes,
-                     "threads": args.threads, "load": os.getloadavg()},
+                     "threads": args.threads, "load": os.getloadavg(), "phases": kinds,
+                     "oversized_seconds": args.oversized_seconds},
         "phases": phases, "memory": memory, "vanish": vanish}, ["--adversarial", *(argv or [])])
     folder = results.save("soak_adversarial", payload, _markdown(payload), {})
     print(f"report: {folder / 'result.md'}", file=sys.stderr)

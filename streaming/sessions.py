@@ -71,6 +71,11 @@ def _check_token(presented: str | None, token: str) -> None:
         raise BadTokenError("missing or wrong bearer token")
 
 
+def _refuse_closed(session: StreamSession) -> None:
+    if session.closed:
+        raise SessionClosedError(session.session_id)
+
+
 class UnknownSessionError(KeyError):
     """No live session has this id (HTTP 404)."""
 
@@ -83,7 +88,8 @@ class BadTokenError(PermissionError):
 class StreamSession:
     """One client's session. ``token``: the secret that steering and reading need.
     ``framelog``: every frame handed to a transport (latency lab, ``frames.json``).
-    ``closers``: callbacks run once when the session closes (transports register theirs)."""
+    ``closers``: callbacks run once when the session closes (registered through
+    :meth:`SessionManager.add_closer`, which refuses a closed session)."""
 
     info: SessionInfo
     token: str
@@ -98,6 +104,7 @@ class StreamSession:
     transports: int = 0  # open transports: WebSocket connections, connected peer connections
     websockets: int = 0  # open WebSocket connections (capped: limits.websockets_per_session)
     detached_since: float | None = None  # when the last transport went (or creation)
+    closed: bool = False  # set once by SessionManager.close: nothing attaches any more
 
     @property
     def session_id(self) -> str:
@@ -106,7 +113,14 @@ class StreamSession:
 
 class SessionManager:
     """Admits sessions up to ``limits.max_sessions`` (and the engine's own capacity), checks
-    tokens in constant time, closes idle sessions. Thread-safe."""
+    tokens in constant time, closes idle sessions. Thread-safe.
+
+    NOTE: a request authenticated a moment ago may find its session closed after any await (a
+    DELETE, the reaper). So whatever holds a resource for a session registers it here
+    (:meth:`add_closer`, :meth:`attach`, :meth:`start_recording`), which refuses a closed
+    session with SessionClosedError (HTTP 404); :meth:`close` marks the session and takes its
+    closers under the lock that :meth:`add_closer` takes: a resource is either refused or
+    released by the close, never left behind."""
 
     def __init__(self, engine: EngineAPI, limits: Limits, recording_dir: str | Path | None = None,
                  clock: Callable[[], float] = time.monotonic):
@@ -171,9 +185,21 @@ class SessionManager:
         with contextlib.suppress(SessionClosedError):
             self.engine.set_paused(session.session_id, paused)
 
-    def attach(self, session: StreamSession) -> None:
-        """A transport of ``session`` opened: generation runs while at least one is open."""
+    def add_closer(self, session: StreamSession, closer: Callable[[], Any]) -> None:
+        """Run ``closer`` when ``session`` closes; SessionClosedError if it already has."""
         with self._lock:
+            _refuse_closed(session)
+            session.closers.append(closer)
+
+    def remove_closer(self, session: StreamSession, closer: Callable[[], Any]) -> None:
+        with self._lock, contextlib.suppress(ValueError):
+            session.closers.remove(closer)
+
+    def attach(self, session: StreamSession) -> None:
+        """A transport of ``session`` opened: generation runs while at least one is open.
+        SessionClosedError if the session has closed."""
+        with self._lock:
+            _refuse_closed(session)
             session.transports += 1
             first = session.transports == 1
             session.detached_since = None
@@ -204,11 +230,21 @@ class SessionManager:
         self.touch(session)
         return session
 
+    def with_token(self, token: str | None) -> StreamSession | None:
+        """The live session whose token ``token`` is (constant-time comparisons), or None."""
+        found = None
+        for session in self.sessions():
+            if token_matches(token, session.token):
+                found = session
+        return found
+
     def touch(self, session: StreamSession) -> None:
         session.last_active = self._clock()
 
     def start_recording(self, session: StreamSession) -> Path:
-        """Start (or restart) recording ``session`` to a fresh MP4; returns its path."""
+        """Start (or restart) recording ``session`` to a fresh MP4; returns its path.
+        SessionClosedError if the session has closed."""
+        _refuse_closed(session)
         self.stop_recording(session)
         path = self._recording_dir / f"{session.session_id}.mp4"
         slot = self.engine.subscribe(session.session_id, maxlen=32)
@@ -238,15 +274,17 @@ class SessionManager:
         downloadable for ``limits.recording_keep_s``. Idempotent."""
         with self._lock:
             session = self._sessions.pop(session_id, None)
-        if session is None:
-            return
+            if session is None:
+                return
+            session.closed = True
+            closers, session.closers = session.closers, []
         self.stop_recording(session)
         if session.recording_path is not None and session.recording_path.exists():
             with self._lock:
                 self._kept[session_id] = _KeptRecording(
                     session.token, session.recording_path,
                     self._clock() + self.limits.recording_keep_s)
-        for closer in session.closers:
+        for closer in closers:
             closer()
         with contextlib.suppress(SessionClosedError):  # the engine may have ended it first
             self.engine.close_session(session_id)

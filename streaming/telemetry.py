@@ -31,6 +31,11 @@ class StreamTelemetry:
                 self._gen_ms.append(float(sum(v for k, v in stages_ms.items() if k != "queue")))
             self.frames_sent += 1
 
+    def queue_samples(self) -> list[float]:
+        """The queue latencies of the frames in the window, ms."""
+        with self._lock:
+            return list(self._queue_ms)
+
     def snapshot(self) -> dict[str, float | None]:
         """``fps`` over the window (0 with < 2 frames), ``gen_ms`` (mean of the recent chunks),
         ``queue_ms_p50``/``queue_ms_p95`` (None before any frame)."""

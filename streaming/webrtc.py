@@ -24,10 +24,11 @@ from aiortc import (
 from aiortc.codecs import vpx
 from aiortc.mediastreams import MediaStreamError
 
-from worldstream.engine.core.api import Frame, FrameSlot
+from worldstream.engine.core.api import Frame, FrameSlot, SessionClosedError
 from worldstream.streaming.control import ControlChannel
 from worldstream.streaming.frames import pad_even
 from worldstream.streaming.pacing import VIDEO_CLOCK_HZ, Pacer, SlotClosedError
+from worldstream.streaming.sctp import bound_data_channels
 from worldstream.streaming.sessions import SessionManager, StreamSession
 
 #: frames the track's slot holds: a chunk arrives as a burst of frames, held until each is due
@@ -147,6 +148,7 @@ class _Peer:
     session: StreamSession
     ufrag: str | None
     closer: Callable[[], Any]
+    timeout: asyncio.TimerHandle | None = None  # closes it if it never connects
     attached: bool = False
 
 
@@ -173,7 +175,8 @@ class WebRTCTransport:
         """Negotiate a peer connection for ``session`` from the client's offer; raises
         ValueError when the offer has no video m-line, replays a live offer or aiortc cannot
         negotiate it (a malformed SDP: the client's error, answered 400, not the server's),
-        TooManyPeerConnectionsError when the session holds its share."""
+        TooManyPeerConnectionsError when the session holds its share, SessionClosedError when
+        the session closes before the answer is ready (nothing of the peer is kept)."""
         limits = self.manager.limits
         if self.peer_connections(session) >= limits.peer_connections_per_session:
             raise TooManyPeerConnectionsError(
@@ -189,9 +192,15 @@ class WebRTCTransport:
         def closer() -> None:
             loop.call_soon_threadsafe(self._close_soon, pc)
 
-        self._pcs[pc] = _Peer(session, ufrag, closer)
-        session.closers.append(closer)
-        loop.call_later(limits.offer_connect_timeout_s, self._close_if_unconnected, pc)
+        try:
+            self.manager.add_closer(session, closer)  # from here the session's close closes it
+            slot = self.manager.engine.subscribe(session.session_id, TRACK_SLOT_FRAMES)
+        except SessionClosedError:
+            self.manager.remove_closer(session, closer)
+            await pc.close()
+            raise
+        self._pcs[pc] = _Peer(session, ufrag, closer, loop.call_later(
+            limits.offer_connect_timeout_s, self._close_if_unconnected, pc))
         channels: list[Any] = []
         # frame messages of frames sent before the data channel opens (video often starts
         # first): delivered when it opens, so every frame keeps its metadata
@@ -203,8 +212,7 @@ class WebRTCTransport:
             if not self._send_now(channels, message):
                 early.append(message)
 
-        track = FrameTrack(self.manager.engine.subscribe(session.session_id, TRACK_SLOT_FRAMES),
-                           on_frame=on_frame)
+        track = FrameTrack(slot, on_frame=on_frame)
 
         @pc.on("datachannel")
         def on_datachannel(channel: Any) -> None:
@@ -226,8 +234,11 @@ class WebRTCTransport:
         async def on_state() -> None:
             peer = self._pcs.get(pc)
             if pc.connectionState == "connected" and peer is not None and not peer.attached:
-                peer.attached = True
-                self.manager.attach(session)
+                try:
+                    self.manager.attach(session)
+                    peer.attached = True
+                except SessionClosedError:
+                    await self._close(pc)
             if pc.connectionState in ("failed", "closed"):
                 await self._close(pc)
 
@@ -238,14 +249,18 @@ class WebRTCTransport:
                 raise ValueError("the offer has no video m-line")
             _prefer_vp8(video[0])
             pc.addTrack(track)  # attaches to the offered recvonly transceiver
+            bound_data_channels(pc)
             await pc.setLocalDescription(await pc.createAnswer())
-        except ValueError:
+            if session.closed:  # during the awaits above (the closer may be closing it already)
+                raise SessionClosedError(session.session_id)
+        except Exception as err:
             track.stop()  # not attached to the connection yet: its slot must close too
             await self._close(pc)
-            raise
-        except Exception as err:  # aiortc's parser raises KeyError, IndexError, ...
-            track.stop()
-            await self._close(pc)
+            if session.closed:
+                raise SessionClosedError(session.session_id) from None
+            if isinstance(err, ValueError):
+                raise
+            # aiortc's parser raises KeyError, IndexError, ...
             raise ValueError(f"the offer could not be negotiated ({type(err).__name__})") from err
         return pc.localDescription
 
@@ -275,8 +290,9 @@ class WebRTCTransport:
     async def _close(self, pc: RTCPeerConnection) -> None:
         peer = self._pcs.pop(pc, None)
         if peer is not None:
-            with contextlib.suppress(ValueError):
-                peer.session.closers.remove(peer.closer)
+            self.manager.remove_closer(peer.session, peer.closer)
+            if peer.timeout is not None:
+                peer.timeout.cancel()  # it would hold the connection for its whole delay
             if peer.attached:
                 self.manager.detach(peer.session)
             for sender in pc.getSenders():

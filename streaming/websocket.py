@@ -12,6 +12,7 @@ from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
+from worldstream.engine.core.api import SessionClosedError
 from worldstream.streaming import messages as m
 from worldstream.streaming.control import ControlChannel
 from worldstream.streaming.frames import encode_jpeg
@@ -42,8 +43,11 @@ def unpack_frame(data: bytes) -> tuple[dict[str, Any], bytes]:
 
 
 class WebSocketConnection:
-    """Serves one accepted WebSocket for ``session`` until the client leaves or the session
-    closes."""
+    """Serves one WebSocket for ``session`` until the client leaves or the session closes.
+
+    Made before the upgrade is accepted: it subscribes to the session's frames, takes one of
+    its WebSocket places and registers with the session's close, or raises
+    SessionClosedError (the upgrade is then refused with 404); :meth:`serve` accepts."""
 
     def __init__(self, manager: SessionManager, session: StreamSession, ws: WebSocket):
         self.manager, self.session, self.ws = manager, session, ws
@@ -52,6 +56,14 @@ class WebSocketConnection:
         self._banked = 0
         self.control = ControlChannel(manager, session, self._send_json)
         self.slot = manager.engine.subscribe(session.session_id, WS_SLOT_FRAMES)
+        loop = asyncio.get_running_loop()
+        self._closer = lambda: loop.call_soon_threadsafe(self.slot.close)
+        try:
+            manager.add_closer(session, self._closer)
+        except SessionClosedError:
+            self.slot.close()
+            raise
+        session.websockets += 1
 
     async def _send_json(self, message: dict[str, Any]) -> None:
         async with self._send_lock:
@@ -83,32 +95,33 @@ class WebSocketConnection:
                 self._credits.release()
 
     async def serve(self) -> None:
-        closer_loop = asyncio.get_running_loop()
-        receive = asyncio.ensure_future(self._receive())
-        send = asyncio.ensure_future(self._send_frames())
-        pump = asyncio.ensure_future(self.control.pump(lambda: (
-            len(self.slot), self.slot.dropped + self.slot.stale)))
-        def closer() -> None:
-            closer_loop.call_soon_threadsafe(self.slot.close)
-
-        self.session.closers.append(closer)
-        self.session.websockets += 1
-        self.manager.attach(self.session)
+        """Accept the upgrade and serve until the client leaves or the session closes (the
+        close may come during any await here: then the slot is closed and this ends)."""
+        attached = False
+        tasks: list[asyncio.Future] = []
         try:
-            done, _ = await asyncio.wait({receive, send, pump},
-                                         return_when=asyncio.FIRST_COMPLETED)
+            await self.ws.accept()
+            self.manager.attach(self.session)
+            attached = True
+            tasks = [asyncio.ensure_future(self._receive()),
+                     asyncio.ensure_future(self._send_frames()),
+                     asyncio.ensure_future(self.control.pump(lambda: (
+                         len(self.slot), self.slot.dropped + self.slot.stale)))]
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 if not isinstance(task.exception(), SlotClosedError | WebSocketDisconnect |
                                   type(None)):
                     raise task.exception()
+        except (SessionClosedError, WebSocketDisconnect):
+            pass  # the session closed before it attached; the client left during the accept
         finally:
-            for task in (receive, send, pump):
+            for task in tasks:
                 task.cancel()
             self.slot.close()
-            with contextlib.suppress(ValueError):
-                self.session.closers.remove(closer)
+            self.manager.remove_closer(self.session, self._closer)
             self.session.websockets -= 1
-            self.manager.detach(self.session)
+            if attached:
+                self.manager.detach(self.session)
             if self.ws.application_state == WebSocketState.CONNECTED:
                 with contextlib.suppress(Exception):
                     await self.ws.close()

@@ -3,12 +3,13 @@ server key of an exposed deployment, the failed-authentication throttle, the per
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.fixtures.server import auth, create
+from tests.fixtures.server import auth, create, ws_url
 from worldstream.app.access import AccessPolicy, is_loopback
 from worldstream.app.server import create_app
 from worldstream.streaming.limits import Limits
@@ -90,9 +91,51 @@ def test_failed_authentications_are_throttled(fake_engine, tmp_path):
         codes = [c.delete(url, headers={"Authorization": f"Bearer {secrets.token_urlsafe(24)}"}
                           ).status_code for _ in range(300)]
         assert codes[:20] == [401] * 20 and set(codes[20:]) == {429}
-        # the throttle holds for this client whatever it presents (no guessing meanwhile)
-        assert c.delete(url, headers=auth(s)).status_code == 429
-        assert fake_engine.num_sessions() == 1
+        # only failing requests are refused: the session's own token still works (issue 57)
+        assert c.delete(url, headers=auth(s)).status_code == 204
+        assert fake_engine.num_sessions() == 0
+
+
+@pytest.mark.parametrize("key", [None, KEY])
+def test_a_flooding_session_does_not_lock_out_another_at_its_address(fake_engine, tmp_path,
+                                                                     key):
+    """Issue 57, item 3, the failing input: session A floods its offer route (valid offers
+    that never connect, then offers to its closed session); session B, created afterwards from
+    the same address (users behind one NAT), then got 429 on each of its offers."""
+    from worldstream.bench.adversarial import dead_offer
+
+    offers = [asyncio.run(dead_offer()) for _ in range(3)]
+    access = AccessPolicy(auth_key=key) if key else None
+    server_key = {"Authorization": f"Bearer {key}"} if key else {}
+    with make(fake_engine, tmp_path, access, auth_failure_burst=5,
+              auth_failures_per_s=0.01) as c:
+        def new() -> dict:
+            r = c.post("/api/sessions", json={"prompt": "x"}, headers=server_key)
+            assert r.status_code == 201, r.text
+            return r.json()
+
+        a = new()
+        post = f"/api/sessions/{a['session_id']}/offer"
+        flood = [c.post(post, headers=auth(a), json={"sdp": sdp, "type": "offer"}).status_code
+                 for sdp in offers]
+        assert flood == [200, 200, 429]  # its peer connections: its own limit
+        c.delete(f"/api/sessions/{a['session_id']}", headers=auth(a))
+        closed = [c.post(post, headers=auth(a), json={"sdp": offers[0], "type": "offer"}
+                         ).status_code for _ in range(30)]
+        assert set(closed[5:]) == {429}  # this address is past its failures
+        b = new()  # as if alone
+        route = f"/api/sessions/{b['session_id']}"
+        got = [c.post(f"{route}/offer", headers=auth(b), json={"sdp": sdp, "type": "offer"}
+                      ).status_code for sdp in offers[:2]]
+        got += [c.get(f"{route}/frames.json", headers=auth(b)).status_code,
+                c.get("/api/metrics", headers=auth(b)).status_code]
+        with c.websocket_connect(ws_url(b)) as ws:
+            ws.send_text('{"type":"ping","seq":1,"t":1}')
+            assert '"pong"' in ws.receive_text()
+        got.append(c.delete(route, headers=auth(b)).status_code)
+        assert got == [200, 200, 200, 200, 204]
+        # a failing request from the address is still refused
+        assert c.delete(route, headers={"Authorization": "Bearer nope"}).status_code == 429
 
 
 def test_sessions_per_client(fake_engine, tmp_path):

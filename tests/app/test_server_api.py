@@ -121,8 +121,9 @@ def test_idle_sessions_are_reaped(fake_engine, tmp_path):
 
 def test_metrics_lists_sessions(client):
     s = create(client)
-    body = client.get("/api/metrics").json()
-    assert body["model"] == "fake" and s["session_id"] in body["sessions"]
+    body = client.get("/api/metrics", headers=auth(s)).json()
+    assert body["model"] == "fake" and list(body["sessions"]) == [s["session_id"]]
+    assert client.get("/api/metrics").json()["aggregate"]["sessions"] == 1
 
 
 # ---------------------------------------------------------------- WebSocket control path
