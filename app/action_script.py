@@ -8,29 +8,29 @@ File format (JSON)::
                 {"frame": 150, "keys": []}]}
 
 ``frame`` is the stream frame index at which the event is sent (at ``frame / fps`` seconds of
-playback); ``keys`` is the full set of held keys from then on (empty = idle); ``prompt``
-switches the scene prompt. An event has ``keys`` or ``prompt`` (or both).
+playback); ``keys`` is the full set of held keys from then on (empty = idle: the directions, or
+a game world's own keys such as ``fire``); ``prompt`` switches the scene prompt. An event has
+``keys`` or ``prompt`` (or both).
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from worldstream.engine.core.limits import DIRECTION_KEYS
+from worldstream.engine.core.fields import HeldKey
 from worldstream.engine.worlds.actions import keys_to_action
 
-Key = Literal[DIRECTION_KEYS]  # type: ignore[valid-type]
 _ROTATE = {"up": "right", "right": "down", "down": "left", "left": "up"}
 
 
 class ScriptEvent(BaseModel):
     model_config = ConfigDict(extra="forbid")
     frame: int = Field(ge=0)
-    keys: list[Key] | None = None
+    # DIRECTION_KEYS, or a game's wire keys (load_action_script's ``keys``)
+    keys: list[HeldKey] | None = None
     prompt: str | None = Field(default=None, min_length=1, max_length=500)
 
     @model_validator(mode="after")
@@ -71,13 +71,27 @@ class ActionScript(BaseModel):
         return actions, prompts
 
 
-def load_action_script(path: str | Path) -> ActionScript:
-    """Parse and validate a script; raises FileNotFoundError or ValueError (one line)."""
+def game_script(wire_keys: tuple[str, ...] | list[str], frames: int) -> ActionScript:
+    """The default script of a game world for ``frames`` frames: ``fire`` (a round's start,
+    where the game has it) for 4 frames, then each of its keys held 30 frames in turn with 10
+    idle frames between."""
+    keys = sorted(k for k in wire_keys if k != "fire") or ["fire"]
+    events: list[dict] = [{"frame": 0, "keys": ["fire"] if "fire" in wire_keys else []}]
+    for i, frame in enumerate(range(4, frames, 40)):
+        events += [{"frame": frame, "keys": [keys[i % len(keys)]]},
+                   {"frame": frame + 30, "keys": []}]
+    return ActionScript.model_validate({"events": events}, context={"keys": tuple(wire_keys)})
+
+
+def load_action_script(path: str | Path, keys: tuple[str, ...] | None = None) -> ActionScript:
+    """Parse and validate a script whose held keys are ``keys`` (a game's wire keys; None:
+    the directions); raises FileNotFoundError or ValueError (one line)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"action script not found: {path}")
     try:
-        return ActionScript.model_validate(json.loads(path.read_text()))
+        return ActionScript.model_validate(json.loads(path.read_text()),
+                                           context={"keys": keys} if keys else None)
     except json.JSONDecodeError as err:
         raise ValueError(f"{path}: not valid JSON ({err})") from None
     except ValidationError as err:

@@ -13,7 +13,8 @@ from worldstream.engine.core.registry import BackendUnavailableError
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 # module names of the sub-commands, in --help order
-COMMANDS = ("play", "generate", "train_ae", "train_world", "fit_colour_prior", "eval")
+COMMANDS = ("play", "generate", "record", "train", "train_ae", "train_world", "fit_colour_prior",
+            "eval")
 
 
 def build_parser() -> argparse.ArgumentParser:

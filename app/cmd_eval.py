@@ -15,9 +15,16 @@ SHEET_FRAMES = 240
 
 
 def register(sub) -> None:
-    p = sub.add_parser("eval", help="evaluate a built-in world model against its simulator")
-    p.add_argument("--world", choices=("landscape", "avatar"), default="landscape",
+    from worldstream.app.eval_game import GAME_WORLDS
+
+    p = sub.add_parser("eval", help="evaluate a world model against its simulator or game")
+    p.add_argument("--world", choices=("landscape", "avatar", *GAME_WORLDS), default=None,
                    help="the world to evaluate (default landscape)")
+    p.add_argument("--env", default=None,
+                   help="a game's Gymnasium env id: evaluate --model-path against the game")
+    p.add_argument("--card", action="store_true",
+                   help="game worlds: write eval.json, the sheet and the model card into the "
+                        "world's folder")
     p.add_argument("--model-path", type=Path, default=None,
                    help="weights folder (default: the world's assets)")
     p.add_argument("--steps", type=int, default=4, help="denoising steps per chunk (1-4)")
@@ -36,6 +43,15 @@ def register(sub) -> None:
 
 def run(args) -> int:
     import torch
+
+    from worldstream.app.eval_game import GAME_WORLDS, run_game_eval
+
+    if args.env is not None or args.world in GAME_WORLDS:
+        torch.manual_seed(0)
+        result = run_game_eval(args)
+        print(json.dumps(result) if args.json else json.dumps(result, indent=2))
+        return 0
+    args.world = args.world or "landscape"
 
     from worldstream.engine.worlds.catalog import world
 

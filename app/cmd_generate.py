@@ -1,5 +1,6 @@
 """``worldstream generate``: play action scripts against the engine and write one MP4 per
-session, then print a JSON summary."""
+session, then print a JSON summary. A game world (``--env ID``, ``--world pong``) plays its
+own keys (a script of them, or by default each of its keys held in turn) and no prompt."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import json
 import time
 from pathlib import Path
 
-from worldstream.app import settings_cli
-from worldstream.app.action_script import load_action_script
+from worldstream.app import game_args, settings_cli
+from worldstream.app.action_script import game_script, load_action_script
 
 DEFAULT_PROMPTS = (
     "a green meadow with ponds",
@@ -43,10 +44,13 @@ def register(sub) -> None:
                    help="denoising steps per chunk (1-4; default 4: the quality of an offline "
                         "job, where `play` picks 2 in its responsive mode)")
     p.add_argument("--seed", type=int, default=0, help="world seed of session 0 (+i for session i)")
-    p.add_argument("--world", choices=("landscape", "avatar"), default="landscape",
-                   help="the world (default landscape; a replay uses its log's)")
+    p.add_argument("--world", choices=game_args.world_choices(), default=None,
+                   help="the world (default landscape; pong, breakout: a game; a replay uses "
+                        "its log's)")
     p.add_argument("--model", choices=("builtin", "sim", "wan-causal"), default=None,
-                   help="model family (default builtin; a replay uses its log's)")
+                   help="model family (default builtin; with --env: builtin with --model-path, "
+                        "else sim; a replay uses its log's)")
+    game_args.add_arguments(p)
     p.add_argument("--replay", type=Path, default=None,
                    help="play this input log (a session's export) instead: the same frames")
     p.add_argument("--state", type=Path, default=None,
@@ -57,7 +61,8 @@ def register(sub) -> None:
                    help="with --story: each beat's scene accuracy 1-2 s after its start")
     p.add_argument("--model-path", default=None,
                    help="model folder (wan-causal: required, with its causal.* checkpoint; "
-                        "builtin: default the world's assets)")
+                        "builtin: default the world's assets; a game: a folder of "
+                        "`worldstream train --env ID`)")
     settings_cli.add_arguments(p)
     p.set_defaults(func=run)
 
@@ -66,17 +71,29 @@ def _outputs(out: Path, n: int) -> list[Path]:
     return [out] if n == 1 else [out.with_name(f"{out.stem}_{i}{out.suffix}") for i in range(n)]
 
 
+def _game_scripts(args, wire_keys: tuple[str, ...]) -> list:
+    """A game world's scripts: ``--actions`` in its own keys, else :func:`game_script`;
+    ValueError for a prompt (a game has none)."""
+    if args.prompt:
+        raise ValueError("--prompt: a game world has no text prompt; steer it with --actions")
+    scripts = [load_action_script(p, wire_keys) for p in args.actions] if args.actions else \
+        [game_script(wire_keys, args.frames)]
+    if any(e.prompt is not None for s in scripts for e in s.events):
+        raise ValueError("--actions: a game world has no text prompt; script its keys only")
+    return [scripts[i % len(scripts)] for i in range(args.sessions)]
+
+
 def run(args) -> int:
     from worldstream.engine.core.api import ActionCommand, PromptCommand
     from worldstream.engine.core.config import EngineConfig
     from worldstream.engine.core.engine import Engine
-    from worldstream.engine.core.registry import backend_id, load_backend
+    from worldstream.engine.core.registry import env_of, load_backend
     from worldstream.streaming.recording import Recorder
 
     if settings_cli.wants_help(args):
-        return settings_cli.print_builtin_settings(args.world, args.model_path)
-    # the backend (world x model family) and its settings; a replay's log names its own
-    args.backend = backend_id(args.world, args.model) if args.model else None
+        if args.env is not None or args.world not in (None, "landscape", "avatar"):
+            raise ValueError("--set: a game world has no settings")
+        return settings_cli.print_builtin_settings(args.world or "landscape", args.model_path)
     args.settings = settings_cli.builtin_overrides(args)
     if args.settings and (args.model or "builtin") != "builtin":
         raise ValueError(f"--set takes the builtin model's settings; --model {args.model} has "
@@ -88,23 +105,42 @@ def run(args) -> int:
 
         if args.replay is not None and args.story is not None:
             raise ValueError("--replay and --story exclude each other")
+        if args.keymap is not None and args.replay is None:
+            raise ValueError("--keymap goes with --replay (the log of a game world's "
+                             "session) or a game world (--env ID, --world pong|breakout)")
+        # the backend named on the command line, checked against the log's; None: the log's
+        keymap, args.keymap = args.keymap, None  # a replayed log names its own world
+        named = args.model is not None or args.env is not None or args.world is not None
+        args.backend = game_args.resolve(args).backend if named else None
+        args.keymap = keymap
+        if args.story is not None and args.backend and env_of(args.backend) is not None:
+            raise ValueError("--story: a game world has no text prompt to tell a story with")
         return run_replay(args) if args.replay is not None else run_story(args)
-    args.model = args.model or "builtin"
-    args.backend = backend_id(args.world, args.model)
+    choice = game_args.resolve(args)  # ValueError
+    args.world, args.model, args.backend = choice.world, choice.model, choice.backend
+    if args.settings and choice.env is not None:
+        raise ValueError(f"--set takes the builtin model's settings; the game {choice.world} "
+                         "has none")
     if args.frames < 1 or args.sessions < 1 or args.fps < 1:
         raise ValueError("--frames, --sessions and --fps must be >= 1")
-    prompts = args.prompt or [DEFAULT_PROMPTS[0]]
-    if any(not p.strip() for p in prompts):
-        raise ValueError("--prompt must not be empty")
-    if args.sessions > 1 and len(prompts) == 1:
-        prompts = [prompts[0], *DEFAULT_PROMPTS[1:]]
-    scripts = [load_action_script(p) for p in (args.actions or [Path("assets/demo_actions.json")])]
-    # more sessions than scripts: each extra session plays the script turned by a quarter
-    scripts = [
-        scripts[i] if i < len(scripts) else scripts[i % len(scripts)].rotated(i)
-        for i in range(args.sessions)
-    ]
-    backend = load_backend(args.backend, model_path=args.model_path, **args.settings)
+    backend = load_backend(args.backend, model_path=args.model_path,
+                           **game_args.backend_kwargs(args, choice), **args.settings)
+    if choice.env is not None:
+        scripts = _game_scripts(args, backend.wire_keys)
+        prompts = ["play"]  # a game's sessions take a prompt and ignore it
+    else:
+        prompts = args.prompt or [DEFAULT_PROMPTS[0]]
+        if any(not p.strip() for p in prompts):
+            raise ValueError("--prompt must not be empty")
+        if args.sessions > 1 and len(prompts) == 1:
+            prompts = [prompts[0], *DEFAULT_PROMPTS[1:]]
+        scripts = [load_action_script(p)
+                   for p in (args.actions or [Path("assets/demo_actions.json")])]
+        # more sessions than scripts: each extra session plays the script turned by a quarter
+        scripts = [
+            scripts[i] if i < len(scripts) else scripts[i % len(scripts)].rotated(i)
+            for i in range(args.sessions)
+        ]
     # offline job: keep the requested steps and fps (no degradation), never drop frames
     config = EngineConfig(
         max_sessions=args.sessions,

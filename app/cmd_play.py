@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from worldstream.app import settings_cli
+from worldstream.app import game_args, settings_cli
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
@@ -16,16 +16,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Serve the playground: open http://HOST:PORT in a browser.")
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=7860, help="TCP port (default 7860)")
-    parser.add_argument("--world", choices=("landscape", "avatar"), default="landscape",
-                        help="the world: the top-down landscape or the avatar (a character "
-                             "steered by expression, gaze and speech)")
-    parser.add_argument("--model", choices=("builtin", "sim", "wan-causal"), default="builtin",
-                        help="model family: builtin (the world's trained model), sim (the "
-                             "world's ground-truth simulator) or wan-causal (a Wan2.1 causal "
-                             "checkpoint on a GPU, with --model-path; landscape only)")
+    parser.add_argument("--world", choices=game_args.world_choices(), default=None,
+                        help="the world: the top-down landscape (default), the avatar (a "
+                             "character steered by expression, gaze and speech), or a named "
+                             "game (pong, breakout)")
+    parser.add_argument("--model", choices=("builtin", "sim", "wan-causal"), default=None,
+                        help="model family: builtin (the world's trained model; the default; "
+                             "a game: its learned world, the default with --env and "
+                             "--model-path), sim (the world's ground-truth simulator; a game: "
+                             "the game itself, the default with --env alone) or wan-causal (a "
+                             "Wan2.1 causal checkpoint on a GPU, with --model-path; landscape "
+                             "only)")
+    game_args.add_arguments(parser)
     parser.add_argument("--model-path", default=None,
-                        help="model folder (builtin: default the world's assets; wan-causal: "
-                             "the diffusers-format Wan2.1-T2V-1.3B base plus the causal "
+                        help="model folder (builtin: default the world's assets; a game "
+                             "(--env): a folder of `worldstream train`; wan-causal: the "
+                             "diffusers-format Wan2.1-T2V-1.3B base plus the causal "
                              "checkpoint as DIR/causal.*)")
     settings_cli.add_arguments(parser)
     parser.add_argument("--max-sessions", type=int, default=4,
@@ -148,22 +154,20 @@ def run(args: argparse.Namespace) -> int:
     from worldstream.app.server import create_app
     from worldstream.app.startup import startup_line
     from worldstream.engine.core.engine import Engine
-    from worldstream.engine.core.registry import (
-        BackendUnavailableError,
-        backend_id,
-        load_backend,
-    )
+    from worldstream.engine.core.registry import BackendUnavailableError, load_backend
     from worldstream.streaming.limits import Limits
     from worldstream.streaming.webrtc import bind_media, configure_ice_consent
 
-    if settings_cli.wants_help(args):
+    choice = game_args.resolve(args)  # ValueError
+    args.world, args.model = choice.world, choice.model
+    if settings_cli.wants_help(args) and choice.env is None:
         return settings_cli.print_builtin_settings(args.world, args.model_path,
                                                    {"compile": True})
-    name = backend_id(args.world, args.model)
-    if args.world == "avatar" and args.replicas is not None:
-        raise ValueError("--world avatar runs in one process (no --replicas)")
-    kwargs = {"model_path": args.model_path}
-    if args.model == "builtin":
+    name = choice.backend
+    if (args.world == "avatar" or choice.env is not None) and args.replicas is not None:
+        raise ValueError(f"--world {args.world} runs in one process (no --replicas)")
+    kwargs = {"model_path": args.model_path, **game_args.backend_kwargs(args, choice)}
+    if args.model == "builtin" and choice.env is None:
         # compiled at start-up (BuiltinConfig.compile); --set compile=false skips it
         kwargs.update({"compile": True, **settings_cli.builtin_overrides(args)})
     elif args.sets:
@@ -176,14 +180,16 @@ def run(args: argparse.Namespace) -> int:
         try:
             backend = load_backend(name, **kwargs)
         except BackendUnavailableError as err:
+            where = f"--env {choice.env}" if args.env is not None else f"--world {args.world}"
             raise FileNotFoundError(
                 f"{err}\nto play without the trained model, stream the ground-truth "
-                f"simulator: `worldstream play --world {args.world} --model sim`") from None
-        # the scene-prompt encoder loads in seconds on an idle machine but far longer under
-        # load: load it before serving, so the first session does not stall
-        from worldstream.engine.models.builtin.text import scene_for_prompt
+                f"simulator: `worldstream play {where} --model sim`") from None
+        if choice.env is None:
+            # the scene-prompt encoder loads in seconds on an idle machine but far longer
+            # under load: load it before serving, so the first session does not stall
+            from worldstream.engine.models.builtin.text import scene_for_prompt
 
-        scene_for_prompt("warm-up")
+            scene_for_prompt("warm-up")
         config = play_config(args.max_sessions, args.mode)
         print(startup_line(args.world, args.model, backend, config), flush=True)
         engine = Engine(backend, config).start()

@@ -71,13 +71,13 @@ def _play(backend: Any, log, out: Path, savepoint: bytes | None = None,
 
 def run_replay(args) -> int:
     """``--replay LOG [--state SAVE]``: the log's model, seed and inputs, frame for frame."""
-    from worldstream.engine.core.inputlog import parse_log
     from worldstream.engine.core.registry import load_backend
+    from worldstream.engine.studio.replay import read_log
 
     path = Path(args.replay)
     if not path.is_file():
         raise FileNotFoundError(f"input log not found: {path}")
-    log = parse_log(path.read_bytes(), str(path))
+    log = read_log(path.read_bytes(), str(path))
     if args.backend not in (None, log.model):
         raise ValueError(f"the log was recorded with model {log.model!r}, not "
                          f"{args.backend!r}")
@@ -105,7 +105,7 @@ def run_story(args) -> int:
     story = parse_story(path.read_bytes(), str(path))
     from worldstream.engine.core.registry import backend_id
 
-    name = args.backend or backend_id(args.world, "builtin")
+    name = args.backend or backend_id(args.world or "landscape", "builtin")
     backend = load_backend(name, model_path=args.model_path, **_settings(name, args))
     log = story_log(story, model=backend.name, model_version=model_version(backend),
                     fps=args.fps, chunk_frames=backend.chunk_frames, steps=args.steps)
@@ -123,7 +123,13 @@ def run_story(args) -> int:
 
 
 def _settings(name: str, args) -> dict:
-    """``--set`` settings for a built-in model's backend (others take none)."""
+    """``--set`` settings for a built-in model's backend, ``--keymap`` for a game world's
+    (others take none)."""
+    from worldstream.engine.core.registry import env_of
+
+    if env_of(name) is not None:
+        keymap = getattr(args, "keymap", None)
+        return {} if keymap is None else {"keymap": str(keymap)}
     return args.settings if name in ("builtin", "avatar") else {}
 
 

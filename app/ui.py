@@ -24,29 +24,25 @@ DEFAULT_PROMPT = SCENES["meadow"]["prompts"][0]
 _PROMPTS = {
     "landscape": (DEFAULT_PROMPT, [scene["prompts"][0] for scene in SCENES.values()]),
     "avatar": (LOOKS["office"]["prompts"][0], [look["prompts"][0] for look in LOOKS.values()]),
+    # a game has no text prompt: the session's is a placeholder the backend ignores
+    "game": ("play", []),
 }
 
 _HEAD = ('<link rel="stylesheet" href="/ws-static/play.css">'
          '<script src="/ws-static/play.js" defer></script>'
          '<script src="/ws-static/latency_lab.js" defer></script>'
-         '<script src="/ws-static/world.js" defer></script>')
+         '<script src="/ws-static/world.js" defer></script>'
+         '<script src="/ws-static/game.js" defer></script>')
 _STORY = Path(__file__).parents[1] / "assets" / "stories" / "five_beats.json"
 
 
-def _world_html() -> str:
+def _world_html(world: str = "landscape") -> str:
     """Stories, save points, replay export, start from a picture (behaviour:
-    ``app/static/world.js``)."""
+    ``app/static/world.js``); a game world has save points and replay only (no prompts for a
+    story, no picture to start from)."""
     story = html.escape(_STORY.read_text() if _STORY.is_file() else
                         '{"seed": 0, "beats": [{"prompt": "a snowy forest", "duration_s": 5}]}')
-    return f"""
-    <fieldset><legend>Storyboard</legend>
-      <textarea id="ws-story" rows="8" spellcheck="false">{story}</textarea>
-      <div class="ws-buttons"><button id="ws-story-play">▶ Play story</button>
-        <button id="ws-story-export">Export storyboard</button>
-        <span id="ws-story-state" class="ws-status"></span></div>
-      <small>Beats: prompt (or blend), duration_s, transition_s, cut, actions. The story
-        starts a fresh world, records itself; Download MP4 when done.</small>
-    </fieldset>
+    saves = """
     <fieldset><legend>Save points</legend>
       <div class="ws-buttons"><button id="ws-save">Save point</button>
         <label class="ws-file">Load file… <input id="ws-load-file" type="file"
@@ -57,7 +53,20 @@ def _world_html() -> str:
       <div class="ws-buttons"><button id="ws-log-export">Export input log</button></div>
       <small><code>worldstream generate --replay FILE --out replay.mp4</code> makes the same
         frames.</small>
-    </fieldset>
+    </fieldset>"""
+    if world == "game":
+        return saves + """
+      <small><code>worldstream record --from-log FILE --out DIR</code> turns an exported log
+        into training data.</small>"""
+    return f"""
+    <fieldset><legend>Storyboard</legend>
+      <textarea id="ws-story" rows="8" spellcheck="false">{story}</textarea>
+      <div class="ws-buttons"><button id="ws-story-play">▶ Play story</button>
+        <button id="ws-story-export">Export storyboard</button>
+        <span id="ws-story-state" class="ws-status"></span></div>
+      <small>Beats: prompt (or blend), duration_s, transition_s, cut, actions. The story
+        starts a fresh world, records itself; Download MP4 when done.</small>
+    </fieldset>{saves}
     <fieldset><legend>Start from a picture</legend>
       <div class="ws-buttons"><label class="ws-file">PNG / JPEG… <input id="ws-picture"
           type="file" accept="image/png,image/jpeg"></label>
@@ -104,10 +113,34 @@ def _avatar_html() -> str:
     </fieldset>"""
 
 
+def _prompt_html(default: str, examples: str) -> str:
+    return f"""
+    <fieldset><legend>Scene prompt</legend>
+      <input id="ws-prompt" list="ws-examples" maxlength="400" value="{default}">
+      <datalist id="ws-examples">{examples}</datalist>
+      <label>blend with <input id="ws-blend-text" list="ws-examples" maxlength="400"
+        placeholder="second prompt (optional)"></label>
+      <label class="ws-row">weight <input id="ws-blend" type="range" min="0" max="1"
+        step="0.05" value="0"><output id="ws-blend-value">0.00</output></label>
+      <button id="ws-prompt-send" class="ws-primary">Switch prompt</button>
+    </fieldset>"""
+
+
+def _game_html() -> str:
+    """A game's controls, filled by ``play.js`` from ``GET /api/controls`` (its key map)."""
+    return """
+    <fieldset id="ws-controls"><legend>Controls</legend>
+      <ul id="ws-controls-list" class="ws-controls"></ul>
+      <small>Click the video first. A game ends in its next episode (game over). The keys
+        come from the game's action meanings, or from <code>play --keymap FILE</code>.</small>
+    </fieldset>"""
+
+
 def _player_html(world: str = "landscape") -> str:
     default, prompts = _PROMPTS[world]
     examples = "".join(f'<option value="{p}">' for p in prompts)
     avatar = _avatar_html() if world == "avatar" else ""
+    steer = _game_html() if world == "game" else _prompt_html(default, examples)
     return f"""
 <div id="ws-root" data-default-prompt="{default}" data-world="{world}">
   <div class="ws-stage-col">
@@ -136,16 +169,7 @@ def _player_html(world: str = "landscape") -> str:
     </div>
     {_lab_panel_html()}
   </div>
-  <div class="ws-side">
-    <fieldset><legend>Scene prompt</legend>
-      <input id="ws-prompt" list="ws-examples" maxlength="400" value="{default}">
-      <datalist id="ws-examples">{examples}</datalist>
-      <label>blend with <input id="ws-blend-text" list="ws-examples" maxlength="400"
-        placeholder="second prompt (optional)"></label>
-      <label class="ws-row">weight <input id="ws-blend" type="range" min="0" max="1"
-        step="0.05" value="0"><output id="ws-blend-value">0.00</output></label>
-      <button id="ws-prompt-send" class="ws-primary">Switch prompt</button>
-    </fieldset>{avatar}
+  <div class="ws-side">{steer}{avatar}
     <fieldset><legend>Session</legend>
       <label class="ws-row">seed <input id="ws-seed" type="number" min="0" value="0"></label>
       <label class="ws-row">mode <select id="ws-mode"><option value="responsive" selected>
@@ -174,7 +198,7 @@ def _player_html(world: str = "landscape") -> str:
       <div class="ws-buttons"><button id="ws-record">● Record</button>
         <a id="ws-download" class="ws-disabled" download>Download MP4</a></div>
     </fieldset>
-    {_world_html()}
+    {_world_html(world)}
     <div id="ws-log" class="ws-log" role="status"></div>
   </div>
 </div>"""
@@ -186,12 +210,13 @@ _HELP = {
     "avatar": "Click the video and hold **WASD** or the **arrow keys** to turn the head, press "
               "**1-5** for an expression, type text in the say box to make it speak; the prompt "
               "chooses the character and the scene behind it.",
+    "game": "Click the video and play the game with the keys listed under **Controls**.",
 }
 
 
 def build_blocks(model_name: str, world: str = "landscape") -> gr.Blocks:
-    """The page for ``world`` (``landscape`` or ``avatar``: the avatar adds its controls);
-    ValueError for another world."""
+    """The page for ``world`` (``landscape``, ``avatar``: the avatar adds its controls, or
+    ``game``: a game's controls, no prompt); ValueError for another world."""
     if world not in _PROMPTS:
         raise ValueError(f"unknown world {world!r}; expected one of {tuple(_PROMPTS)}")
     with gr.Blocks(title="worldstream") as blocks:

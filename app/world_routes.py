@@ -1,5 +1,6 @@
 """HTTP routes of a session's world: its input log, save points (download and
-load), a start from a picture, a storyboard played live. Contract:
+load), a start from a picture, a storyboard played live; and the world's controls (a game's
+key map). Contract:
 ``streaming/PROTOCOL_EXTENSIONS.md`` ("Stories, save points and replays").
 
 Each route authenticates like the other session routes (bearer token; the downloads also take
@@ -91,6 +92,14 @@ def register(app: FastAPI, engine: Any, authorized: Callable, client_of: Callabl
         if _content_type(request) not in types:
             raise ApiError(415, refusal, "content-type")
         return await _read_capped(request, limit, ApiError)
+
+    @app.get("/api/controls")
+    async def controls() -> dict[str, Any]:
+        # the page's keys (public, like /api/health): a game world's key map, or keys null
+        # (the direction keys: WASD / arrows)
+        found = getattr(engine, "controls", None) or {}
+        return {"world": getattr(engine, "world", "landscape"), "keys": found.get("keys"),
+                **{k: v for k, v in found.items() if k != "keys"}}
 
     @app.get("/api/sessions/{session_id}/log")
     async def input_log(session_id: str, request: Request, token: str | None = None

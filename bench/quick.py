@@ -14,6 +14,9 @@ the 2-core dev CPU), printed as one JSON object.
   (``--context-frames``, default 64) at every step without a cache (``bench.baselines``).
 * ``sparse_vs_dense_speed`` — top-k sparse memory vs dense attention over the same
   ``--memory-frames`` (default 64) of memory.
+
+``--env ID [--model-path DIR]``: the same figures for a game's learned world where they apply
+(:mod:`bench.quick_game`).
 """
 
 from __future__ import annotations
@@ -110,6 +113,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--world", choices=("landscape", "avatar"), default="landscape",
                         help="whose model to time (avatar: sessions stream through its "
                              "backend)")
+    parser.add_argument("--env", default=None, metavar="ID",
+                        help="time a game's learned world instead (bench.quick_game): its "
+                             "Gymnasium id; the model from --model-path, or the shipped one "
+                             "of ALE/Pong-v5 and ALE/Breakout-v5")
+    parser.add_argument("--model-path", default=None, metavar="DIR",
+                        help="with --env: the world's folder (`worldstream train --out DIR`)")
     parser.add_argument("--context-frames", type=int, default=None, help="default 64 (8 smoke)")
     parser.add_argument("--memory-frames", type=int, default=None, help="default 64 (16 smoke)")
     parser.add_argument("--no-save", action="store_true", help="do not write results/quick/")
@@ -118,6 +127,12 @@ def main(argv: list[str] | None = None) -> int:
                              "play` runs it; --smoke never compiles)")
     args = parser.parse_args(argv)
     harness.apply_common_args(args)
+    if args.env is not None:
+        from worldstream.bench import quick_game
+
+        return quick_game.main(args, argv)
+    if args.model_path is not None:
+        parser.error("--model-path goes with --env (the landscape's weights: --weights)")
 
     from worldstream.bench import plots, results
     from worldstream.bench.common import hardware_info

@@ -28,6 +28,11 @@ KEY_SETS = ([], ["up"], ["down"], ["left"], ["right"], ["up", "left"], ["down", 
 NS = 1_000_000_000
 
 
+def game_key_sets(wire_keys: tuple[str, ...] | list[str]) -> list[list[str]]:
+    """The held sets a benchmark presses in a game world: none, and each of its keys alone."""
+    return [[], *([k] for k in sorted(wire_keys))]
+
+
 def bench_engine_config(*, fps: int, steps: int, chunk_frames: int | None = None,
                         max_sessions: int = 8, degrade: bool = False) -> EngineConfig:
     """The engine settings of a benchmark stream. ``degrade=False`` (default) turns the
@@ -137,9 +142,12 @@ def create_session(engine: Engine, prompt: str, seed: int, fps: int | None,
 def run_streams(engine: Engine, *, sessions: int = 1, seconds: float = 10.0,
                 action_rate_hz: float = 3.0, seed: int = 0, fps: int | None = None,
                 prompt: str = "grassy meadow with a river",
-                on_tick=None, tick_s: float = 1.0, admission_wait_s: float = 5.0) -> StreamRun:
+                on_tick=None, tick_s: float = 1.0, admission_wait_s: float = 5.0,
+                key_sets: list[list[str]] | tuple = KEY_SETS) -> StreamRun:
     """Open ``sessions`` sessions on a started ``engine``, press random keys (a Poisson
-    process of ``action_rate_hz`` per session) for ``seconds``, then close them.
+    process of ``action_rate_hz`` per session, each a held set drawn from ``key_sets``:
+    default the directions; a game world's own keys, :func:`game_key_sets`) for ``seconds``,
+    then close them.
 
     Admission is tried for every session (each retried for ``admission_wait_s``, see
     :func:`create_session`); a refusal stops opening more and is reported as ``refused_at``.
@@ -174,7 +182,7 @@ def run_streams(engine: Engine, *, sessions: int = 1, seconds: float = 10.0,
                     seq[i] += 1
                     t_submit = time.perf_counter_ns()
                     engine.submit(run.session_id, ActionCommand(
-                        seq[i], t_submit / 1e6, frozenset(rng.choice(KEY_SETS))))
+                        seq[i], t_submit / 1e6, frozenset(rng.choice(key_sets))))
                     run.action_seq.append(seq[i])
                     run.action_ns.append(t_submit)
                     next_action[i] = t_submit + int(rng.expovariate(action_rate_hz) * NS)

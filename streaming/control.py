@@ -35,7 +35,8 @@ class ControlChannel:
         act on it itself (``next``), else None. Rejections are answered with ``error``."""
         self.manager.touch(self.session)
         try:
-            message, rejection = m.parse_client_message(raw), None
+            message, rejection = m.parse_client_message(
+                raw, getattr(self.manager.engine, "wire_keys", None)), None
         except m.MessageError as err:
             message, rejection = None, err
         try:
@@ -51,6 +52,9 @@ class ControlChannel:
             return await self._dispatch(message)
         except m.MessageError as err:
             await self._send(err.to_message())
+        except SessionClosedError:  # closed by a DELETE or the reaper while this was under way
+            await self._send(m.MessageError("session_closed", "message", "the session has ended",
+                                            getattr(message, "seq", None)).to_message())
         return None
 
     async def _dispatch(self, message: Any) -> Any | None:
@@ -73,9 +77,6 @@ class ControlChannel:
             case _:
                 try:
                     self.manager.engine.submit(self.session.session_id, m.to_command(message))
-                except SessionClosedError:
-                    raise m.MessageError("session_closed", "message", "the session has ended",
-                                         message.seq) from None
                 except ValueError as err:  # the engine refused a value (e.g. rewind too far)
                     raise m.MessageError("rejected", message.type, str(err),
                                          message.seq) from None
@@ -106,8 +107,12 @@ class ControlChannel:
     async def pump(self, depth: Callable[[], tuple[int, int]], period_s: float = 1.0,
                    poll_s: float = 0.02) -> None:
         """Forward engine events as they come and a ``stats`` message every ``period_s``;
-        ``depth()`` gives the transport's (slot depth, dropped frames). Runs until cancelled."""
-        events = self.manager.engine.events(self.session.session_id)
+        ``depth()`` gives the transport's (slot depth, dropped frames). Runs until cancelled
+        or, at once, when the session has closed."""
+        try:
+            events = self.manager.engine.events(self.session.session_id)
+        except SessionClosedError:
+            return
         next_stats = time.monotonic() + period_s
         while True:
             try:

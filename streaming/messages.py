@@ -64,7 +64,8 @@ class ActionMessage(_Strict):
     type: Literal["action"]
     seq: int = Field(ge=0, le=MAX_SEQ)
     t: float
-    keys: list[Key] = Field(max_length=4)
+    # one of DIRECTION_KEYS, or of the backend's own keys (parse_client_message's ``keys``)
+    keys: list[fields.HeldKey] = Field(max_length=4)
     pointer: list[float] | None = Field(default=None, min_length=2, max_length=2)  # [dx, dy]
     expression: Expression | None = None
     say: fields.SayText | None = None
@@ -207,8 +208,10 @@ def json_depth(text: str) -> int:
     return deepest
 
 
-def parse_client_message(raw: str | bytes) -> Any:
+def parse_client_message(raw: str | bytes, keys: tuple[str, ...] | None = None) -> Any:
     """Validate one client text message; returns an instance of one ``*Message`` class above.
+    ``keys``: the key names an ``action`` may hold when the backend declares its own
+    (``wire_keys``: a game's ``fire``); None: ``DIRECTION_KEYS``.
 
     Raises :class:`MessageError`: ``too_large`` (over ``MAX_MESSAGE_BYTES``), ``malformed``
     (not UTF-8 / not a JSON object / nested deeper than ``MAX_JSON_DEPTH``), ``unknown_type``,
@@ -234,7 +237,8 @@ def parse_client_message(raw: str | bytes) -> Any:
     if "type" not in data:
         raise MessageError("missing", "type", "field required", seq)
     try:
-        return _CLIENT_ADAPTER.validate_python(data)
+        return _CLIENT_ADAPTER.validate_python(data, context={"keys": tuple(keys)} if keys
+                                               else None)
     except ValidationError as err:
         first = err.errors(include_url=False)[0]
         if first["type"] in ("union_tag_invalid", "union_tag_not_found"):

@@ -8,7 +8,6 @@
 (() => {
   "use strict";
   const CONFIG = { gapMinMs: 800, gapMaxMs: 2500, answerTimeoutMs: 5000, bins: 24 };
-  const KEYS = ["up", "down", "left", "right"];
   const CUE = { up: ["▲", "W / ↑"], down: ["▼", "S / ↓"], left: ["◀", "A / ←"],
     right: ["▶", "D / →"] };
   const $ = (id) => document.getElementById(id);
@@ -47,13 +46,26 @@
     L.timer = setTimeout(showCue, gap);
   }
 
+  // the keys to cue: a game world's own (play.js's S.controls, its key map), else directions
+  function cues() {
+    const c = window.worldstream.controls;
+    if (!c || !c.keys) return CUE;
+    const out = {};
+    for (const [code, wire] of Object.entries(c.keys)) {
+      (out[wire] ||= [CUE[wire] ? CUE[wire][0] : wire, []])[1].push(code);
+    }
+    for (const wire of Object.keys(out)) out[wire][1] = out[wire][1].join(" / ");
+    return out;
+  }
+
   function showCue() {
     if (!L.active) return;
-    const key = KEYS[Math.floor(Math.random() * KEYS.length)];
-    L.cue = { key, shownAt: performance.now() };
+    const cue = cues(), keys = Object.keys(cue);
+    const key = keys[Math.floor(Math.random() * keys.length)];
+    L.cue = { key, shownAt: performance.now(), label: cue[key][1] };
     const el = $("lab-cue");
-    el.replaceChildren(Object.assign(document.createElement("b"), { textContent: CUE[key][0] }),
-      Object.assign(document.createElement("span"), { textContent: `press ${CUE[key][1]}` }));
+    el.replaceChildren(Object.assign(document.createElement("b"), { textContent: cue[key][0] }),
+      Object.assign(document.createElement("span"), { textContent: `press ${cue[key][1]}` }));
     el.dataset.key = key;
     el.classList.remove("ws-hidden");
     setState("press the key shown on the video");
@@ -69,7 +81,7 @@
   function onAction({ seq, t, cause }) {
     if (!L.active || !cause || !cause.down) return;
     if (!L.cue) { setState("too early: wait for the cue"); return; }
-    if (cause.key !== L.cue.key) { setState(`wrong key: press ${CUE[L.cue.key][1]}`); return; }
+    if (cause.key !== L.cue.key) { setState(`wrong key: press ${L.cue.label}`); return; }
     const S = window.worldstream;
     const record = { action_seq: seq, key: cause.key, t_cue_ms: round(L.cue.shownAt),
       t_action_ms: round(cause.t), t_sent_ms: round(t), t_photon_ms: null, latency_ms: null,

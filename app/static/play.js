@@ -4,10 +4,13 @@
 // never goes through Gradio.
 (() => {
   "use strict";
+  // browser key (KeyboardEvent.code) -> wire key; a game world replaces it with its key map
+  // (game.js, from GET /api/controls)
   const KEY_OF_CODE = {
     KeyW: "up", ArrowUp: "up", KeyS: "down", ArrowDown: "down",
     KeyA: "left", ArrowLeft: "left", KeyD: "right", ArrowRight: "right",
   };
+  const MAX_HELD_KEYS = 4;          // keys one action message may hold (PROTOCOL_EXTENSIONS)
   const WEBRTC_TIMEOUT_MS = 6000;   // no frame presented by then: fall back to the WebSocket
   const WS_CREDITS = 2;             // frames requested ahead over the WebSocket
   const SAMPLES = 100;              // rolling window of latency samples
@@ -25,6 +28,7 @@
     listeners: { action: [], presented: [], event: [] },
   };
   window.worldstream = S;
+  S.keyOfCode = KEY_OF_CODE;        // game.js puts a game world's key map in it
   const emit = (kind, ...args) => S.listeners[kind].forEach((fn) => fn(...args));
 
   // ------------------------------------------------------------------ helpers
@@ -289,8 +293,9 @@
     const seq = nextSeq(), t = performance.now();
     S.sentAt.set(seq, t);
     if (S.sentAt.size > 500) S.sentAt.delete(S.sentAt.keys().next().value);
-    send({ type: "action", seq, t, keys: [...S.held] });
-    emit("action", { seq, t, keys: [...S.held], cause });
+    const keys = [...S.held].slice(0, MAX_HELD_KEYS);
+    send({ type: "action", seq, t, keys });
+    emit("action", { seq, t, keys, cause });
     document.querySelectorAll(".ws-keys [data-key]").forEach((el) =>
       el.classList.toggle("ws-held", S.held.has(el.dataset.key)));
   }
@@ -304,8 +309,9 @@
   function sendAvatar(fields) {
     const seq = nextSeq(), t = performance.now();
     S.sentAt.set(seq, t);
-    send({ type: "action", seq, t, keys: [...S.held], ...fields });
-    emit("action", { seq, t, keys: [...S.held], cause: fields });
+    const keys = [...S.held].slice(0, MAX_HELD_KEYS);
+    send({ type: "action", seq, t, keys, ...fields });
+    emit("action", { seq, t, keys, cause: fields });
   }
   function sendSay() {
     const text = $("ws-say").value.trim();
@@ -447,7 +453,8 @@
     S.connecting = true;
     setBadge("connecting…", "");
     try {
-      const prompt = $("ws-prompt").value.trim() || $("ws-root").dataset.defaultPrompt;
+      const prompt = ($("ws-prompt") ? $("ws-prompt").value.trim() : "")
+        || $("ws-root").dataset.defaultPrompt;
       const seed = parseInt($("ws-seed").value, 10);
       while (!S.session) {
         try {
@@ -512,12 +519,14 @@
     window.addEventListener("blur", releaseAll);
     const stage = $("ws-stage");
     stage.addEventListener("click", () => stage.focus());
-    $("ws-prompt-send").onclick = sendPrompt;
-    $("ws-prompt").addEventListener("keydown", (e) => { if (e.key === "Enter") sendPrompt(); });
-    $("ws-blend").addEventListener("input", () => {
-      $("ws-blend-value").textContent = parseFloat($("ws-blend").value).toFixed(2);
-    });
-    $("ws-blend").addEventListener("change", sendPrompt);
+    if ($("ws-prompt")) {  // a game world has no prompt
+      $("ws-prompt-send").onclick = sendPrompt;
+      $("ws-prompt").addEventListener("keydown", (e) => { if (e.key === "Enter") sendPrompt(); });
+      $("ws-blend").addEventListener("input", () => {
+        $("ws-blend-value").textContent = parseFloat($("ws-blend").value).toFixed(2);
+      });
+      $("ws-blend").addEventListener("change", sendPrompt);
+    }
     $("ws-apply").onclick = () => send({ type: "settings", seq: nextSeq(),
       steps: parseInt($("ws-steps").value, 10) });
     $("ws-mode").onchange = () => {

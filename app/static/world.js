@@ -130,8 +130,11 @@
   function mount() {
     S().world = W;
     S().listeners.event.push(onEvent);
-    $("ws-story-play").onclick = guard(playStory);
-    $("ws-story-export").onclick = guard(exportStory);
+    const story = $("ws-story-play");  // a game world has no story and no picture start
+    if (story) {
+      story.onclick = guard(playStory);
+      $("ws-story-export").onclick = guard(exportStory);
+    }
     $("ws-save").onclick = guard(savePoint);
     $("ws-load-file").onchange = guard(async (e) => {
       const file = e.target.files[0];
@@ -139,16 +142,18 @@
       e.target.value = "";
     });
     $("ws-log-export").onclick = guard(exportLog);
-    $("ws-picture").onchange = guard(async (e) => {
-      const file = e.target.files[0];
-      if (file) await startFromPicture(file);
-      e.target.value = "";
-    });
-    $("ws-picture-frame").onclick = guard(startFromCurrentFrame);
+    if ($("ws-picture")) {
+      $("ws-picture").onchange = guard(async (e) => {
+        const file = e.target.files[0];
+        if (file) await startFromPicture(file);
+        e.target.value = "";
+      });
+      $("ws-picture-frame").onclick = guard(startFromCurrentFrame);
+    }
   }
 
   const waitForPage = setInterval(() => {
-    if (window.worldstream && $("ws-story-play") && $("ws-root").dataset.mounted) {
+    if (window.worldstream && $("ws-save") && $("ws-root").dataset.mounted) {
       clearInterval(waitForPage);
       mount();
     }

@@ -35,11 +35,15 @@ class ChunkJob:
 @dataclass
 class ChunkResult:
     """``frames``: ``(num_frames, height, width, 3)`` uint8, or None when ``error`` is set.
-    ``stages_ms``: wall ms of each stage for the whole batch (denoise, cache_fill, decode)."""
+    ``stages_ms``: wall ms of each stage for the whole batch (denoise, cache_fill, decode).
+    ``events``: ``(kind, payload)`` the session's page is sent (``{"type":"event","kind":kind,
+    ...payload}``) when the chunk is a stream chunk (not a fork preview): e.g. a game's
+    ``episode`` when a game ended and the next began. Optional; most backends send none."""
 
     frames: np.ndarray | None
     stages_ms: dict[str, float] = field(default_factory=dict)
     error: Exception | None = None
+    events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
 
 
 class WorldBackend(Protocol):
@@ -56,7 +60,8 @@ class WorldBackend(Protocol):
 
     def key_action(self, keys: frozenset[str]) -> int:
         """This model's action id for held direction keys (``engine.core.limits
-        .DIRECTION_KEYS``); ValueError naming an unknown key."""
+        .DIRECTION_KEYS``, or the backend's own ``wire_keys`` where it declares them: an
+        optional attribute, e.g. a game's ``fire``); ValueError naming an unknown key."""
 
     def new_state(self, prompt: str, seed: int) -> Any:
         """Fresh state for a prompt; raises ``engine.core.api.CapacityError`` when the pool is full,

@@ -90,6 +90,8 @@ class BatchRunner:
             if req.branch is None:
                 self._deliver(s, res.frames, stages, t_ready, gen_ms,
                               action_seq, action_t_ms, prompt_version)
+                for kind, payload in res.events:  # e.g. a game's episode ended
+                    s.emit(kind, **payload)
             else:
                 self._preview_chunk(s, req.branch, res.frames)
         self._finish([s for s, *_ in meta])

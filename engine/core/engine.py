@@ -72,6 +72,10 @@ class Engine:
         self.model_name = backend.name
         #: the world the backend streams (optional backend attribute; the page adapts to it)
         self.world = getattr(backend, "world", "landscape")
+        #: optional backend attributes of a world with keys of its own (a game): the key names
+        #: an action may hold (None: ``limits.DIRECTION_KEYS``) and the page's key map
+        self.wire_keys = getattr(backend, "wire_keys", None)
+        self.controls = getattr(backend, "controls", None)
         self.capacity = min(config.max_sessions, backend.max_states)
         # the core knows keys, not actions: the backend names its own action for them
         self.idle_action = backend.key_action(frozenset())

@@ -42,9 +42,6 @@ MAX_LOG_BYTES = 16 * 2**20
 #: stops and cannot be exported (a replay needs every event)
 MAX_LOG_EVENTS = 100_000
 
-Key = Literal["up", "down", "left", "right"]
-
-
 class InputLog:
     """The live log of one session (engine thread appends, any thread snapshots).
 
@@ -138,7 +135,8 @@ class _Event(BaseModel):
 
 class ActionEvent(_Event):
     kind: Literal["action"]
-    keys: list[Key] = Field(max_length=4)
+    # DIRECTION_KEYS, or the backend's own keys (parse_log's ``keys``)
+    keys: list[fields.HeldKey] = Field(max_length=4)
 
 
 class ControlsEvent(_Event):
@@ -240,14 +238,26 @@ class ReplayLog(BaseModel):
     events: list[LogEvent]
 
 
-def parse_log(raw: bytes | str, name: str = "input log") -> ReplayLog:
-    """Validate an input log (JSON text). Raises ValueError with one line naming ``name`` and
-    the first bad field (``events.3.keys.0: ...``)."""
+def log_model(raw: bytes | str, name: str = "input log") -> str:
+    """The model an input log names, read before the log is validated (its backend decides
+    which keys its actions may hold); ValueError (one line) when it names none."""
+    data = check_json(raw, name, MAX_LOG_BYTES)
+    if not isinstance(data, dict) or not isinstance(data.get("model"), str):
+        raise ValueError(f"{name}: model: a log is a JSON object naming its model")
+    return data["model"]
+
+
+def parse_log(raw: bytes | str, name: str = "input log",
+              keys: tuple[str, ...] | str | None = None) -> ReplayLog:
+    """Validate an input log (JSON text). ``keys``: the key names its actions may hold when
+    its backend declares its own (``wire_keys``, or ``fields.ANY_KEY``: any key name, checked
+    by the backend at replay); None: ``DIRECTION_KEYS``. Raises ValueError with one line
+    naming ``name`` and the first bad field (``events.3.keys.0: ...``)."""
     data = check_json(raw, name, MAX_LOG_BYTES)
     if isinstance(data, dict) and data.get("format") not in (None, LOG_FORMAT):
         raise ValueError(f"{name}: format {data.get('format')!r} is not {LOG_FORMAT!r}")
     try:
-        log = ReplayLog.model_validate(data)
+        log = ReplayLog.model_validate(data, context={"keys": keys} if keys else None)
     except ValidationError as err:
         first = err.errors(include_url=False)[0]
         where = ".".join(str(p) for p in first["loc"]) or "log"

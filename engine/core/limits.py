@@ -13,6 +13,8 @@ from typing import Any
 #: the direction keys an ``action`` message may hold; a backend maps held keys to its own
 #: actions (the built-in world: 9 direction ids; Wan: none)
 DIRECTION_KEYS: tuple[str, ...] = ("up", "down", "left", "right")
+#: a key name of a backend that declares its own (``wire_keys``: a game's ``fire``, ...)
+WIRE_KEY_PATTERN = r"^[a-z0-9_]{1,32}$"
 
 #: characters of a prompt (each of a blend's two)
 MAX_PROMPT_CHARS = 400

@@ -17,6 +17,18 @@ _BACKENDS: dict[str, str] = {
     "avatar": "worldstream.engine.backends.avatar:load_avatar_backend",
 }
 
+#: backend families of a game world: the id ``FAMILY:ENV`` (``game-sim:ALE/Pong-v5``) makes
+#: ``factory(env=ENV, ...)``; ENV is a Gymnasium id or ``module:factory``
+_ENV_BACKENDS: dict[str, str] = {
+    "game-sim": "worldstream.engine.backends.game_env:load_game_backend",
+    "game-builtin": "worldstream.engine.backends.game_world:load_game_world_backend",
+}
+#: model family (``--model``) -> backend family of a game world (``--env ID``); ``sim`` is the
+#: game itself, ``builtin`` its learned world model (a folder of ``worldstream train``)
+ENV_MODELS: dict[str, str] = {"sim": "game-sim", "builtin": "game-builtin"}
+#: named game worlds (``--world NAME``) -> their env
+GAME_WORLDS: dict[str, str] = {"pong": "ALE/Pong-v5", "breakout": "ALE/Breakout-v5"}
+
 #: (world, model family) -> backend id: the two axes of ``--world`` and ``--model``
 WORLD_MODELS: dict[tuple[str, str], str] = {
     ("landscape", "builtin"): "builtin",
@@ -24,7 +36,28 @@ WORLD_MODELS: dict[tuple[str, str], str] = {
     ("landscape", "wan-causal"): "wan-causal",
     ("avatar", "builtin"): "avatar",
     ("avatar", "sim"): "avatar-sim",
+    **{(world, model): f"{ENV_MODELS[model]}:{env}" for world, env in GAME_WORLDS.items()
+       for model in ("builtin", "sim")},
 }
+
+
+def env_backend_id(env: str, model: str = "sim") -> str:
+    """The backend that plays the game ``env`` (``--env``) with model family ``model``;
+    ValueError for an empty env or a family no game world has."""
+    if not isinstance(env, str) or not env.strip():
+        raise ValueError("--env needs a Gymnasium id (ALE/Pong-v5) or module:factory")
+    family = ENV_MODELS.get(model)
+    if family is None:
+        raise ValueError(f"no model {model!r} for a game world (--env); there are: "
+                         f"{sorted(ENV_MODELS)}")
+    return f"{family}:{env.strip()}"
+
+
+def env_of(name: str) -> str | None:
+    """The env of a game world's backend id (``game-sim:ALE/Pong-v5`` -> ``ALE/Pong-v5``),
+    None for another backend."""
+    family, _, env = name.partition(":")
+    return env if family in _ENV_BACKENDS and env else None
 
 
 def backend_id(world: str, model: str) -> str:
@@ -45,6 +78,8 @@ _HINTS: dict[str, str] = {
               "train-world --world avatar`, or restore the shipped assets/avatar from git",
     "wan-causal": "pass --model-path DIR holding the diffusers-format Wan2.1-T2V-1.3B base "
                   "(transformer/, vae/, text_encoder/, tokenizer/) and the causal checkpoint",
+    # a game world's learned model, by family ({env}: the game, {folder}: the missing folder)
+    "game-builtin": "train with `worldstream train --env {env} --out {folder}`",
 }
 
 
@@ -61,7 +96,7 @@ def _module_exists(module: str) -> bool:
 
 #: the factory argument a model folder (``--model-path``) goes to; models without one take none
 _PATH_ARGUMENT: dict[str, str] = {"builtin": "path", "avatar": "path",
-                                  "wan-causal": "model_path"}
+                                  "wan-causal": "model_path", "game-builtin": "path"}
 #: models whose weights may come from a separate checkpoint file (``--checkpoint``)
 _TAKES_CHECKPOINT = frozenset({"wan-causal"})
 
@@ -76,12 +111,19 @@ def load_backend(name: str, model_path: str | None = None, checkpoint: str | Non
     backend cannot be loaded.
     """
     target = _BACKENDS.get(name)
+    family = name
+    env = env_of(name) if isinstance(name, str) else None
+    if env is not None:  # a game world: FAMILY:ENV
+        family = name.partition(":")[0]
+        target = _ENV_BACKENDS[family]
+        kwargs["env"] = env
     if target is None:
-        raise ValueError(f"unknown model {name!r}; known models: {sorted(_BACKENDS)}")
+        raise ValueError(f"unknown model {name!r}; known models: {sorted(_BACKENDS)} and "
+                         f"{', '.join(f'{f}:ENV' for f in _ENV_BACKENDS)}")
     if model_path is not None:
-        if name not in _PATH_ARGUMENT:
+        if family not in _PATH_ARGUMENT:
             raise ValueError(f"model {name!r} takes no --model-path")
-        kwargs[_PATH_ARGUMENT[name]] = model_path
+        kwargs[_PATH_ARGUMENT[family]] = model_path
     if checkpoint is not None:
         if name not in _TAKES_CHECKPOINT:
             raise ValueError(f"model {name!r} takes no --checkpoint")
@@ -98,6 +140,21 @@ def load_backend(name: str, model_path: str | None = None, checkpoint: str | Non
     try:
         return factory(**kwargs)
     except FileNotFoundError as exc:
+        where, hint = exc.filename or exc, _HINTS.get(name, "")
+        if env is not None:  # a game world's model: the hint names its env and folder
+            where = _shown_path(where)
+            hint = _HINTS.get(family, "").format(env=env, folder=where)
         raise BackendUnavailableError(
-            f"model {name!r}: weights not found ({exc.filename or exc}); {_HINTS.get(name, '')}"
-        ) from exc
+            f"model {name!r}: weights not found ({where}); {hint}") from exc
+
+
+def _shown_path(where: object) -> str:
+    """A missing file as the user would type it: relative to the working folder when inside
+    it."""
+    import os
+
+    text = str(where)
+    if os.path.isabs(text):
+        rel = os.path.relpath(text)
+        return text if rel.startswith("..") else rel
+    return text

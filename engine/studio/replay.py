@@ -19,10 +19,19 @@ import numpy as np
 
 from worldstream.engine.core.backend import ChunkJob
 from worldstream.engine.core.commands import derived_seed
-from worldstream.engine.core.inputlog import ReplayLog
+from worldstream.engine.core.fields import ANY_KEY
+from worldstream.engine.core.inputlog import ReplayLog, log_model, parse_log
+from worldstream.engine.core.registry import env_of
 from worldstream.engine.studio.picture import frame_from_png_base64
 from worldstream.engine.studio.savepoint import decode, file_sha256, model_version
 from worldstream.engine.studio.savestate import import_state
+
+
+def read_log(raw: bytes | str, name: str = "input log") -> ReplayLog:
+    """An input log validated for replay: the direction keys, or any key name for a game
+    world's log (its backend's key map checks them at replay). ValueError (one line)."""
+    keys = ANY_KEY if env_of(log_model(raw, name)) is not None else None
+    return parse_log(raw, name, keys)
 
 
 class ReplayError(ValueError):

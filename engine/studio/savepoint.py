@@ -83,10 +83,27 @@ def _frame_config(config) -> dict:
     return out
 
 
+def _hash_game_world(h, world) -> None:
+    """A game's learned world (``engine.models.game``): its network's code, config and
+    tensors, its palette and the decoding's change weight."""
+    from worldstream.engine.models.game import palette, unet
+    from worldstream.engine.models.game import world as world_module
+
+    _hash_module_files(h, unet, world_module, palette)
+    h.update(json.dumps(_frame_config(world.unet.config), sort_keys=True, default=str).encode())
+    for name, tensor in sorted(world.unet.state_dict().items()):
+        h.update(name.encode())
+        h.update(tensor.detach().float().cpu().contiguous().numpy().tobytes())
+    h.update(np.ascontiguousarray(world.palette.colours, dtype=np.uint8).tobytes())
+    h.update(repr(float(world.change_weight)).encode())
+
+
 def model_version(backend: Any) -> str:
     """A hex SHA-256 naming what decides a backend's frames from a state: for the built-in
     model its weights (transformer and autoencoder tensors), their configs and the generator
-    settings; for the simulator its source. Computed once per backend object (~50 ms)."""
+    settings; for the simulators their source (a game world: also its ``frame_version()``;
+    its learned model: also the network's weights and config and the palette). Computed once
+    per backend object (~50 ms)."""
     cached = _versions.get(backend)
     if cached is not None:
         return cached
@@ -124,6 +141,19 @@ def model_version(backend: Any) -> str:
             h.update(model_version(backend.builtin).encode())
         else:
             _hash_module_files(h, simulator, looks)
+    elif hasattr(backend, "frame_version"):
+        # a game world: its code, and what the backend says decides its frames (env, frame
+        # size, key map, package versions)
+        import sys
+
+        from worldstream.engine.backends import game_keys
+        from worldstream.engine.worlds.game import env, frames, keymap
+
+        _hash_module_files(h, sys.modules[type(backend).__module__], game_keys, env, frames,
+                           keymap)
+        h.update(backend.frame_version().encode())
+        if str(backend.name).startswith("game-builtin:"):
+            _hash_game_world(h, backend.model)
     else:
         h.update(repr(type(backend)).encode())
     version = h.hexdigest()

@@ -1,6 +1,8 @@
 """A backend state to and from a save point's arrays and scalars, by backend: the built-in
-model, the simulator and the avatar world (:mod:`engine.studio.savestate_builtin`,
-``savestate_sim``, ``savestate_avatar``); the file around them is :mod:`engine.studio.savepoint`."""
+model, the simulator, the avatar world, a game world's env and a game's learned world
+(:mod:`engine.studio.savestate_builtin`, ``savestate_sim``, ``savestate_avatar``,
+``savestate_game``, ``savestate_game_world``); the file around them is
+:mod:`engine.studio.savepoint`."""
 
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ from worldstream.engine.core.api import CapacityError
 from worldstream.engine.studio.savepoint import SavepointError
 from worldstream.engine.studio.savestate_avatar import export_avatar, import_avatar
 from worldstream.engine.studio.savestate_builtin import export_builtin, import_builtin
+from worldstream.engine.studio.savestate_game import export_game, import_game
+from worldstream.engine.studio.savestate_game_world import export_game_world, import_game_world
 from worldstream.engine.studio.savestate_sim import export_sim, import_sim
 
 
@@ -24,6 +28,10 @@ def export_state(backend: Any, state: Any) -> tuple[dict[str, np.ndarray], dict[
         return {}, export_sim(state)
     if backend.name in ("avatar", "avatar-sim"):
         return export_avatar(backend, state)
+    if _is_game_env(backend):
+        return export_game(state)
+    if _is_game_world(backend):
+        return export_game_world(state)
     raise SavepointError(f"model {backend.name!r} cannot save its state")
 
 
@@ -38,8 +46,22 @@ def import_state(backend: Any, arrays: dict[str, np.ndarray], scalars: dict[str,
             return import_sim(backend, scalars)
         if backend.name in ("avatar", "avatar-sim"):
             return import_avatar(backend, arrays, scalars)
+        if _is_game_env(backend):
+            return import_game(backend, arrays, scalars)
+        if _is_game_world(backend):
+            return import_game_world(backend, arrays, scalars)
     except (CapacityError, SavepointError):
         raise
     except Exception as err:  # a hand-edited or damaged file that passed the header checks
         raise SavepointError(f"the save point's state does not fit this model ({err!r})") from None
     raise SavepointError(f"model {backend.name!r} cannot load a saved state")
+
+
+def _is_game_env(backend: Any) -> bool:
+    """A game world played by its env (``game-sim:ENV``)."""
+    return str(backend.name).startswith("game-sim:")
+
+
+def _is_game_world(backend: Any) -> bool:
+    """A game's learned world (``game-builtin:ENV``)."""
+    return str(backend.name).startswith("game-builtin:")

@@ -1,7 +1,8 @@
 """Recorded play on disk: a folder of shards and one ``meta.json``.
 
-``shard-NNNNN.npz`` holds ``frames`` ``(N, S, S, 3)`` uint8, ``actions`` ``(N,)`` int16 (the
-action taken after each frame; -1 on an episode's last frame) and ``episode`` ``(N,)`` int64
+``shard-NNNNN.npz`` (compressed: game frames shrink tens of times) holds ``frames``
+``(N, S, S, 3)`` uint8, ``actions`` ``(N,)`` int16 (the action taken after each frame; -1 on
+an episode's last frame) and ``episode`` ``(N,)`` int64
 (the episode's seed; episodes never cross shards). ``meta.json``: env id, frame size, action
 meanings, frame and shard counts. Shards are written to a temporary name and renamed, so a
 folder never holds half a shard.
@@ -40,8 +41,8 @@ def write_shard(path: Path, frames: np.ndarray, actions: np.ndarray,
     """Write one shard atomically (temporary file, then rename)."""
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as fh:
-        np.savez(fh, frames=frames, actions=actions.astype(np.int16),
-                 episode=episode.astype(np.int64))
+        np.savez_compressed(fh, frames=frames, actions=actions.astype(np.int16),
+                            episode=episode.astype(np.int64))
     os.replace(tmp, path)
 
 

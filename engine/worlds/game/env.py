@@ -221,7 +221,11 @@ class GameEnv:
         return isinstance(self.env.unwrapped, _OldApiEnv)
 
     def restore(self, snap: Snapshot) -> np.ndarray:
-        """Back to ``snap``: the env continues exactly as it would have from there."""
+        """Back to ``snap``: the env continues exactly as it would have from there (also in
+        a GameEnv never reset: a fork or a save point loaded into a fresh env)."""
+        native = snap.native is not None and (self._ale is not None or self._copyable())
+        if native and self.frame is None:
+            self.env.reset(seed=int(snap.seed))  # Gymnasium refuses a step before a reset
         if self._ale is not None and snap.native is not None:
             self._ale.restoreState(snap.native)
         elif snap.native is not None and self._copyable():

@@ -20,6 +20,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from worldstream.engine.core.limits import WIRE_KEY_PATTERN
+
 #: wire key -> the words of action meanings that stand for it (lower case)
 SYNONYMS: dict[str, tuple[str, ...]] = {
     "up": ("up", "forward", "move_up", "move_forward", "jump"),
@@ -41,7 +43,7 @@ EXTRA_CODES: tuple[str, ...] = (
 )
 _ALE_TOKENS = ("noop", "fire", "up", "down", "left", "right")
 _NOOP = ("noop", "none", "idle", "nothing", "0")
-_WIRE_NAME = re.compile(r"^[a-z0-9_]{1,32}$")
+_WIRE_NAME = re.compile(WIRE_KEY_PATTERN)  # what an action message may carry
 _CODE = re.compile(r"^[A-Za-z0-9]{1,24}$")
 
 

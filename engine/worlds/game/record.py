@@ -68,8 +68,8 @@ def record(env_id: str, out: str | Path, frames: int, *, size: int = 64, seed: i
         raise ValueError("frames, workers must be >= 1; shard_frames, max_episode >= 2")
     if not 0 <= seed < HELD_OUT_SEED - 1000 * (frames // shard_frames + 1):
         raise ValueError(f"seed must leave recorded seeds below {HELD_OUT_SEED}")
-    if out.exists() and any(out.iterdir()):
-        raise ValueError(f"{out} exists and is not empty; choose another --out")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ValueError(f"{out} exists and is not an empty folder; choose another --out")
     probe = GameEnv(env_id, size=size)  # bad ids fail here, before any process starts
     meanings = probe.action_meanings
     probe.close()

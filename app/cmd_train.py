@@ -1,0 +1,50 @@
+"""``worldstream train --env ID --out DIR``: one recipe for every game (``GameTrainConfig``;
+its defaults plus ``--set``). Records play when no ``--data`` is given; run it again to resume."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from worldstream.app import settings_cli
+
+
+def register(sub) -> None:
+    p = sub.add_parser("train", help="train a game's world model (any Gymnasium env with image "
+                                     "observations and discrete actions)")
+    p.add_argument("--env", required=True, help="Gymnasium env id (ALE/Pong-v5, "
+                   "VizdoomBasic-v1, CrafterReward-v1) or module:factory")
+    p.add_argument("--out", type=Path, required=True,
+                   help="the world's folder (weights, config, model card; checkpoint.pt while "
+                        "training: the same command resumes)")
+    p.add_argument("--data", type=Path, default=None,
+                   help="a recording (`worldstream record`); default: record into OUT/data")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="where to train (default cpu; cuda does the same recipe faster)")
+    settings_cli.add_arguments(p)
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from worldstream.engine.training.game import GameTrainConfig
+
+    cfg = dataclasses.replace(
+        GameTrainConfig(), **settings_cli.overrides(GameTrainConfig, args),
+        env=args.env, out=str(args.out), data=str(args.data or ""), device=args.device)
+    if settings_cli.wants_help(args):
+        return settings_cli.print_settings(GameTrainConfig, dataclasses.asdict(cfg), "--set")
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError("--device cuda: no CUDA device here")
+    from worldstream.engine.training.game import train
+    from worldstream.engine.training.game_card import write_card
+    from worldstream.engine.worlds.game.env import GameEnv
+
+    GameEnv(args.env, size=cfg.size).close()  # a bad id is one line before anything is written
+    train(cfg)
+    write_card(Path(cfg.out))
+    print(json.dumps(json.loads((Path(cfg.out) / "training.json").read_text())))
+    return 0

@@ -1,0 +1,45 @@
+"""``worldstream eval --env ID --model-path DIR`` (and ``--world pong``): a game world against
+the game itself (``engine.evaluation.game``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+#: shipped game worlds: name -> (env id, assets folder)
+GAME_WORLDS = {"pong": ("ALE/Pong-v5", Path("assets/pong")),
+               "breakout": ("ALE/Breakout-v5", Path("assets/breakout"))}
+
+
+def run_game_eval(args) -> dict:
+    """The metrics of the game world the arguments name; writes the sheet and, with
+    ``--card``, ``eval.json`` and the model card into the world's folder."""
+    from worldstream.engine.evaluation.game import GameEvalConfig, evaluate
+    from worldstream.engine.evaluation.game_sheet import save_game_sheet
+    from worldstream.engine.models.game.world import load_world
+
+    env_id, folder = args.env, args.model_path
+    if args.world in GAME_WORLDS:
+        env_id = env_id or GAME_WORLDS[args.world][0]
+        folder = folder or GAME_WORLDS[args.world][1]
+    if folder is None:
+        raise ValueError("--env needs --model-path DIR (a folder from `worldstream train`)")
+    world = load_world(folder, env_id=env_id)
+    cfg = GameEvalConfig()
+    if args.quick:
+        cfg = dataclasses.replace(cfg, episodes=3, effect_states=8, free_play=600)
+    result, (model_frames, env_frames) = evaluate(world, cfg)
+    sheet = args.sheet
+    if sheet is True or (sheet is None and args.card):
+        sheet = Path(folder) / "rollout.png"
+    if sheet is not None:
+        title = (f"{world.env_id}: model (top) vs game (bottom) in free play, same held keys, "
+                 "from one held-out start")
+        result["sheet"] = str(save_game_sheet(model_frames, env_frames, sheet, title))
+    if args.card:
+        from worldstream.engine.training.game_card import write_card
+
+        (Path(folder) / "eval.json").write_text(json.dumps(result, indent=1) + "\n")
+        result["card"] = str(write_card(Path(folder)))
+    return result

@@ -1,0 +1,214 @@
+"""``--env ID --model sim`` (and ``--world pong|breakout --model sim``): a Gymnasium game itself
+behind the :class:`~engine.core.backend.WorldBackend` contract, the ground truth of a game world.
+
+Each state is a :class:`~engine.worlds.game.env.GameEnv` (deterministic: an episode is a
+function of its seed and actions), the episode it plays and a bounded history of snapshots (one
+per generated chunk) for rewind. One action id per frame steps the env once. A game has no text
+prompt: the session's prompt is accepted and ignored, a prompt switch is refused. When an
+episode ends (game over) the frame after its last one is the first frame of the next episode
+(seed ``seed + episode``), and the chunk's result carries an ``episode`` event for the page.
+Held wire keys become action ids through the game's :class:`~engine.worlds.game.keymap.KeyMap`
+(derived from the env's action meanings, or a JSON file); ``wire_keys`` and ``controls``
+tell the transports and the page which keys the game has.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from worldstream.engine.backends.game_keys import GameKeys, load_keymap
+from worldstream.engine.backends.sim import check_job, pop_history, push_history
+from worldstream.engine.core.backend import ChunkJob, ChunkResult
+from worldstream.engine.worlds.game.env import GameEnv, Snapshot
+
+#: the registry's backend family of this file (a backend id is ``game-sim:ENV``)
+FAMILY = "game-sim"
+
+
+def episode_seed(seed: int, episode: int) -> int:
+    """The seed of episode ``episode`` (0 = the session's first) of a session of ``seed``."""
+    return (seed + episode) % 2**31
+
+
+@dataclass
+class GameState:
+    """One session's (or branch's) game: the env, the session's seed, the episode it plays
+    (0-based) and, for rewind, ``(snapshot, episode)`` before each of its newest chunks
+    (oldest first, at most ``rewind_chunks``)."""
+
+    game: GameEnv
+    seed: int
+    episode: int = 0
+    history: deque[tuple[Snapshot, int]] = field(default_factory=deque)
+    freed: bool = False
+
+    def snapshot(self) -> tuple[Snapshot, int]:
+        return self.game.snapshot(), self.episode
+
+
+class GameEnvBackend(GameKeys):
+    """A Gymnasium game streamed as it is; its keys, controls and ``frame_version`` are
+    :class:`~engine.backends.game_keys.GameKeys`.
+
+    Args:
+        env: a Gymnasium id (``ALE/Pong-v5``) or ``module:factory``.
+        size: frames are ``(size, size, 3)`` uint8 (``engine.worlds.game.frames``).
+        keymap: None (derived from the action meanings), a KeyMap, its JSON dict or a file.
+        max_states: live states (sessions + branches) the engine admits.
+        default_fps: sessions' rate by default (15: an Atari game at frame skip 4 in real time).
+        chunk_frames: frames per chunk by default (any of 1-4 is generated).
+        rewind_chunks: chunks of history kept for rewind.
+        spare_envs: freed envs kept open for the next state or fork (making one costs ~0.1 s).
+    Raises GameEnvError (a ValueError) for an env that cannot be a game world, KeyMapError (a
+    ValueError) for a key map that does not fit it, ValueError for a bad argument.
+    """
+
+    world = "game"
+    #: any chunk size the engine allows: the env steps frame by frame
+    supported_chunk_frames = (1, 2, 3, 4)
+
+    def __init__(self, *, env: str, size: int = 64, keymap: Any = None, max_states: int = 16,
+                 default_fps: int = 15, chunk_frames: int = 1, rewind_chunks: int = 16,
+                 spare_envs: int = 4):
+        for arg, value in (("max_states", max_states), ("default_fps", default_fps),
+                           ("chunk_frames", chunk_frames), ("rewind_chunks", rewind_chunks)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{arg} must be a positive int, got {value!r}")
+        if chunk_frames not in self.supported_chunk_frames:
+            raise ValueError(f"chunk_frames must be one of {self.supported_chunk_frames}")
+        probe = GameEnv(env, size=size)  # GameEnvError for a bad env, before anything else
+        try:
+            self.keymap = load_keymap(keymap, env, probe.action_meanings)
+        except BaseException:
+            probe.close()
+            raise
+        self.env_id, self.size = env, size
+        self.name = f"{FAMILY}:{env}"
+        self.action_meanings = probe.action_meanings
+        self.num_actions = probe.num_actions
+        self.width = self.height = size
+        self.max_states, self.default_fps = max_states, default_fps
+        self.chunk_frames, self.rewind_chunks = chunk_frames, rewind_chunks
+        self._spare_limit = max(0, int(spare_envs))
+        self._spare: list[GameEnv] = [probe]
+
+    # ------------------------------------------------------------ states
+    def _env(self) -> GameEnv:
+        return self._spare.pop() if self._spare else GameEnv(self.env_id, size=self.size)
+
+    def _live(self, state: GameState) -> GameState:
+        if not isinstance(state, GameState) or state.freed:
+            raise ValueError("state is freed or not a GameEnvBackend state")
+        return state
+
+    def new_state(self, prompt: str, seed: int) -> GameState:
+        """The first frame of episode 0 of ``seed``; the prompt is ignored (a game has none).
+        ValueError for a seed that is not a non-negative int."""
+        if not isinstance(seed, int | np.integer) or isinstance(seed, bool) or seed < 0:
+            raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+        game = self._env()
+        try:
+            game.reset(episode_seed(int(seed), 0))
+        except BaseException:
+            game.close()
+            raise
+        return GameState(game, int(seed))
+
+    def state_from(self, seed: int, episode: int, snap: Snapshot,
+                   history: list[tuple[Snapshot, int]]) -> GameState:
+        """A state restored from a snapshot (a fork, a save point): a fresh env, exact."""
+        game = self._env()
+        try:
+            game.restore(snap)
+        except BaseException:
+            game.close()
+            raise
+        return GameState(game, seed, episode, deque(history))
+
+    def set_prompt(self, state: GameState, text: str, blend_text: str | None = None,
+                   blend_weight: float = 0.0) -> None:
+        """A game has no text prompt: ValueError, nothing changes."""
+        self._live(state)
+        raise ValueError(f"the game {self.env_id} has no text prompt; steer it with its keys")
+
+    def fork(self, state: GameState) -> GameState:
+        """An independent copy (its own env restored from a snapshot, with the history)."""
+        self._live(state)
+        return self.state_from(state.seed, state.episode, state.game.snapshot(),
+                               list(state.history))
+
+    def free(self, state: GameState) -> None:
+        """Release the state's env (kept as a spare, or closed). Idempotent."""
+        if isinstance(state, GameState) and not state.freed:
+            state.freed = True
+            state.history.clear()
+            if len(self._spare) < self._spare_limit:
+                self._spare.append(state.game)
+            else:
+                state.game.close()
+
+    def close(self) -> None:
+        """Close the spare envs (states still live keep theirs)."""
+        while self._spare:
+            self._spare.pop().close()
+
+    def rewind(self, state: GameState, chunks: int) -> None:
+        """Back to the game as it was ``chunks`` chunks ago; ValueError beyond the history."""
+        self._live(state)
+        snap, episode = pop_history(state.history, chunks)
+        state.game.restore(snap)
+        state.episode = episode
+
+    # ------------------------------------------------------------ generation
+    def step(self, state: GameState, action: int) -> tuple[np.ndarray, dict[str, Any] | None]:
+        """One frame: the env stepped by ``action``, or, after a frame that ended the episode,
+        the first frame of the next one (and its ``episode`` event payload)."""
+        game = state.game
+        if not game.done:
+            return game.step(action), None
+        state.episode += 1
+        seed = episode_seed(state.seed, state.episode)
+        frame = game.reset(seed)
+        return frame, {"episode": state.episode, "seed": seed, "reason": "game over",
+                       "message": f"game over: episode {state.episode + 1} begins"}
+
+    def _generate_one(self, job: ChunkJob) -> tuple[np.ndarray, list]:
+        state = self._live(job.state)
+        check_job(job)
+        for action in job.actions:  # all checked before the game moves
+            if not isinstance(action, int | np.integer) or not 0 <= action < self.num_actions:
+                raise ValueError(f"action must be an int in [0, {self.num_actions}), got "
+                                 f"{action!r}")
+        push_history(state.history, state.snapshot(), self.rewind_chunks)
+        frames, events = [], []
+        for action in job.actions:
+            frame, event = self.step(state, int(action))
+            frames.append(frame)
+            if event is not None:
+                events.append(("episode", event))
+        return np.stack(frames), events
+
+    def generate(self, jobs: list[ChunkJob]) -> list[ChunkResult]:
+        """Step each job's game once per action. A bad job (or an env that fails) gets a result
+        with ``error``, the others are unaffected; ``stages_ms``: the batch's ``simulate``
+        wall time; ``events``: an ``episode`` event where a game ended and the next began."""
+        t0 = time.perf_counter()
+        outputs: list[tuple[np.ndarray, list] | Exception] = []
+        for job in jobs:
+            try:
+                outputs.append(self._generate_one(job))
+            except Exception as exc:  # isolate this job's failure
+                outputs.append(exc)
+        stages = {"simulate": (time.perf_counter() - t0) * 1e3}
+        return [ChunkResult(None, dict(stages), out) if isinstance(out, Exception)
+                else ChunkResult(out[0], dict(stages), events=out[1]) for out in outputs]
+
+
+def load_game_backend(**kwargs: Any) -> GameEnvBackend:
+    """The registry's factory (``load_backend("game-sim:ENV")`` passes ``env=ENV``)."""
+    return GameEnvBackend(**kwargs)

@@ -1,0 +1,77 @@
+"""The keys of a game world, shared by its backends (the game itself, ``game_env``, and its
+learned model, ``game_world``): the key map, the wire keys an ``action`` message may hold, the
+page's controls, held keys -> the env's action id, and what of the environment decides frames
+besides the code (``frame_version``).
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from worldstream.engine.worlds.game import keymap as keymaps
+
+#: packages whose versions decide a game's frames (the env's emulator or engine)
+GAME_PACKAGES = ("gymnasium", "ale-py", "vizdoom", "crafter")
+
+
+def load_keymap(source: Any, env_id: str, meanings: tuple[str, ...]) -> keymaps.KeyMap:
+    """The key map of ``source``: None (derived from ``meanings``), a KeyMap, a JSON-ready
+    dict or a file path. KeyMapError (a ValueError) naming what does not fit the env."""
+    if source is None:
+        return keymaps.derive(env_id, meanings)
+    if isinstance(source, keymaps.KeyMap):
+        return keymaps.from_json(source.to_json(), meanings, env_id)
+    if isinstance(source, dict):
+        return keymaps.from_json(source, meanings, env_id)
+    return keymaps.load(Path(source), meanings, env_id)
+
+
+def package_versions(packages: tuple[str, ...] = GAME_PACKAGES) -> dict[str, str]:
+    """``{package: version}`` of the installed ones among ``packages``."""
+    versions = {}
+    for package in packages:
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            pass
+    return versions
+
+
+class GameKeys:
+    """The key handling of a game world's backend. A subclass sets ``env_id``, ``size``,
+    ``action_meanings`` (index = action id) and ``keymap`` (a
+    :class:`~engine.worlds.game.keymap.KeyMap`) before serving."""
+
+    env_id: str
+    size: int
+    action_meanings: tuple[str, ...]
+    keymap: keymaps.KeyMap
+
+    @property
+    def wire_keys(self) -> tuple[str, ...]:
+        """The key names an ``action`` message may hold in this game (sorted)."""
+        return tuple(sorted(self.keymap.wire_keys))
+
+    @property
+    def controls(self) -> dict[str, Any]:
+        """The page's controls: ``keys`` (browser ``KeyboardEvent.code`` -> wire key), and
+        ``actions`` (held wire keys joined by ``+`` -> the env's action meaning)."""
+        return {"env": self.env_id, "keys": dict(self.keymap.keys),
+                "actions": {c: self.action_meanings[a] for c, a in self.keymap.actions.items()}}
+
+    def key_action(self, keys: frozenset[str]) -> int:
+        """The env's action id for held wire keys; ValueError naming a key the game lacks."""
+        if isinstance(keys, str) or not hasattr(keys, "__iter__"):
+            raise ValueError(f"keys must be a set of {list(self.wire_keys)}, got {keys!r}")
+        return self.keymap.action(frozenset(keys))
+
+    def frame_version(self, **extra: Any) -> str:
+        """What decides this backend's frames besides the code: env, size, key map, package
+        versions and ``extra`` (JSON-ready; ``engine.studio.savepoint.model_version`` hashes
+        it)."""
+        return json.dumps({"env": self.env_id, "size": self.size,
+                           "keymap": self.keymap.to_json(), "versions": package_versions(),
+                           **extra}, sort_keys=True)

@@ -1,0 +1,99 @@
+"""``GameUNet``: the next frame's palette logits from the last frames and actions.
+
+Context frames enter as learned colour embeddings stacked on channels (DIAMOND stacks its 4
+context frames the same way); the actions of the context and of the predicted frame condition
+every residual block through adaptive group norm (a scale and shift per channel). The logits
+start from the last frame copied (a learned gain on its one-hot), so the network spends its
+capacity on what changes.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from diffusers.configuration_utils import ConfigMixin, register_to_config
+from diffusers.models.modeling_utils import ModelMixin
+from torch import nn
+
+
+class _Block(nn.Module):
+    """Residual conv block with adaptive group norm from the action vector."""
+
+    def __init__(self, cin: int, cout: int, cond: int):
+        super().__init__()
+        self.norm1 = nn.GroupNorm(8, cin, affine=False)
+        self.conv1 = nn.Conv2d(cin, cout, 3, padding=1)
+        self.norm2 = nn.GroupNorm(8, cout, affine=False)
+        self.conv2 = nn.Conv2d(cout, cout, 3, padding=1)
+        self.film = nn.Linear(cond, 2 * (cin + cout))
+        self.skip = nn.Conv2d(cin, cout, 1) if cin != cout else nn.Identity()
+        nn.init.zeros_(self.film.weight)
+        nn.init.zeros_(self.film.bias)
+
+    def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        s1, b1, s2, b2 = torch.split(self.film(c)[:, :, None, None],
+                                     [x.shape[1], x.shape[1], self.conv1.out_channels,
+                                      self.conv1.out_channels], dim=1)
+        h = self.conv1(F.silu(self.norm1(x) * (1 + s1) + b1))
+        h = self.conv2(F.silu(self.norm2(h) * (1 + s2) + b2))
+        return self.skip(x) + h
+
+
+class GameUNet(ModelMixin, ConfigMixin):
+    """Args (saved in ``config.json``):
+        num_colours: palette size K. num_actions: the env's action count.
+        context: context frames (and context actions). channels: widths per resolution
+        (each level halves the frame). colour_dim: embedding width of a palette colour.
+        action_dim: embedding width of an action.
+    ``forward(frames, actions) -> logits``: frames ``(B, context, H, W)`` long palette indices
+    (oldest first), actions ``(B, context)`` long (the action after each context frame; the
+    last one leads to the predicted frame) -> ``(B, K, H, W)`` float logits.
+    """
+
+    @register_to_config
+    def __init__(self, num_colours: int = 16, num_actions: int = 4, context: int = 4,
+                 channels: tuple[int, ...] = (32, 64, 96), colour_dim: int = 8,
+                 action_dim: int = 32, size: int = 64):
+        super().__init__()
+        self.colour = nn.Embedding(num_colours, colour_dim)
+        self.action = nn.Embedding(num_actions, action_dim)
+        cond = 2 * action_dim
+        self.cond = nn.Sequential(nn.Linear(context * action_dim, cond), nn.SiLU(),
+                                  nn.Linear(cond, cond))
+        self.stem = nn.Conv2d(context * colour_dim, channels[0], 3, padding=1)
+        self.down = nn.ModuleList()
+        self.pool = nn.ModuleList()
+        for i, ch in enumerate(channels):
+            prev = channels[max(i - 1, 0)]
+            self.down.append(_Block(prev, ch, cond))
+            self.pool.append(nn.Conv2d(ch, ch, 3, stride=2, padding=1)
+                             if i < len(channels) - 1 else nn.Identity())
+        self.mid = _Block(channels[-1], channels[-1], cond)
+        self.up = nn.ModuleList()
+        for i in reversed(range(len(channels))):
+            below = channels[min(i + 1, len(channels) - 1)]
+            self.up.append(_Block(below + channels[i], channels[i], cond))
+        self.out = nn.Conv2d(channels[0], num_colours, 3, padding=1)
+        self.copy_gain = nn.Parameter(torch.tensor(4.0))
+        nn.init.zeros_(self.out.weight)
+        nn.init.zeros_(self.out.bias)
+
+    def forward(self, frames: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        b, t, h, w = frames.shape
+        x = self.colour(frames).permute(0, 1, 4, 2, 3).reshape(b, -1, h, w)
+        c = self.cond(self.action(actions).reshape(b, -1))
+        x = self.stem(x)
+        skips = []
+        for block, pool in zip(self.down, self.pool, strict=True):
+            x = block(x, c)
+            skips.append(x)
+            x = pool(x)
+        x = self.mid(x, c)
+        for block in self.up:
+            skip = skips.pop()
+            if x.shape[-1] != skip.shape[-1]:
+                x = F.interpolate(x, size=skip.shape[-2:], mode="nearest")
+            x = block(torch.cat([x, skip], 1), c)
+        logits = self.out(x)
+        last = F.one_hot(frames[:, -1], self.config.num_colours).permute(0, 3, 1, 2)
+        return logits + self.copy_gain * last.to(logits.dtype)

@@ -1,0 +1,86 @@
+"""A trained game world on disk and in memory: the U-Net, the palette, the key map, the env.
+
+Folder layout (diffusers' ``save_pretrained`` for the network)::
+
+    DIR/unet/config.json, DIR/unet/diffusion_pytorch_model.safetensors
+    DIR/world.json   env id, frame size, palette, action meanings, change weight
+    DIR/keymap.json  the page's keys (engine.worlds.game.keymap)
+    DIR/MODEL_CARD.md
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from worldstream.engine.models.game.palette import Palette
+from worldstream.engine.models.game.unet import GameUNet
+
+
+class WorldFolderError(ValueError):
+    """A folder that is not a trained game world, or one trained on another game."""
+
+
+@dataclass
+class GameWorld:
+    """``unet`` in eval mode; ``change_weight``: the loss weight training gave pixels that
+    change, undone at decoding (``next_frame``)."""
+
+    unet: GameUNet
+    palette: Palette
+    env_id: str
+    size: int
+    action_meanings: tuple[str, ...]
+    change_weight: float
+
+    @property
+    def context(self) -> int:
+        return int(self.unet.config.context)
+
+    def logits(self, frames: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        """Calibrated logits ``(B, K, H, W)``: the network's, less ``log(change_weight)`` on
+        every colour that differs from the last frame's (weighted cross-entropy learns odds
+        multiplied by that weight)."""
+        logits = self.unet(frames, actions).float()
+        if self.change_weight != 1.0:
+            last = torch.nn.functional.one_hot(frames[:, -1], len(self.palette))
+            logits = logits - math.log(self.change_weight) * (1 - last.permute(0, 3, 1, 2))
+        return logits
+
+    @torch.no_grad()
+    def next_frame(self, frames: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        """The most likely next frame ``(B, H, W)`` long palette indices."""
+        return self.logits(frames, actions).argmax(1)
+
+    def save(self, folder: str | Path) -> None:
+        folder = Path(folder)
+        self.unet.save_pretrained(folder / "unet")
+        (folder / "world.json").write_text(json.dumps({
+            "env": self.env_id, "size": self.size,
+            "palette": self.palette.colours.tolist(),
+            "action_meanings": list(self.action_meanings),
+            "change_weight": self.change_weight}, indent=1) + "\n")
+
+
+def load_world(folder: str | Path, env_id: str | None = None) -> GameWorld:
+    """The game world in ``folder``; WorldFolderError naming the missing file, or the game it
+    was trained on when that is not ``env_id``."""
+    folder = Path(folder)
+    meta_path = folder / "world.json"
+    if not meta_path.exists():
+        raise WorldFolderError(f"{folder} is not a game world: no world.json (train one with "
+                               "`worldstream train --env ID --out DIR`)")
+    meta = json.loads(meta_path.read_text())
+    if env_id is not None and meta["env"] != env_id:
+        raise WorldFolderError(f"{folder} is a world of {meta['env']!r}, not {env_id!r}")
+    if not (folder / "unet" / "config.json").exists():
+        raise WorldFolderError(f"{folder}: missing unet/config.json")
+    unet = GameUNet.from_pretrained(folder / "unet", low_cpu_mem_usage=False).eval()
+    return GameWorld(unet, Palette(np.asarray(meta["palette"], dtype=np.uint8)), meta["env"],
+                     int(meta["size"]), tuple(meta["action_meanings"]),
+                     float(meta["change_weight"]))

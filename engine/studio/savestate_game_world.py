@@ -1,0 +1,50 @@
+"""Save-point state of a game's learned world (``game-builtin:ENV``): the model's context now and
+before each chunk of the rewind history.
+
+Arrays per context ``P`` (``now``, ``history.0`` ... oldest first): ``P.frames``
+``(context, S, S)`` uint8 palette indices (oldest first) and ``P.actions`` ``(context - 1,)``
+int32 (the action after each frame but the last). Scalars: the session seed and the history
+length. The weights and palette are not in the file: ``savepoint.model_version`` hashes them,
+so a save made with other weights is refused before this module reads it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeGuard
+
+import numpy as np
+
+from worldstream.engine.studio.savepoint import SavepointError
+
+
+def export_game_world(state: Any) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """``(arrays, scalars)`` of a :class:`~engine.backends.game_world.WorldState`."""
+    arrays: dict[str, np.ndarray] = {}
+    contexts = [("now", state.frames, state.actions)]
+    contexts += [(f"history.{i}", f, a) for i, (f, a) in enumerate(state.history)]
+    for prefix, frames, actions in contexts:
+        arrays[f"{prefix}.frames"] = np.ascontiguousarray(frames, dtype=np.uint8)
+        arrays[f"{prefix}.actions"] = np.asarray(actions, dtype=np.int32)
+    return arrays, {"seed": int(state.seed), "history": len(state.history)}
+
+
+def import_game_world(backend: Any, arrays: dict[str, np.ndarray],
+                      scalars: dict[str, Any]) -> Any:
+    """A new state of ``backend`` continuing the saved world exactly. SavepointError for a
+    context that does not fit the model or more history than the backend keeps."""
+    seed, count = scalars.get("seed"), scalars.get("history")
+    if not (_count(seed) and _count(count)):
+        raise SavepointError(f"the save point's seed and history length are {seed!r} and "
+                             f"{count!r}; ints >= 0 expected")
+    try:
+        contexts = [(arrays[f"{p}.frames"], arrays[f"{p}.actions"])
+                    for p in ["now", *(f"history.{i}" for i in range(count))]]
+        return backend.state_from(seed, *contexts[0], contexts[1:])
+    except KeyError as err:
+        raise SavepointError(f"the save point lacks the array {err.args[0]!r}") from None
+    except ValueError as err:
+        raise SavepointError(f"the save point's state does not fit this model: {err}") from None
+
+
+def _count(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0

@@ -1,0 +1,185 @@
+"""``worldstream train --env ID``: one recipe for every game.
+
+Records play when no dataset is given, fits the palette, then trains ``GameUNet`` on
+cross-entropy over palette colours with changed pixels weighted (``change_weight``; undone at
+decoding), partly on its own predictions: each step predicts ``unroll`` frames in a row, each
+from the context that holds the previous predictions (argmax, no gradient through it), so the
+model learns to continue from its own frames (DIAMOND, Self-Forcing). Resumable (checkpoint
+every ``checkpoint_every`` steps), EMA weights, tqdm.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from worldstream.engine.models.game.palette import Palette
+from worldstream.engine.models.game.unet import GameUNet
+from worldstream.engine.models.game.world import GameWorld
+from worldstream.engine.training.common import (
+    autocast,
+    cpu_threads,
+    load_checkpoint,
+    save_checkpoint,
+    seed_everything,
+)
+from worldstream.engine.training.game_data import ClipSampler
+from worldstream.engine.worlds.game import dataset
+from worldstream.engine.worlds.game.record import record
+
+
+@dataclass
+class GameTrainConfig:
+    env: str = ""
+    """Gymnasium env id or module:factory of the game."""
+    out: str = ""
+    """Output folder: the trained world (and checkpoint.pt while training)."""
+    data: str = ""
+    """A recording (``worldstream record``); empty: record ``record_frames`` into OUT/data."""
+    record_frames: int = 60_000
+    """Frames recorded when no dataset is given."""
+    size: int = 64
+    """Frame size (pixels, square)."""
+    steps: int = 2_000
+    """Optimiser steps."""
+    batch: int = 32
+    """Clips per step."""
+    context: int = 4
+    """Context frames the model sees."""
+    unroll: int = 2
+    """Frames predicted in a row per clip, each after the previous predictions."""
+    channels: tuple[int, ...] = (32, 64, 128, 128)
+    """U-Net widths per resolution."""
+    max_colours: int = 64
+    """Palette size cap."""
+    change_weight: float = 10.0
+    """Loss weight of pixels that differ from the last context frame."""
+    lr: float = 1e-3
+    """AdamW peak learning rate (warmup 100 steps, cosine to 5 %)."""
+    ema: float = 0.999
+    """EMA decay of the shipped weights."""
+    seed: int = 0
+    """Seed of the recording, the clips and the initial weights."""
+    threads: int = 2
+    """CPU threads (0: torch's default)."""
+    device: str = "cpu"
+    """cpu or cuda."""
+    checkpoint_every: int = 200
+    """Steps between checkpoints (resume: run the same command again)."""
+    workers: int = 2
+    """Recording processes."""
+
+
+def _lr(step: int, cfg: GameTrainConfig) -> float:
+    warm = min(1.0, (step + 1) / 100)
+    progress = step / max(cfg.steps, 1)
+    return cfg.lr * warm * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def _clip_loss(unet: GameUNet, frames: torch.Tensor, actions: torch.Tensor,
+               cfg: GameTrainConfig) -> torch.Tensor:
+    """Mean weighted cross-entropy over the ``unroll`` predicted frames of a clip batch."""
+    c = cfg.context
+    context = frames[:, :c]
+    total = frames.new_zeros((), dtype=torch.float32)
+    for k in range(cfg.unroll):
+        target = frames[:, c + k]
+        logits = unet(context, actions[:, k:k + c]).float()
+        weight = 1.0 + (cfg.change_weight - 1.0) * (target != context[:, -1]).float()
+        loss = F.cross_entropy(logits, target, reduction="none")
+        total = total + (loss * weight).sum() / weight.sum()
+        with torch.no_grad():
+            guess = logits.argmax(1)
+        context = torch.cat([context[:, 1:], guess[:, None]], 1)
+    return total / cfg.unroll
+
+
+def prepare_data(cfg: GameTrainConfig) -> tuple[dict, dataset.Episodes]:
+    """The training recording: ``cfg.data``, or one recorded into ``OUT/data`` (reused when
+    a resumed run finds it)."""
+    folder = Path(cfg.data) if cfg.data else Path(cfg.out) / "data"
+    if not cfg.data and not (folder / "meta.json").exists():
+        shutil.rmtree(folder, ignore_errors=True)
+        record(cfg.env, folder, cfg.record_frames, size=cfg.size, seed=cfg.seed,
+               workers=cfg.workers)
+    meta, episodes = dataset.load(folder, env_id=cfg.env)
+    if int(meta["size"]) != cfg.size:
+        raise ValueError(f"{folder} holds {meta['size']}-pixel frames, not {cfg.size}")
+    return meta, episodes
+
+
+def train(cfg: GameTrainConfig, progress: bool = True) -> GameWorld:
+    """Train (or resume) the world of ``cfg.env`` into ``cfg.out``; the EMA world."""
+    if not cfg.env or not cfg.out:
+        raise ValueError("train needs an env id and an output folder")
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    seed_everything(cfg.seed)
+    meta, episodes = prepare_data(cfg)
+    meanings = tuple(meta["action_meanings"])
+    palette = Palette.fit(episodes.frames[:: max(1, len(episodes) // 5000)], cfg.max_colours)
+    sampler = ClipSampler(episodes, palette, cfg.context + cfg.unroll,
+                          np.random.default_rng(cfg.seed))
+    device = torch.device(cfg.device)
+    unet = GameUNet(num_colours=len(palette), num_actions=len(meanings), context=cfg.context,
+                    channels=tuple(cfg.channels), size=cfg.size).to(device)
+    ema = GameUNet.from_config(unet.config).to(device)
+    ema.load_state_dict(unet.state_dict())
+    opt = torch.optim.AdamW(unet.parameters(), lr=cfg.lr, weight_decay=0.01)
+    ckpt_path = out / "checkpoint.pt"
+    start, log, elapsed = 0, [], 0.0
+    state = load_checkpoint(ckpt_path)
+    if state is not None:
+        if state["config"] != dataclasses.asdict(cfg):
+            raise ValueError(f"{ckpt_path} was written by another recipe; use another --out "
+                             "or delete it")
+        unet.load_state_dict(state["unet"])
+        ema.load_state_dict(state["ema"])
+        opt.load_state_dict(state["opt"])
+        palette = Palette(state["palette"])
+        sampler.rng.bit_generator.state = state["rng"]
+        start, log, elapsed = state["step"], state["log"], state["elapsed"]
+    with cpu_threads(cfg.threads if device.type == "cpu" else None):
+        bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, disable=not progress,
+                   desc=f"train {cfg.env}")
+        t0 = time.perf_counter()
+        for step in bar:
+            for group in opt.param_groups:
+                group["lr"] = _lr(step, cfg)
+            frames, actions = sampler.sample(cfg.batch)
+            with autocast(device):
+                loss = _clip_loss(unet, frames.to(device), actions.to(device), cfg)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(unet.parameters(), 1.0)
+            opt.step()
+            with torch.no_grad():
+                for pe, p in zip(ema.parameters(), unet.parameters(), strict=True):
+                    pe.lerp_(p, 1 - cfg.ema)
+            log.append(loss.item())
+            bar.set_postfix(loss=f"{np.mean(log[-50:]):.4f}")
+            if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
+                save_checkpoint(ckpt_path, unet=unet.state_dict(), ema=ema.state_dict(),
+                                opt=opt.state_dict(), palette=palette.colours, step=step + 1,
+                                rng=sampler.rng.bit_generator.state, log=log,
+                                elapsed=elapsed + time.perf_counter() - t0,
+                                config=dataclasses.asdict(cfg))
+        elapsed += time.perf_counter() - t0
+    world = GameWorld(ema.cpu().eval(), palette, cfg.env, cfg.size, meanings, cfg.change_weight)
+    world.save(out)
+    (out / "training.json").write_text(json.dumps({
+        "config": dataclasses.asdict(cfg), "train_seconds": round(elapsed, 1),
+        "frames": len(episodes), "clips": len(sampler), "colours": len(palette),
+        "loss_first_50": float(np.mean(log[:50])) if log else None,
+        "loss_last_50": float(np.mean(log[-50:])) if log else None}, indent=1) + "\n")
+    return world

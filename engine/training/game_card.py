@@ -1,0 +1,100 @@
+"""The model card of a trained game world (Hugging Face's section order, under 100 lines),
+generated from the folder's ``training.json``, ``world.json`` and, once evaluated,
+``eval.json``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+#: (key, label, ground-truth twin key, baseline key) of the evaluation table
+ROWS = (
+    ("teacher_forced_psnr_db", "teacher-forced PSNR, whole frame (dB)", None,
+     "copylast_tf_psnr_db"),
+    ("changed_psnr_db", "teacher-forced PSNR, changed pixels (dB)", "gt_changed_psnr_db",
+     "copylast_changed_psnr_db"),
+    ("rollout_psnr_db_16", "free-rollout PSNR at 16 frames (dB)", "gt_rollout_psnr_db_16",
+     "copylast_psnr_db_16"),
+    ("rollout_psnr_db_64", "free-rollout PSNR at 64 frames (dB)", "gt_rollout_psnr_db_64",
+     "copylast_psnr_db_64"),
+    ("action_effect_corr", "action effect correlation, 1 frame", "gt_action_effect_corr", None),
+    ("action_effect_corr_4", "action effect correlation, 4 frames", "gt_action_effect_corr_4",
+     None),
+    ("off_palette_share", "off-palette share, worst 100 frames", "gt_off_palette_share", None),
+    ("change_rate_ratio", "frame-change rate / the game's", None, None),
+)
+
+
+def _cell(data: dict, key: str | None) -> str:
+    if key is None or key not in data:
+        return "—"
+    value = data[key]
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def write_card(folder: Path) -> Path:
+    """(Re)write ``folder/MODEL_CARD.md``; its path."""
+    training = json.loads((folder / "training.json").read_text())
+    world = json.loads((folder / "world.json").read_text())
+    cfg = training["config"]
+    evaluation = (json.loads((folder / "eval.json").read_text())
+                  if (folder / "eval.json").exists() else None)
+    unet = json.loads((folder / "unet" / "config.json").read_text())
+    lines = [
+        f"# Game world: {world['env']}",
+        "",
+        "## Model details",
+        f"- A world model of the Gymnasium game `{world['env']}`: the next {world['size']}×"
+        f"{world['size']} frame predicted as one of the game's {len(world['palette'])} "
+        f"palette colours per pixel, from the last {unet['context']} frames and the actions.",
+        f"- Network: a U-Net (widths {unet['channels']}), actions through adaptive group norm; "
+        "one forward per frame, decoded by the most likely colour.",
+        "- Trained by `worldstream train` (engine/training/game.py); no per-game code.",
+        "",
+        "## Uses",
+        f"`worldstream play --env {world['env']} --model-path {folder}` plays it in the "
+        "browser; keys: the folder's `keymap.json` or the key map derived from the env's "
+        "action meanings. Not for anything but play and study of the game.",
+        "",
+        "## Training data",
+        f"{training['frames']} frames of the game played by a held-key policy (keys held 3–30 "
+        "frames, pauses, the start action at each episode's start), episode seeds below "
+        "1,000,000; ALE with no sticky actions and frame skip 4.",
+        "",
+        "## Training procedure",
+        f"`worldstream train --env {world['env']} --out DIR` — {cfg['steps']} steps of "
+        f"{cfg['batch']} clips, {cfg['unroll']} frames predicted in a row from the model's own "
+        f"previous predictions, changed pixels weighted ×{cfg['change_weight']:g}, AdamW "
+        f"{cfg['lr']:g}, EMA {cfg['ema']}; {training['train_seconds'] / 60:.0f} min of "
+        f"training on {cfg['device']} ({cfg['threads']} threads).",
+        "",
+        "## Evaluation",
+    ]
+    if evaluation is None:
+        lines.append(f"Not evaluated yet: `worldstream eval --env {world['env']} --model-path "
+                     f"{folder} --card`.")
+    else:
+        lines += [
+            f"`worldstream eval --env {world['env']} --model-path DIR` on "
+            f"{evaluation.get('held_out_episodes', '?')} held-out episodes (seeds no recording "
+            "used); the game against itself is the ground-truth twin, holding the last true "
+            "frame the copy-last baseline.",
+            "",
+            "| measure | model | game vs itself | copy-last |",
+            "|---|---|---|---|",
+        ]
+        lines += [f"| {label} | {_cell(evaluation, key)} | {_cell(evaluation, twin)} | "
+                  f"{_cell(evaluation, base)} |" for key, label, twin, base in ROWS]
+        if (folder / "rollout.png").exists():
+            lines += ["", "![model over game, free play](rollout.png)"]
+    lines += [
+        "",
+        "## Limitations",
+        "- Trained on one policy's play: states a person reaches that it never did (a later "
+        "level, a high score) are guesses.",
+        "- The most likely colour per pixel: where the game is random (a serve's direction) "
+        "the model picks one outcome and can drop a fast small object.",
+    ]
+    path = folder / "MODEL_CARD.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
