@@ -34,7 +34,7 @@ from worldstream.engine.training.common import (
     seed_everything,
 )
 from worldstream.engine.training.game_data import ClipSampler
-from worldstream.engine.worlds.game import dataset
+from worldstream.engine.worlds.game import dataset, keymap
 from worldstream.engine.worlds.game.record import record
 
 
@@ -64,6 +64,10 @@ class GameTrainConfig:
     """Palette size cap."""
     change_weight: float = 10.0
     """Loss weight of pixels that differ from the last context frame."""
+    corrupt: float = 0.05
+    """Context corruption: half the clips get up to this share of their context pixels
+    replaced by pixels from elsewhere in the same frame, so the model learns to repair what
+    its own rollouts erode (without it the paddle wore away in free play)."""
     lr: float = 1e-3
     """AdamW peak learning rate (warmup 100 steps, cosine to 5 %)."""
     ema: float = 0.999
@@ -86,11 +90,26 @@ def _lr(step: int, cfg: GameTrainConfig) -> float:
     return cfg.lr * warm * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+def corrupt_context(context: torch.Tensor, rate: float, gen: torch.Generator) -> torch.Tensor:
+    """``context`` ``(B, c, H, W)`` long with, in half the clips, a share (uniform up to
+    ``rate``) of pixels replaced by a random pixel of the same frame: objects lose pixels
+    (mostly to the background) and a few stray pixels appear, as in a model's own rollout."""
+    b, c, h, w = context.shape
+    share = torch.rand(b, 1, 1, 1, generator=gen) * rate
+    share = share * (torch.rand(b, 1, 1, 1, generator=gen) < 0.5)
+    mask = torch.rand(b, c, h, w, generator=gen) < share
+    source = torch.randint(0, h * w, (b, c, h * w), generator=gen)
+    shuffled = context.flatten(2).gather(2, source).view_as(context)
+    return torch.where(mask, shuffled, context)
+
+
 def _clip_loss(unet: GameUNet, frames: torch.Tensor, actions: torch.Tensor,
-               cfg: GameTrainConfig) -> torch.Tensor:
+               cfg: GameTrainConfig, gen: torch.Generator) -> torch.Tensor:
     """Mean weighted cross-entropy over the ``unroll`` predicted frames of a clip batch."""
     c = cfg.context
     context = frames[:, :c]
+    if cfg.corrupt > 0:
+        context = corrupt_context(context, cfg.corrupt, gen)
     total = frames.new_zeros((), dtype=torch.float32)
     for k in range(cfg.unroll):
         target = frames[:, c + k]
@@ -136,6 +155,7 @@ def train(cfg: GameTrainConfig, progress: bool = True) -> GameWorld:
     ema = GameUNet.from_config(unet.config).to(device)
     ema.load_state_dict(unet.state_dict())
     opt = torch.optim.AdamW(unet.parameters(), lr=cfg.lr, weight_decay=0.01)
+    gen = torch.Generator().manual_seed(cfg.seed)  # the corruption's draws (resumed exactly)
     ckpt_path = out / "checkpoint.pt"
     start, log, elapsed = 0, [], 0.0
     state = load_checkpoint(ckpt_path)
@@ -148,6 +168,7 @@ def train(cfg: GameTrainConfig, progress: bool = True) -> GameWorld:
         opt.load_state_dict(state["opt"])
         palette = Palette(state["palette"])
         sampler.rng.bit_generator.state = state["rng"]
+        gen.set_state(state["torch_rng"])
         start, log, elapsed = state["step"], state["log"], state["elapsed"]
     with cpu_threads(cfg.threads if device.type == "cpu" else None):
         bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, disable=not progress,
@@ -158,7 +179,7 @@ def train(cfg: GameTrainConfig, progress: bool = True) -> GameWorld:
                 group["lr"] = _lr(step, cfg)
             frames, actions = sampler.sample(cfg.batch)
             with autocast(device):
-                loss = _clip_loss(unet, frames.to(device), actions.to(device), cfg)
+                loss = _clip_loss(unet, frames.to(device), actions.to(device), cfg, gen)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(unet.parameters(), 1.0)
@@ -172,11 +193,14 @@ def train(cfg: GameTrainConfig, progress: bool = True) -> GameWorld:
                 save_checkpoint(ckpt_path, unet=unet.state_dict(), ema=ema.state_dict(),
                                 opt=opt.state_dict(), palette=palette.colours, step=step + 1,
                                 rng=sampler.rng.bit_generator.state, log=log,
+                                torch_rng=gen.get_state(),
                                 elapsed=elapsed + time.perf_counter() - t0,
                                 config=dataclasses.asdict(cfg))
         elapsed += time.perf_counter() - t0
     world = GameWorld(ema.cpu().eval(), palette, cfg.env, cfg.size, meanings, cfg.change_weight)
     world.save(out)
+    if not (out / "keymap.json").exists():  # the page's keys, editable; kept when edited
+        keymap.derive(cfg.env, meanings).save(out / "keymap.json")
     (out / "training.json").write_text(json.dumps({
         "config": dataclasses.asdict(cfg), "train_seconds": round(elapsed, 1),
         "frames": len(episodes), "clips": len(sampler), "colours": len(palette),

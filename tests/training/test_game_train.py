@@ -32,6 +32,7 @@ def trained(tmp_path_factory):
 def test_train_writes_a_world_folder_that_loads(trained):
     out, world = trained
     assert (out / "unet" / "config.json").exists() and (out / "data" / "meta.json").exists()
+    assert (out / "keymap.json").exists()
     loaded = load_world(out, env_id=TINY)
     assert loaded.palette.colours.tolist() == world.palette.colours.tolist()
     info = json.loads((out / "training.json").read_text())
@@ -87,3 +88,26 @@ def test_a_changed_recipe_does_not_resume_an_old_checkpoint(trained, tmp_path):
     cfg.lr = 0.5
     with pytest.raises(ValueError, match="another recipe"):
         game.train(cfg, progress=False)
+
+
+def test_the_saved_folder_plays_the_same_frames_as_the_trained_world(trained):
+    out, world = trained
+    loaded = load_world(out)
+    frames = torch.randint(0, len(world.palette), (3, world.context, 16, 16))
+    actions = torch.randint(0, 3, (3, world.context))
+    assert all(p.dtype == torch.float32 for p in loaded.unet.parameters())
+    assert torch.equal(world.next_frame(frames, actions), loaded.next_frame(frames, actions))
+
+
+def test_context_corruption_only_moves_pixels_within_a_frame():
+    from worldstream.engine.training.game import corrupt_context
+
+    gen = torch.Generator().manual_seed(0)
+    context = torch.zeros(64, 4, 16, 16, dtype=torch.long)
+    context[:, :, 5, 5] = 1  # one object pixel a frame
+    context[:, 2] += 2  # frame 2 holds colours 2 and 3 only
+    assert torch.equal(corrupt_context(context, 0.0, gen), context)
+    out = corrupt_context(context, 0.5, gen)
+    assert set(out[:, 2].unique().tolist()) <= {2, 3}
+    changed = (out != context).flatten(1).any(1)
+    assert 10 < int(changed.sum()) < 54  # about half the clips are corrupted

@@ -58,8 +58,15 @@ class GameWorld:
         return self.logits(frames, actions).argmax(1)
 
     def save(self, folder: str | Path) -> None:
+        """Write the folder; the weights as bf16 (half the bytes; the CPU computes in bf16
+        anyway), and this world's own weights rounded the same way, so that it and the
+        folder's ``load_world`` give the same frames."""
         folder = Path(folder)
-        self.unet.save_pretrained(folder / "unet")
+        with torch.no_grad():
+            for p in self.unet.parameters():
+                p.copy_(p.to(torch.bfloat16).float())
+        self.unet.to(torch.bfloat16).save_pretrained(folder / "unet")
+        self.unet.float()
         (folder / "world.json").write_text(json.dumps({
             "env": self.env_id, "size": self.size,
             "palette": self.palette.colours.tolist(),
@@ -80,7 +87,8 @@ def load_world(folder: str | Path, env_id: str | None = None) -> GameWorld:
         raise WorldFolderError(f"{folder} is a world of {meta['env']!r}, not {env_id!r}")
     if not (folder / "unet" / "config.json").exists():
         raise WorldFolderError(f"{folder}: missing unet/config.json")
-    unet = GameUNet.from_pretrained(folder / "unet", low_cpu_mem_usage=False).eval()
+    unet = GameUNet.from_pretrained(folder / "unet", low_cpu_mem_usage=False,
+                                    torch_dtype=torch.float32).eval()
     return GameWorld(unet, Palette(np.asarray(meta["palette"], dtype=np.uint8)), meta["env"],
                      int(meta["size"]), tuple(meta["action_meanings"]),
                      float(meta["change_weight"]))
