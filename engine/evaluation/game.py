@@ -78,6 +78,7 @@ def _teacher_forced(model: _Model, trajs) -> dict:
             prevs.append(tr.frames[t])
     pred, truth, prev = (np.concatenate(x) for x in (preds, truths, prevs))
     return {"teacher_forced_psnr_db": gm.pooled_psnr(pred, truth),
+            "gt_teacher_forced_psnr_db": gm.pooled_psnr(truth, truth),
             "copylast_tf_psnr_db": gm.pooled_psnr(prev, truth),
             "changed_psnr_db": gm.changed_psnr(pred, truth, prev),
             "copylast_changed_psnr_db": gm.changed_psnr(prev, truth, prev),
@@ -168,7 +169,8 @@ def _free_play(model: _Model, game: GameEnv, cfg: GameEvalConfig, trajs):
     return {"off_palette_share": gm.off_palette_share(model_frames, colours),
             "gt_off_palette_share": gm.off_palette_share(env_frames, colours),
             "change_rate": gm.change_rate(model_frames), "gt_change_rate": env_rate,
-            "change_rate_ratio": gm.change_rate(model_frames) / max(env_rate, 1e-9)}, \
+            "change_rate_ratio": gm.change_rate(model_frames) / max(env_rate, 1e-9),
+            "gt_change_rate_ratio": env_rate / max(env_rate, 1e-9)}, \
         (model_frames, env_frames)
 
 

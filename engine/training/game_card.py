@@ -9,7 +9,8 @@ from pathlib import Path
 
 #: (key, label, ground-truth twin key, baseline key) of the evaluation table
 ROWS = (
-    ("teacher_forced_psnr_db", "teacher-forced PSNR, whole frame (dB)", None,
+    ("teacher_forced_psnr_db", "teacher-forced PSNR, whole frame (dB)",
+     "gt_teacher_forced_psnr_db",
      "copylast_tf_psnr_db"),
     ("changed_psnr_db", "teacher-forced PSNR, changed pixels (dB)", "gt_changed_psnr_db",
      "copylast_changed_psnr_db"),
@@ -21,7 +22,7 @@ ROWS = (
     ("action_effect_corr_4", "action effect correlation, 4 frames", "gt_action_effect_corr_4",
      None),
     ("off_palette_share", "off-palette share, worst 100 frames", "gt_off_palette_share", None),
-    ("change_rate_ratio", "frame-change rate / the game's", None, None),
+    ("change_rate_ratio", "frame-change rate / the game's", "gt_change_rate_ratio", None),
 )
 
 
