@@ -91,6 +91,8 @@ class GameEnvBackend(GameKeys):
         self.name = f"{FAMILY}:{env}"
         self.action_meanings = probe.action_meanings
         self.num_actions = probe.num_actions
+        #: snapshots hold the emulator's state (ALE): a save point's must too
+        self.native_state = probe.native_state
         self.width = self.height = size
         self.max_states, self.default_fps = max_states, default_fps
         self.chunk_frames, self.rewind_chunks = chunk_frames, rewind_chunks

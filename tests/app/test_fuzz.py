@@ -4,7 +4,9 @@ answered by a 2xx/4xx or a protocol ``error``; nothing answers 500, nothing rais
 handler, and the session, its connection and the server keep serving afterwards.
 
 Case counts (``max_examples``): control messages 400 (fake engine) + 200 (the real engine over
-the simulator) + WebSocket 150 + HTTP 350 + SDP 150 = 1,250 per run.
+the simulator) + WebSocket 150 + HTTP 350 + SDP 150 = 1,250 per run. A game world's inputs (key
+lists, key maps, env ids, dataset shards, save points, input logs) are ``test_fuzz_game``'s,
+with these strategies and settings.
 """
 
 from __future__ import annotations

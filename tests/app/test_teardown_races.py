@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import random
+import sys
 import threading
 import time
 from collections import Counter
@@ -205,3 +206,31 @@ def test_teardown_races_answer_4xx_and_leave_nothing(race_app):
     assert not got["leaks"], dict(list(got["leaks"].items())[:5])
     # the race was exercised: some requests answered before the DELETE, some after it
     assert got["answers"]["offer 200"] and got["answers"]["offer 404"]
+
+
+def test_game_session_teardown_races_answer_4xx_and_leave_nothing(tmp_path, monkeypatch):
+    """The same races on a game world (``play --env ALE/Breakout-v5``): its keys arrive on
+    the WebSocket (held, changed, refused) while the session is deleted; a save point of the
+    game is loaded, a picture (which a game refuses) and a story sent."""
+    from worldstream.app.cmd_play import play_config
+    from worldstream.engine.backends.game_env import GameEnvBackend
+    from worldstream.engine.core.engine import Engine
+
+    monkeypatch.setattr(sys.modules[__name__], "WS_TEXTS", [
+        '{"type":"action","seq":1,"t":1,"keys":["fire"]}', '{"type":"next"}',
+        '{"type":"action","seq":2,"t":1,"keys":["left","fire"]}',
+        '{"type":"action","seq":3,"t":1,"keys":["up"]}', '{"type":"rewind","seq":4,"chunks":1}',
+        '{"type":"fork","seq":5,"k":2}', '{"type":"action","seq":6,"t":1,"keys":[]}',
+        '{"type":"next"}'])
+    limits = Limits(max_sessions=4, messages_per_s=1e9, message_burst=10**9,
+                    auth_failure_burst=10**9, creation_burst=10**9,
+                    peer_connections_per_session=2)
+    with Engine(GameEnvBackend(env="ALE/Breakout-v5"), play_config(max_sessions=4)) as engine:
+        app = create_app(engine, limits, ui=False, recording_dir=tmp_path, reap_period_s=3600)
+        got = asyncio.run(run_interleavings(app, range(30)))
+    print(dict(got["answers"]))
+    errors = {k: v for k, v in got["answers"].items() if int(k.split()[1]) >= 500}
+    assert not errors, errors
+    assert not got["tracebacks"], got["tracebacks"][:5]
+    assert not got["leaks"], dict(list(got["leaks"].items())[:5])
+    assert got["answers"]["ws 101"] and got["answers"]["load 200"] + got["answers"]["load 404"]

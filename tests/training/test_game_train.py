@@ -111,3 +111,15 @@ def test_context_corruption_only_moves_pixels_within_a_frame():
     assert set(out[:, 2].unique().tolist()) <= {2, 3}
     changed = (out != context).flatten(1).any(1)
     assert 10 < int(changed.sum()) < 54  # about half the clips are corrupted
+
+
+@pytest.mark.parametrize("text", ["{", "[]", '{"env": 3}', '{"env": "x", "size": "big"}'])
+def test_a_damaged_world_json_is_one_clear_error(trained, tmp_path, text):
+    import shutil
+
+    folder = tmp_path / "w"
+    shutil.copytree(trained[0], folder, ignore=shutil.ignore_patterns("data", "*.pt"))
+    (folder / "world.json").write_text(text)
+    with pytest.raises(WorldFolderError, match="damaged") as err:
+        load_world(folder)
+    assert "\n" not in str(err.value)

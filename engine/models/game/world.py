@@ -82,13 +82,26 @@ def load_world(folder: str | Path, env_id: str | None = None) -> GameWorld:
     if not meta_path.exists():
         raise WorldFolderError(f"{folder} is not a game world: no world.json (train one with "
                                "`worldstream train --env ID --out DIR`)")
-    meta = json.loads(meta_path.read_text())
-    if env_id is not None and meta["env"] != env_id:
-        raise WorldFolderError(f"{folder} is a world of {meta['env']!r}, not {env_id!r}")
+    try:
+        meta = json.loads(meta_path.read_text())
+        env, size = str(meta["env"]), int(meta["size"])
+        palette = Palette(np.asarray(meta["palette"], dtype=np.uint8))
+        meanings, weight = tuple(str(m) for m in meta["action_meanings"]), \
+            float(meta["change_weight"])
+    except (OSError, ValueError, TypeError, KeyError, RecursionError) as exc:
+        raise WorldFolderError(f"{meta_path}: damaged ({type(exc).__name__}: "
+                               f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
+    if env_id is not None and env != env_id:
+        raise WorldFolderError(f"{folder} is a world of {env!r}, not {env_id!r}")
     if not (folder / "unet" / "config.json").exists():
         raise WorldFolderError(f"{folder}: missing unet/config.json")
-    unet = GameUNet.from_pretrained(folder / "unet", low_cpu_mem_usage=False,
-                                    torch_dtype=torch.float32).eval()
-    return GameWorld(unet, Palette(np.asarray(meta["palette"], dtype=np.uint8)), meta["env"],
-                     int(meta["size"]), tuple(meta["action_meanings"]),
-                     float(meta["change_weight"]))
+    try:
+        unet = GameUNet.from_pretrained(folder / "unet", low_cpu_mem_usage=False,
+                                        torch_dtype=torch.float32).eval()
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise WorldFolderError(f"{folder}/unet: cannot load the weights "
+                               f"({str(exc).splitlines()[0] if str(exc) else exc!r})") from None
+    if unet.config.num_colours != len(palette) or unet.config.num_actions != len(meanings):
+        raise WorldFolderError(f"{folder}: the network's colours/actions do not match "
+                               "world.json")
+    return GameWorld(unet, palette, env, size, meanings, weight)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,25 +61,42 @@ def read_meta(folder: str | Path) -> dict:
     except FileNotFoundError as exc:
         raise DatasetError(f"{folder} is not a recording: no meta.json (record one with "
                            "`worldstream record --env ID --out DIR`)") from exc
-    except (OSError, json.JSONDecodeError) as exc:
-        raise DatasetError(f"{path}: unreadable ({exc})") from exc
+    except (OSError, ValueError, RecursionError) as exc:  # ValueError: not UTF-8, not JSON
+        raise DatasetError(f"{path}: unreadable ({' '.join(str(exc).split())})") from exc
+    if not isinstance(meta, dict):
+        raise DatasetError(f"{path}: not a JSON object")
     for key in ("env", "size", "action_meanings"):
         if key not in meta:
             raise DatasetError(f"{path}: missing {key!r}")
+    meanings, size = meta["action_meanings"], meta["size"]
+    if not isinstance(meta["env"], str) or not isinstance(size, int) or isinstance(size, bool) \
+            or not 1 <= size <= 4096 or not isinstance(meanings, list) or not meanings or \
+            not all(isinstance(m, str) for m in meanings):
+        raise DatasetError(f"{path}: expected env (a string), size (an int in [1, 4096]) and "
+                           "action_meanings (a list of strings)")
     return meta
 
 
 def _read_shard(path: Path, size: int, num_actions: int) -> dict[str, np.ndarray]:
     try:
-        with np.load(path) as z:
+        loaded = np.load(path, allow_pickle=False)
+        if not isinstance(loaded, np.lib.npyio.NpzFile):  # a .npy file, not a shard
+            raise ValueError("not an .npz archive")
+        with loaded as z:
             data = {k: z[k] for k in ("frames", "actions", "episode")}
-    except (OSError, KeyError, ValueError, zipfile.BadZipFile, EOFError) as exc:
-        raise DatasetError(f"{path}: corrupt shard ({exc}); delete it or record again") from exc
-    n = len(data["frames"])
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile, EOFError, zlib.error) as exc:
+        raise DatasetError(f"{path}: corrupt shard ({' '.join(str(exc).split())}); delete it or "
+                           "record again") from exc
+    n = len(data["frames"]) if data["frames"].ndim else -1
     if data["frames"].shape[1:] != (size, size, 3) or data["frames"].dtype != np.uint8 or \
-            data["actions"].shape != (n,) or data["episode"].shape != (n,):
-        raise DatasetError(f"{path}: shapes {data['frames'].shape}/{data['actions'].shape} do "
-                           f"not match ({size}, {size}, 3) frames with one action each")
+            data["actions"].shape != (n,) or data["episode"].shape != (n,) or \
+            not np.issubdtype(data["actions"].dtype, np.integer) or \
+            not np.issubdtype(data["episode"].dtype, np.integer):
+        raise DatasetError(f"{path}: {data['frames'].shape} {data['frames'].dtype} frames, "
+                           f"{data['actions'].shape} {data['actions'].dtype} actions, "
+                           f"{data['episode'].shape} {data['episode'].dtype} episodes do not "
+                           f"match ({size}, {size}, 3) uint8 frames with one int action and "
+                           "episode each")
     if n and (data["actions"].max() >= num_actions or data["actions"].min() < -1):
         raise DatasetError(f"{path}: action ids outside [-1, {num_actions})")
     return data

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,21 +90,54 @@ def make_crafter(reward: bool = True, size: int = 64) -> _OldApiEnv:
                       list(crafter.constants.actions))
 
 
+def _one_line(what: Any) -> str:
+    """An exception's (or a space's) text as one line (a package's message may hold the id's
+    newlines, numpy prints long bounds on several lines)."""
+    return " ".join(str(what).split()) or type(what).__name__
+
+
+def _from_factory(env_id: str) -> Any:
+    """The env of ``module:factory``. The id may come from a file (an input log names its
+    model): only a module path and a name are accepted, never Python's own modules, and only a
+    factory defined in the module's package is called (not ``os.fork`` re-exported by it)."""
+    module_name, _, factory = env_id.partition(":")
+    if not (factory.isidentifier() and all(p.isidentifier() for p in module_name.split("."))):
+        raise GameEnvError(f"env {env_id!r}: expected module:factory (a dotted module path and "
+                           "the name of a function or class in it)")
+    top = module_name.split(".")[0]
+    if top in sys.stdlib_module_names or top in sys.builtin_module_names:
+        raise GameEnvError(f"env {env_id!r}: {top} is part of Python, not an env's module; "
+                           "expected module:factory of your own env")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise GameEnvError(f"env {env_id!r}: cannot import module {module_name!r} "
+                           f"({_one_line(exc)}); expected module:factory") from exc
+    except Exception as exc:  # the module itself failed while importing
+        raise GameEnvError(f"env {env_id!r}: importing {module_name} failed: "
+                           f"{_one_line(exc)}") from exc
+    make = getattr(module, factory, None)
+    if not callable(make):
+        raise GameEnvError(f"env {env_id!r}: {module_name} has no callable {factory!r}")
+    home = getattr(make, "__module__", None)
+    if not isinstance(home, str) or home.split(".")[0] != top:
+        raise GameEnvError(f"env {env_id!r}: {factory} is not defined in {top} (it is "
+                           f"{home!r}'s); name the module that defines the env's factory")
+    try:
+        env = make()
+        if hasattr(env, "observation_space") and _new_api(env):
+            return env
+        return _OldApiEnv(env)
+    except (Exception, SystemExit) as exc:
+        raise GameEnvError(f"env {env_id!r}: {module_name}.{factory}() did not make an env "
+                           f"({type(exc).__name__}: {_one_line(exc)})") from exc
+
+
 def _make_raw(env_id: str) -> Any:
     if not isinstance(env_id, str) or not env_id.strip():
         raise GameEnvError(f"an env id must be a non-empty string, got {env_id!r}")
     if ":" in env_id and "/" not in env_id.split(":")[0]:
-        module_name, _, factory = env_id.partition(":")
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError as exc:
-            raise GameEnvError(f"env {env_id!r}: cannot import module {module_name!r} "
-                               f"({exc}); expected module:factory") from exc
-        make = getattr(module, factory, None)
-        if not callable(make):
-            raise GameEnvError(f"env {env_id!r}: {module_name} has no callable {factory!r}")
-        env = make()
-        return env if hasattr(env, "observation_space") and _new_api(env) else _OldApiEnv(env)
+        return _from_factory(env_id)
     _register_plugins()
     kwargs = next((dict(v) for k, v in DETERMINISTIC.items() if env_id.startswith(k)), {})
     try:
@@ -112,9 +146,9 @@ def _make_raw(env_id: str) -> Any:
         package = next((p for k, p in _PACKAGE_FOR.items() if env_id.startswith(k)), None)
         hint = (f" (is {package} installed? pip install {package})" if package else
                 "; expected a Gymnasium id such as ALE/Pong-v5 or module:factory")
-        raise GameEnvError(f"unknown env id {env_id!r}{hint}: {exc}") from exc
+        raise GameEnvError(f"unknown env id {env_id!r}{hint}: {_one_line(exc)}") from exc
     except Exception as exc:  # a ROM or data file the env's package lacks, and the like
-        raise GameEnvError(f"env {env_id!r} failed to start: {exc}") from exc
+        raise GameEnvError(f"env {env_id!r} failed to start: {_one_line(exc)}") from exc
 
 
 def _new_api(env: Any) -> bool:
@@ -134,8 +168,8 @@ def _image_key(space: Any, env_id: str) -> str | None:
                 return key
     elif is_image(space):
         return None
-    raise GameEnvError(f"env {env_id!r} has no image observation (got {space}); a game world "
-                       "needs (H, W, 3) RGB frames")
+    raise GameEnvError(f"env {env_id!r} has no image observation (got {_one_line(space)}); a "
+                       "game world needs (H, W, 3) RGB frames")
 
 
 @dataclass(frozen=True)
@@ -166,14 +200,21 @@ class GameEnv:
         self.env_id = env_id
         self.size = size
         self.env = _make_raw(env_id)
-        if not isinstance(self.env.action_space, gym.spaces.Discrete):
+        try:
+            if not isinstance(self.env.action_space, gym.spaces.Discrete):
+                raise GameEnvError(f"env {env_id!r} has action space "
+                                   f"{_one_line(self.env.action_space)}; a game world needs a "
+                                   "discrete one (Discrete(n))")
+            self._key = _image_key(self.env.observation_space, env_id)
+            self.num_actions = int(self.env.action_space.n)
+            self.action_meanings = tuple(_meanings(self.env))
+            self._ale = getattr(self.env.unwrapped, "ale", None)
+        except Exception as exc:  # not a game world: the env made is closed
             self.env.close()
-            raise GameEnvError(f"env {env_id!r} has action space {self.env.action_space}; a "
-                               "game world needs a discrete one (Discrete(n))")
-        self._key = _image_key(self.env.observation_space, env_id)
-        self.num_actions = int(self.env.action_space.n)
-        self.action_meanings = tuple(_meanings(self.env))
-        self._ale = getattr(self.env.unwrapped, "ale", None)
+            if isinstance(exc, GameEnvError):
+                raise
+            raise GameEnvError(f"env {env_id!r} cannot be a game world: "
+                               f"{type(exc).__name__}: {_one_line(exc)}") from exc
         self.seed = 0
         self.actions: list[int] = []
         self.raw: np.ndarray | None = None
@@ -215,6 +256,11 @@ class GameEnv:
         if native is None and self._copyable():
             native = copy.deepcopy(self.env.unwrapped)
         return Snapshot(self.seed, tuple(self.actions), native, self.frame.copy(), self.done)
+
+    @property
+    def native_state(self) -> bool:
+        """Whether snapshots hold the emulator's own state (ALE), not only seed and actions."""
+        return self._ale is not None
 
     def _copyable(self) -> bool:
         # pure-Python envs (crafter) deep-copy; native ones (vizdoom) replay from the seed

@@ -163,14 +163,15 @@ def from_json(data: dict, meanings: tuple[str, ...] | list[str], env_id: str) ->
         raise KeyMapError(f"the key map is for env {data['env']!r}, not {env_id!r}")
     keys: dict[str, str] = {}
     for code, wire in data["keys"].items():
-        if not _CODE.match(str(code)) or not isinstance(wire, str) or not _WIRE_NAME.match(wire):
+        if not _CODE.fullmatch(str(code)) or not isinstance(wire, str) or \
+                not _WIRE_NAME.fullmatch(wire):
             raise KeyMapError(f"key map entry {code!r}: {wire!r}: expected a KeyboardEvent.code "
                               "and a wire key name of [a-z0-9_]")
         keys[code] = wire
     actions: dict[str, int] = {}
     for name, meaning in data["actions"].items():
         parts = [p for p in str(name).split("+") if p]
-        if any(not _WIRE_NAME.match(p) for p in parts):
+        if any(not _WIRE_NAME.fullmatch(p) for p in parts):
             raise KeyMapError(f"key map action {name!r}: wire keys are [a-z0-9_] joined by +")
         if isinstance(meaning, int) and not isinstance(meaning, bool):
             index = meaning
@@ -183,7 +184,10 @@ def from_json(data: dict, meanings: tuple[str, ...] | list[str], env_id: str) ->
             raise KeyMapError(f"key map action {name!r}: action id {index} outside "
                               f"[0, {len(meanings)})")
         actions[combo(set(parts))] = index
-    unsent = {k for c in actions for k in c.split("+") if k} - set(keys.values())
+    wire = {k for c in actions for k in c.split("+") if k}
+    if not wire:  # no keys of its own: the wire would take the direction keys instead
+        raise KeyMapError('the key map has no keys: "actions" needs at least one held key')
+    unsent = wire - set(keys.values())
     if unsent:
         raise KeyMapError(f"no browser key sends {sorted(unsent)}: add them to \"keys\"")
     return KeyMap(env_id, keys, actions, meanings)
@@ -192,7 +196,8 @@ def from_json(data: dict, meanings: tuple[str, ...] | list[str], env_id: str) ->
 def load(path: str | Path, meanings: tuple[str, ...] | list[str], env_id: str) -> KeyMap:
     """``from_json`` of a file; KeyMapError for unreadable JSON."""
     try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise KeyMapError(f"cannot read key map {path}: {exc}") from exc
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as exc:  # ValueError: not UTF-8, not JSON
+        raise KeyMapError(f"cannot read key map {path}: {type(exc).__name__}: "
+                          f"{' '.join(str(exc).split())}") from exc
     return from_json(data, meanings, env_id)
