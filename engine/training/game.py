@@ -184,9 +184,11 @@ def train(cfg: GameTrainConfig, progress: bool = True) -> GameWorld:
             loss.backward()
             torch.nn.utils.clip_grad_norm_(unet.parameters(), 1.0)
             opt.step()
+            # EMA with warm-up: a short run's average is not dominated by the initial weights
+            decay = min(cfg.ema, (1 + step) / (10 + step))
             with torch.no_grad():
                 for pe, p in zip(ema.parameters(), unet.parameters(), strict=True):
-                    pe.lerp_(p, 1 - cfg.ema)
+                    pe.lerp_(p, 1 - decay)
             log.append(loss.item())
             bar.set_postfix(loss=f"{np.mean(log[-50:]):.4f}")
             if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
