@@ -67,7 +67,8 @@ def write_card(folder: Path) -> Path:
         f"{cfg['batch']} clips, {cfg['unroll']} frames predicted in a row from the model's own "
         f"previous predictions, changed pixels weighted ×{cfg['change_weight']:g}, AdamW "
         f"{cfg['lr']:g}, EMA {cfg['ema']}; {training['train_seconds'] / 60:.0f} min of "
-        f"training on {cfg['device']} ({cfg['threads']} threads).",
+        f"training on {cfg['device']} ({cfg['threads']} threads)"
+        + (f"; {training['weights']}." if training.get("weights") else "."),
         "",
         "## Evaluation",
     ]
