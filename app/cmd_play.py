@@ -20,19 +20,32 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="the world: the top-down landscape (default), the avatar (a "
                              "character steered by expression, gaze and speech), or a named "
                              "game (pong, breakout)")
-    parser.add_argument("--model", choices=("builtin", "sim", "wan-causal"), default=None,
+    parser.add_argument("--model", choices=("builtin", "sim", "wan-causal", "emulated",
+                                            "matrix-game-2"),
+                        default=None,
                         help="model family: builtin (the world's trained model; the default; "
                              "a game: its learned world, the default with --env and "
                              "--model-path), sim (the world's ground-truth simulator; a game: "
-                             "the game itself, the default with --env alone) or wan-causal (a "
+                             "the game itself, the default with --env alone), wan-causal (a "
                              "Wan2.1 causal checkpoint on a GPU, with --model-path; landscape "
-                             "only)")
+                             "only) or emulated (a SIMULATION of a GPU model for scale-out "
+                             "tests: the simulator's frames at --frame-size, each chunk "
+                             "lasting a published model's time, spent waiting; landscape "
+                             "only), or matrix-game-2 (Matrix-Game 2.0 on a GPU, steered by "
+                             "keys and mouse; with --model-path and --variant)")
+    parser.add_argument("--variant", choices=("universal", "gta_drive", "templerun"),
+                        default=None,
+                        help="--model matrix-game-2 only: universal (WASD + mouse look; the "
+                             "default), gta_drive (W/S + A/D steering) or templerun")
     game_args.add_arguments(parser)
     parser.add_argument("--model-path", default=None,
                         help="model folder (builtin: default the world's assets; a game "
                              "(--env): a folder of `worldstream train`; wan-causal: the "
                              "diffusers-format Wan2.1-T2V-1.3B base plus the causal "
                              "checkpoint as DIR/causal.*)")
+    parser.add_argument("--frame-size", choices=("128x128", "832x480"), default=None,
+                        help="--model emulated only: the emulated frame size (default "
+                             "128x128; 832x480 is Wan2.1's, upscaled from the simulator)")
     settings_cli.add_arguments(parser)
     parser.add_argument("--max-sessions", type=int, default=4,
                         help="sessions served at once; more get 503 (default 4)")
@@ -52,6 +65,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     scale.add_argument("--replica-resources", type=_resources, default=(1.0, 0.0),
                        metavar="CPUS[,GPUS]",
                        help="Ray num_cpus and num_gpus of one replica (default 1,0)")
+    scale.add_argument("--media-from", choices=("front", "replica"), default="front",
+                       help="who sends a session's WebRTC media: this front end (default; "
+                            "every frame crosses to it and is encoded here) or the replica "
+                            "that generates it, from its own host (this process then only "
+                            "relays offers: clients must reach the replicas' hosts over UDP; "
+                            "after a failover a client makes a new offer)")
     exposed = parser.add_argument_group(
         "serving other people", "see README, 'Serving other people'")
     exposed.add_argument("--auth", action="store_true",
@@ -101,11 +120,18 @@ def _ray_engine(args: argparse.Namespace, name: str, model_kwargs: dict):
     from worldstream.engine.cluster.router import RayEngine
 
     low, high = args.replicas
+    extra: dict = {}
+    if args.media_from == "replica":  # the replicas send their sessions' media themselves
+        from worldstream.streaming.limits import Limits
+        from worldstream.streaming.replica_media import MediaReplica
+
+        extra = {"replica_cls": MediaReplica,
+                 "replica_kwargs": {"limits": Limits(max_sessions=args.max_sessions)}}
     return RayEngine(name, replicas=low, min_replicas=low, max_replicas=high,
                      address=args.ray_address,
                      config=play_config(args.max_sessions, args.mode), model_kwargs=model_kwargs,
                      replica_cpus=args.replica_resources[0],
-                     replica_gpus=args.replica_resources[1]).start()
+                     replica_gpus=args.replica_resources[1], **extra).start()
 
 
 def access_settings(args: argparse.Namespace):
@@ -133,6 +159,18 @@ def access_settings(args: argparse.Namespace):
     return policy, per_client
 
 
+def _matrix_game_choice(args: argparse.Namespace):
+    """``--model matrix-game-2``: its own world (a picture it starts from), no ``--world`` or
+    ``--env``; None for another model. ValueError for ``--variant`` with another model."""
+    if args.model != "matrix-game-2":
+        if getattr(args, "variant", None) is not None:
+            raise ValueError("--variant goes with --model matrix-game-2")
+        return None
+    if args.world is not None or args.env is not None:
+        raise ValueError("--model matrix-game-2 is its own world: no --world or --env")
+    return game_args.WorldChoice("matrix-game-2", args.model, "matrix-game-2", None)
+
+
 def play_config(max_sessions: int, mode: str = "responsive"):
     """The engine settings of an interactive session: chunks start just in time for their
     playout deadline (``EngineConfig.jit_margin_ms``), so no frame is generated ahead on older
@@ -158,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
     from worldstream.streaming.limits import Limits
     from worldstream.streaming.webrtc import bind_media, configure_ice_consent
 
-    choice = game_args.resolve(args)  # ValueError
+    choice = _matrix_game_choice(args) or game_args.resolve(args)  # ValueError
     args.world, args.model = choice.world, choice.model
     if settings_cli.wants_help(args) and choice.env is None:
         return settings_cli.print_builtin_settings(args.world, args.model_path,
@@ -166,13 +204,21 @@ def run(args: argparse.Namespace) -> int:
     name = choice.backend
     if (args.world == "avatar" or choice.env is not None) and args.replicas is not None:
         raise ValueError(f"--world {args.world} runs in one process (no --replicas)")
+    if args.media_from != "front" and args.replicas is None:
+        raise ValueError("--media-from replica goes with --replicas")
     kwargs = {"model_path": args.model_path, **game_args.backend_kwargs(args, choice)}
+    if args.variant is not None:
+        kwargs["variant"] = args.variant
     if args.model == "builtin" and choice.env is None:
         # compiled at start-up (BuiltinConfig.compile); --set compile=false skips it
         kwargs.update({"compile": True, **settings_cli.builtin_overrides(args)})
     elif args.sets:
         raise ValueError(f"--set takes the builtin model's settings; --model {args.model} has "
                          "none")
+    if args.frame_size is not None:
+        if args.model != "emulated":
+            raise ValueError("--frame-size goes with --model emulated")
+        kwargs["frame_size"] = args.frame_size
     policy, per_client = access_settings(args)
     if args.replicas is not None:
         engine = _ray_engine(args, name, kwargs)
@@ -180,17 +226,24 @@ def run(args: argparse.Namespace) -> int:
         try:
             backend = load_backend(name, **kwargs)
         except BackendUnavailableError as err:
+            if args.model == "matrix-game-2":  # no simulator of its world
+                raise FileNotFoundError(str(err)) from None
             where = f"--env {choice.env}" if args.env is not None else f"--world {args.world}"
             raise FileNotFoundError(
                 f"{err}\nto play without the trained model, stream the ground-truth "
                 f"simulator: `worldstream play {where} --model sim`") from None
-        if choice.env is None:
+        if choice.env is None and args.model != "matrix-game-2":
             # the scene-prompt encoder loads in seconds on an idle machine but far longer
             # under load: load it before serving, so the first session does not stall
             from worldstream.engine.models.builtin.text import scene_for_prompt
 
             scene_for_prompt("warm-up")
         config = play_config(args.max_sessions, args.mode)
+        # a model of large chunks (Wan, Matrix-Game: 12 frames) needs a buffer that holds one
+        config.buffer_max_frames = max(config.buffer_max_frames,
+                                       max(getattr(backend, "supported_chunk_frames",
+                                                   (backend.chunk_frames,)))
+                                       + config.batch_join_frames)
         print(startup_line(args.world, args.model, backend, config), flush=True)
         engine = Engine(backend, config).start()
     bind_media(args.host)  # media sockets where the page is served, not on every interface

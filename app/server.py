@@ -101,7 +101,12 @@ def create_app(engine: EngineAPI, limits: Limits | None = None, *, ui: bool = Tr
     limits = limits or Limits()
     access = access or AccessPolicy()
     manager = SessionManager(engine, limits, recording_dir)
-    webrtc = WebRTCTransport(manager)
+    if getattr(engine, "media_on_replicas", False):  # media leaves from the replicas' hosts
+        from worldstream.streaming.replica_transport import ReplicaWebRTC
+
+        webrtc: Any = ReplicaWebRTC(manager)
+    else:
+        webrtc = WebRTCTransport(manager)
     throttle = ClientBuckets(limits.auth_failures_per_s, limits.auth_failure_burst)
     creations = ClientBuckets(limits.creations_per_s, limits.creation_burst)
 
@@ -215,6 +220,9 @@ def create_app(engine: EngineAPI, limits: Limits | None = None, *, ui: bool = Tr
             answer = await webrtc.answer(session, body.sdp)
         except TooManyPeerConnectionsError as err:
             raise ApiError(429, str(err), "sdp", headers={"Retry-After": "5"}) from None
+        except TimeoutError as err:  # media on a replica being replaced: offer again
+            raise ApiError(503, str(err), retry_after_s=1.0, headers={"Retry-After": "1"}
+                           ) from None
         except ValueError as err:
             raise ApiError(400, f"sdp: {err}", "sdp") from None
         return {"sdp": answer.sdp, "type": answer.type}

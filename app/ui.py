@@ -32,7 +32,8 @@ _HEAD = ('<link rel="stylesheet" href="/ws-static/play.css">'
          '<script src="/ws-static/play.js" defer></script>'
          '<script src="/ws-static/latency_lab.js" defer></script>'
          '<script src="/ws-static/world.js" defer></script>'
-         '<script src="/ws-static/game.js" defer></script>')
+         '<script src="/ws-static/game.js" defer></script>'
+         '<script src="/ws-static/mouse.js" defer></script>')
 _STORY = Path(__file__).parents[1] / "assets" / "stories" / "five_beats.json"
 
 

@@ -98,8 +98,12 @@ def register(app: FastAPI, engine: Any, authorized: Callable, client_of: Callabl
         # the page's keys (public, like /api/health): a game world's key map, or keys null
         # (the direction keys: WASD / arrows)
         found = getattr(engine, "controls", None) or {}
+        # mouse: whether the model takes mouse motion (the page captures the pointer only then;
+        # the backend's optional action_space, engine.core.action_space)
+        space = getattr(getattr(engine, "backend", None), "action_space", None)
         return {"world": getattr(engine, "world", "landscape"), "keys": found.get("keys"),
-                **{k: v for k, v in found.items() if k != "keys"}}
+                "mouse": bool(getattr(space, "mouse", False)),
+                **{k: v for k, v in found.items() if k not in ("keys", "mouse")}}
 
     @app.get("/api/sessions/{session_id}/log")
     async def input_log(session_id: str, request: Request, token: str | None = None

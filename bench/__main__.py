@@ -21,6 +21,8 @@ SUITES = {
     "analyse": "worldstream.bench.analyse",
     "browser": "worldstream.bench.browser",
     "replay": "worldstream.bench.replay",
+    "matrix_game_cpu": "worldstream.bench.matrix_game_cpu",
+    "gpu_matrix_game": "worldstream.bench.gpu_matrix_game",
 }
 
 

@@ -53,9 +53,10 @@ def busy_processes(n: int):
 
 
 class LocalServer:
-    """The app served in-process on a loopback port (uvicorn in a thread)."""
+    """The app served in-process (uvicorn in a thread) on a free port of ``host`` (loopback by
+    default), with ``limits`` (``streaming.limits.Limits``; default ``Limits()``)."""
 
-    def __init__(self, engine):
+    def __init__(self, engine, limits=None, host: str = "127.0.0.1"):
         import socket
 
         import uvicorn
@@ -63,11 +64,12 @@ class LocalServer:
         from worldstream.app.server import create_app
 
         with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
+            s.bind((host, 0))
             self.port = s.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"http://{host}:{self.port}"
         self._server = uvicorn.Server(uvicorn.Config(
-            create_app(engine, ui=False), host="127.0.0.1", port=self.port, log_level="warning"))
+            create_app(engine, limits, ui=False), host=host, port=self.port,
+            log_level="warning"))
         self._thread = threading.Thread(target=self._server.run, daemon=True)
 
     def __enter__(self):

@@ -103,14 +103,18 @@ def _capacity_model(rows: list[dict], fps_target: int = 20) -> str:
         "end and Ray's own processes need a share: on this 2-core machine two replicas got "
         "about 1.5 cores between them), or as many as fit a GPU's memory and compute "
         "(`--replica-gpus 0.25`: four replicas of a small model on one GPU).",
-        f"- The front end spends {front_ms_per_frame:.2f} ms of CPU per frame it receives and "
-        f"hands to a connection (Ray transfer, time translation, slots); WebRTC encoding comes "
-        f"on top (VP8 at 128x128: a few ms a frame). Before encoding one front-end core "
-        f"handles about {front_per_core} sessions at {fps_target} fps.",
+        f"- With media from the front end it spends {front_ms_per_frame:.2f} ms of CPU per "
+        f"frame it receives and hands to a connection (Ray transfer, time translation, "
+        f"slots); WebRTC encoding comes on top (VP8 at 128x128: a few ms a frame). Before "
+        f"encoding one front-end core handles about {front_per_core} sessions at "
+        f"{fps_target} fps. With `--media-from replica` no frame reaches it: about 0.005 "
+        f"core per session (`python -m bench scale --hosts 2 --model emulated`, whose report "
+        f"carries the capacity model across hosts, `bench/cluster/capacity.py`).",
         "- For N concurrent users: replicas = ceil(N / sessions per replica), hosts = "
         "ceil(replicas / replicas per host), front-end cores = N x fps x (hand-off + encode "
-        "ms per frame) / 1000; run several front ends behind a load balancer with sticky "
-        "sessions when one is not enough (each front end owns its sessions' replicas).",
+        "ms per frame) / 1000 with media from the front end, N x 0.005 with media from the "
+        "replicas; run several front ends behind a session-affine load balancer when one is "
+        "not enough (each front end owns its sessions' replicas).",
     ]) + "\n"
 
 

@@ -6,7 +6,9 @@ admitted sessions stream at ``--fps`` (paced, degradation off) with random keys 
 ``--seconds``. Reported per count: admitted sessions, per-session fps (mean, min), aggregate
 fps, pooled action-to-frame p50/p95/p99, and the session number from which admission refused.
 
-``python -m bench scale --replicas 1,2``: engine replicas on Ray instead (:mod:`bench.replicas`).
+``python -m bench scale --replicas 1,2``: engine replicas on Ray instead (:mod:`bench.replicas`);
+``python -m bench scale --hosts 2 --replicas 1,2,4 --model emulated``: across hosts made of
+network namespaces (:mod:`bench.cluster.scale_out`).
 """
 
 from __future__ import annotations
@@ -81,6 +83,10 @@ def _markdown(payload: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if any(a == "--hosts" or a.startswith("--hosts=") for a in argv):
+        from worldstream.bench.cluster import scale_out  # hosts as network namespaces
+
+        return scale_out.main(argv)
     if any(a == "--replicas" or a.startswith("--replicas=") for a in argv):
         from worldstream.bench import replicas  # engine replicas on Ray: a suite of its own
 

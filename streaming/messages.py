@@ -66,19 +66,12 @@ class ActionMessage(_Strict):
     t: float
     # one of DIRECTION_KEYS, or of the backend's own keys (parse_client_message's ``keys``)
     keys: list[fields.HeldKey] = Field(max_length=4)
-    pointer: list[float] | None = Field(default=None, min_length=2, max_length=2)  # [dx, dy]
+    # [dx, dy] CSS pixels since the previous action, finite, within MAX_POINTER_DELTA
+    pointer: list[fields.PointerDelta] | None = Field(default=None, min_length=2, max_length=2)
     expression: Expression | None = None
     say: fields.SayText | None = None
 
     _t_finite = field_validator("t")(_finite)
-
-    @field_validator("pointer")
-    @classmethod
-    def _pointer_finite(cls, pointer: list[float] | None) -> list[float] | None:
-        if pointer is not None:
-            for value in pointer:
-                _finite(value)
-        return pointer
 
     @field_validator("keys")
     @classmethod
@@ -254,10 +247,12 @@ def to_command(message: Any) -> api.Command:
     rewind); raises TypeError for messages the transport handles itself (ping, next, record)."""
     match message:
         case ActionMessage():
-            # NOTE: ``pointer`` is part of the wire contract and validated, but no model takes a
-            # pointer input yet, so it does not reach the engine
+            # ``pointer`` reaches a backend whose action_space takes mouse input; the engine
+            # drops it for the others (v1)
+            pointer = None if message.pointer is None else tuple(message.pointer)
             return api.ActionCommand(message.seq, message.t, frozenset(message.keys),
-                                     expression=message.expression, say=message.say)
+                                     expression=message.expression, say=message.say,
+                                     pointer=pointer)
         case PromptMessage(blend=None):
             return api.PromptCommand(message.seq, message.t, message.text)
         case PromptMessage():

@@ -123,8 +123,10 @@ def _plan(backend: WanBackend, batch: ChunkBatch) -> None:
     batch.records = [_WanChunk(None, s.position) for s in batch.states]
 
 
-def _show(backend: WanBackend, batch: ChunkBatch) -> None:
-    """Stage: stream-decode each state's new chunk: ``chunk_frames`` uint8 ``(T, H, W, 3)``."""
+def show_stream(backend, batch: ChunkBatch) -> None:
+    """Stage: stream-decode each state's new chunk: ``chunk_frames`` uint8 ``(T, H, W, 3)``
+    (any backend with ``vae``, ``vae_dtype``, ``chunk_frames`` and states with a ``decode``
+    cache: the Wan family and Matrix-Game)."""
     states = batch.states
     out: list[np.ndarray | None] = [None] * len(states)
     lat = denormalize_latents(backend.vae, batch.x0.float()).to(backend.vae_dtype)
@@ -160,7 +162,7 @@ class WanBackend(PagedRunner):
         Stage("condition", shared.condition),
         Stage("noise", shared.noise),
         Stage("denoise", shared.denoise, "denoise"),
-        Stage("show", _show, "decode"),
+        Stage("show", show_stream, "decode"),
     )
 
     def __init__(self, transformer, vae, encode_text, config: WanConfig | None = None):
@@ -236,12 +238,7 @@ class WanBackend(PagedRunner):
         """The decoder's causal cache is rebuilt by decoding the retained chunks again: exact
         while the stream's first chunk is retained, a warm start from the oldest retained
         chunk after that."""
-        state.decode = new_decode_cache(self.vae)
-        if state.history:
-            lat = torch.stack([c.latents for c in state.history], 0)  # (N, C, F, h, w)
-            lat = lat.permute(1, 0, 2, 3, 4).flatten(1, 2)[None].to(self.device)
-            decode_stream(self.vae, denormalize_latents(self.vae, lat).to(self.vae_dtype),
-                          [state.decode])
+        redecode(self, state)
 
     # -- a chunk -------------------------------------------------------------------------
     def _noise(self, generator: torch.Generator) -> torch.Tensor:
@@ -259,6 +256,17 @@ class WanBackend(PagedRunner):
 
     def _to_x0(self, x: torch.Tensor, sigma: float, out: torch.Tensor) -> torch.Tensor:
         return x - sigma * out  # the transformer predicts the flow noise - x0
+
+
+def redecode(backend, state) -> None:
+    """A fresh decoder cache for ``state``, warmed by decoding its retained chunks again
+    (after a rewind; shared with Matrix-Game)."""
+    state.decode = new_decode_cache(backend.vae)
+    if state.history:
+        lat = torch.stack([c.latents for c in state.history], 0)  # (N, C, F, h, w)
+        lat = lat.permute(1, 0, 2, 3, 4).flatten(1, 2)[None].to(backend.device)
+        decode_stream(backend.vae, denormalize_latents(backend.vae, lat).to(backend.vae_dtype),
+                      [state.decode])
 
 
 def pipeline_text_encoder(tokenizer, text_encoder, vae, device, dtype):

@@ -29,6 +29,14 @@ class Replica:
     offset_ns: int | None = None  # local perf_counter_ns minus the replica's
     idle_since: float | None = None  # monotonic s since it holds no session
     pump: threading.Thread | None = None
+    last_reply: float | None = None  # monotonic s of its last answered pull
+    batches: int = -1  # its engine's batch count at the last metrics
+    stalled_since: float | None = None  # monotonic s since sessions wait and no batch ran
+
+    @property
+    def host(self) -> str:
+        """The host it runs on (its cluster address; the host name outside a cluster)."""
+        return str(self.info.get("address") or self.info.get("node") or "?")
 
 
 @dataclass
@@ -43,15 +51,25 @@ class RoutedSession:
     events: EventQueue = field(default_factory=EventQueue)
     index_offset: int = 0  # public frame index = the replica's + this (continues on failover)
     next_index: int = 0
+    forwarding: bool = True  # its replica sends its frames here (media from the replica: on ask)
 
 
-def place(live: list[Replica], exclude: int | None = None) -> Replica | None:
-    """The live replica with room and the fewest sessions (then the fastest chunks)."""
+def place(live: list[Replica], exclude: int | None = None,
+          avoid_host: str | None = None) -> Replica | None:
+    """The live replica with room and the fewest sessions, then on the host with the fewest
+    (a host lost takes the fewest), then with the fastest chunks; one on ``avoid_host`` (the
+    host of a replica that just died: its others may be dying too) only when no other host
+    has room."""
     candidates = [r for r in live if r.id != exclude
                   and len(r.sessions) + r.pending < r.info["capacity"]]
+    elsewhere = [r for r in candidates if r.host != avoid_host]
+    candidates = elsewhere or candidates
     if not candidates:
         return None
-    return min(candidates, key=lambda r: (len(r.sessions) + r.pending,
+    per_host: dict[str, int] = {}
+    for r in live:
+        per_host[r.host] = per_host.get(r.host, 0) + len(r.sessions) + r.pending
+    return min(candidates, key=lambda r: (len(r.sessions) + r.pending, per_host[r.host],
                                           r.metrics.get("chunk_ms_p50") or 0.0, r.id))
 
 

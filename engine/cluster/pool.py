@@ -4,9 +4,12 @@ one, and stopping them."""
 
 from __future__ import annotations
 
+import logging
 import os
+import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -14,16 +17,50 @@ from worldstream.engine.cluster.placement import Replica, idle_replicas, mark_id
 from worldstream.engine.cluster.replica import EngineReplica
 from worldstream.engine.core.config import EngineConfig
 
+log = logging.getLogger("worldstream.engine.cluster")
+
+#: the Ray namespace of worldstream's replicas (named ``ws-replica-<front end>-<n>`` in it)
+NAMESPACE = "worldstream"
+#: how long a failed actor call waits for the cause of its actor's death, ms (see init_ray)
+DEATH_INFO_WAIT_MS = 100
+#: how long a Ray address may take to accept a TCP connection before it is reported dead, s
+CONNECT_TIMEOUT_S = 5.0
+
+
+def check_address(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    """ConnectionError (one line naming the address and what to do) unless ``HOST:PORT``
+    accepts a TCP connection within ``timeout_s``; ``auto`` and ``ray://`` addresses are
+    left to Ray. NOTE: ``ray.init`` on an address that does not answer retries for about a
+    minute and then fails with a message about the GCS; this says it in seconds."""
+    if address == "auto" or "://" in address:
+        return
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host or address, int(port or 6379)), timeout_s).close()
+    except (OSError, ValueError) as err:
+        raise ConnectionError(
+            f"the Ray cluster at {address} does not answer ({err}); start its head there "
+            "(`ray start --head`) or pass the right --ray-address") from None
+
 
 def init_ray(address: str | None, max_replicas: int, resources: dict[str, float]) -> bool:
     """Join ``address`` (None: start a local Ray) unless Ray is up already; True when this
-    call started it (the caller then shuts it down)."""
+    call started it (the caller then shuts it down). ConnectionError when ``address`` does
+    not answer (:func:`check_address`)."""
     import ray
 
     if ray.is_initialized():
         return False
+    if address is not None:
+        check_address(address)
+    # NOTE: a call to an actor whose connection closes waits this long for the cluster to
+    # say why before it fails (Ray's default 1 s). When a whole host goes, nobody says: its
+    # raylet is gone too, and the head learns only after missed health checks (~15 s). The
+    # closed connection is the news: fail the call at once, so the failover starts at once.
+    # Read by this process's Ray core worker only (the replicas keep the default).
+    os.environ.setdefault("RAY_timeout_ms_task_wait_for_death_info", str(DEATH_INFO_WAIT_MS))
     kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
-                              "configure_logging": False}
+                              "configure_logging": False, "namespace": NAMESPACE}
     if address is None:
         # room for every replica the autoscaler may start (and one replacing a dead
         # one) even on a small machine: replicas then share its cores
@@ -44,12 +81,18 @@ class ReplicaPool:
         model, config, model_kwargs, threads: what every replica loads and runs.
         resources: Ray resources of one replica (``num_cpus``, ``num_gpus``).
         lock: the router's lock.
+        replica_cls: the actor's class (``EngineReplica`` or a subclass adding a transport,
+            e.g. ``streaming.replica_media.MediaReplica``) and ``replica_kwargs`` its extra
+            arguments.
     """
 
     def __init__(self, model: str, config: EngineConfig, model_kwargs: dict,
-                 threads: int | None, resources: dict[str, float], lock: threading.RLock):
+                 threads: int | None, resources: dict[str, float], lock: threading.RLock,
+                 replica_cls: type = EngineReplica, replica_kwargs: dict | None = None):
         self.replicas: dict[int, Replica] = {}
+        self.frontend_id = uuid.uuid4().hex[:8]  # names this front end's replicas
         self._args = (model, config, model_kwargs, threads)
+        self._cls, self._kwargs = replica_cls, replica_kwargs or {}
         self._resources = resources
         self._lock = lock
         self._next_replica = 0
@@ -62,17 +105,28 @@ class ReplicaPool:
         # NOTE: commands run in the default concurrency group, one thread: Ray executes one
         # caller's calls in submission order only there (in a threaded group a pause and the
         # resume right after it could swap). The long poll and the metrics get a group of
-        # their own, so they never wait behind a command nor block one.
-        self._actor_cls = ray.remote(concurrency_groups={"poll": 2, "studio": 1})(
-            EngineReplica).options(max_restarts=0, **self._resources)
+        # their own, so they never wait behind a command nor block one; so do media offers.
+        self._actor_cls = ray.remote(  # type: ignore[call-overload]
+            concurrency_groups={"poll": 2, "studio": 1, "media": 2})(self._cls)
+        others = [n for n in ray.util.list_named_actors() if n.startswith("ws-replica-")]
+        if others:  # NOTE: not killed: another live front end may share this cluster
+            log.warning("%d engine replica(s) of another front end are alive in this Ray "
+                        "cluster (an earlier front end that just ended, or another one "
+                        "serving): left alone; Ray ends a front end's replicas with it, and "
+                        "pages of an ended front end get 404 and start a new session",
+                        len(others))
 
     def launch(self) -> Replica:
-        """Start one replica's process (not yet serving: see :meth:`await_ready`)."""
-        handle = self._actor_cls.remote(*self._args)
+        """Start one replica's process (not yet serving: see :meth:`await_ready`), named in
+        the cluster after this front end. SPREAD: replicas go to different hosts first, so a
+        host lost takes the fewest."""
         with self._lock:
-            rep = Replica(self._next_replica, handle, {})
+            rep_id = self._next_replica
             self._next_replica += 1
-        return rep
+        handle = self._actor_cls.options(
+            name=f"ws-replica-{self.frontend_id}-{rep_id}", max_restarts=0,
+            scheduling_strategy="SPREAD", **self._resources).remote(*self._args, **self._kwargs)
+        return Replica(rep_id, handle, {})
 
     def await_ready(self, rep: Replica, pump: Callable[[Replica], None],
                     timeout_s: float = 600) -> None:
@@ -95,19 +149,32 @@ class ReplicaPool:
         with self._lock:
             return [r for r in self.replicas.values() if r.alive]
 
-    def place(self, exclude: int | None = None) -> Replica | None:
-        return place(self.live(), exclude)
+    def place(self, exclude: int | None = None, avoid_host: str | None = None
+              ) -> Replica | None:
+        return place(self.live(), exclude, avoid_host)
 
-    def refresh_metrics(self) -> None:
+    def refresh_metrics(self, timeout_s: float = 1.0) -> set[int]:
+        """Fetch every live replica's metrics, all at once, waiting at most ``timeout_s``: a
+        replica that does not answer in time keeps its last metrics (a dead one is failed
+        over by its pump; a frozen one by the health check, which must not wait on it).
+        Returns the ids of the replicas whose metrics are fresh."""
         import ray
 
-        for rep in self.live():
-            try:
-                rep.metrics = ray.get(
-                    rep.handle.metrics.options(concurrency_group="poll").remote(),
-                    timeout=10)
-            except Exception:  # a dead replica: its pump fails it over
-                pass
+        refs = {rep.id: (rep, rep.handle.metrics.options(concurrency_group="poll").remote())
+                for rep in self.live()}
+        if not refs:
+            return set()
+        ready, _ = ray.wait([ref for _, ref in refs.values()], num_returns=len(refs),
+                            timeout=timeout_s)
+        done, fresh = set(ready), set()
+        for rep, ref in refs.values():
+            if ref in done:
+                try:
+                    rep.metrics = ray.get(ref)
+                    fresh.add(rep.id)
+                except Exception:  # died meanwhile: its pump fails it over
+                    pass
+        return fresh
 
     def autoscale(self, want: int, pump: Callable[[Replica], None]) -> None:
         """Start one replica when fewer than ``want`` live, or stop one that has been idle

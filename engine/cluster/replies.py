@@ -68,6 +68,7 @@ def merge_metrics(replicas: list[Replica], public: dict[tuple[int, str], str]
                 per_session[sid] = sm
         listed.append({
             "id": rep.id, "pid": rep.info.get("pid"), "node": rep.info.get("node"),
+            "host": rep.host,
             "alive": rep.alive, "sessions": sorted(rep.sessions),
             "chunk_ms_p50": m.get("chunk_ms_p50"), "chunk_ms_p95": m.get("chunk_ms_p95"),
             "failovers": rep.failovers,

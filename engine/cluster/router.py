@@ -18,6 +18,16 @@ so the HTTP API, WebRTC, WebSocket, recording and the page work unchanged on top
 - **Autoscaling**: the replica count follows the live sessions between ``min_replicas`` and
   ``max_replicas`` (one replica per ``capacity`` sessions, plus room for the next user); a
   replica is stopped only after ``placement.IDLE_BEFORE_STOP_S`` without a session.
+- **Media from the replicas** (``replica_cls`` with ``media_answer``, e.g.
+  ``streaming.replica_media.MediaReplica``): a session's WebRTC peer lives in its replica's
+  process and sends from that host; this front end only relays the offer and answer
+  (:meth:`RayEngine.media_answer`), and frames come here only when something here needs them
+  (a recording, a WebSocket viewer, a journal that re-caches). What the replica's transport
+  tells the front end (commands for the journal, transports opened and closed, activity,
+  recording asks) comes back with the pulls as notes, handed to ``note_handler``.
+- **Health** (``engine.cluster.health``): a replica that stops answering or stops running
+  chunks for its sessions for ``hang_after_s`` is failed over like a dead one; hosts joining
+  and leaving the cluster are logged.
 """
 
 from __future__ import annotations
@@ -27,13 +37,17 @@ import logging
 import random
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+from worldstream.engine.cluster import delivery, health
+from worldstream.engine.cluster.failover import fail_over
 from worldstream.engine.cluster.journal import Journal
 from worldstream.engine.cluster.placement import Replica, RoutedSession, wanted_replicas
 from worldstream.engine.cluster.pool import ReplicaPool, init_ray
-from worldstream.engine.cluster.replies import merge_metrics, public_frame, studio_future
+from worldstream.engine.cluster.replica import EngineReplica
+from worldstream.engine.cluster.replies import merge_metrics, studio_future
 from worldstream.engine.core.api import (
     CapacityError,
     Command,
@@ -45,10 +59,12 @@ from worldstream.engine.core.api import (
 )
 from worldstream.engine.core.config import EngineConfig
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("worldstream.engine.cluster")
 
-#: the longest a session creation waits for its replica, s
+#: the longest a session creation (or a media offer) waits for its replica, s
 CREATE_TIMEOUT_S = 30.0
+#: how often the hosts of the cluster are listed (joins and losses logged), s
+HOSTS_PERIOD_S = 5.0
 
 
 class RayEngine:
@@ -65,7 +81,12 @@ class RayEngine:
         replica_cpus, replica_gpus: Ray resources of one replica (``num_cpus``/``num_gpus``).
         threads: torch threads per replica.
         journal_frames: recent frames kept per session for a failover.
-    Raises ValueError for bad counts; RuntimeError when a replica cannot start.
+        monitor_period_s: how often metrics, autoscaling and health are looked at, s.
+        replica_cls, replica_kwargs: the actor class and its extra arguments
+            (``pool.ReplicaPool``); a class with ``media_answer`` sends media itself.
+        hang_after_s: silence after which a replica is failed over (``health.HANG_AFTER_S``).
+    Raises ValueError for bad counts; ConnectionError when ``address`` does not answer;
+    RuntimeError when a replica cannot start.
     """
 
     def __init__(self, model: str, *, replicas: int = 1, min_replicas: int | None = None,
@@ -73,7 +94,9 @@ class RayEngine:
                  config: EngineConfig | None = None, model_kwargs: dict | None = None,
                  replica_cpus: float = 1.0, replica_gpus: float = 0.0,
                  threads: int | None = 1, journal_frames: int = 8,
-                 monitor_period_s: float = 1.0):
+                 monitor_period_s: float = 1.0, replica_cls: type = EngineReplica,
+                 replica_kwargs: dict | None = None,
+                 hang_after_s: float = health.HANG_AFTER_S):
         self.min_replicas = replicas if min_replicas is None else min_replicas
         self.max_replicas = max(replicas, self.min_replicas) if max_replicas is None \
             else max_replicas
@@ -88,7 +111,15 @@ class RayEngine:
         self._monitor_period_s = monitor_period_s
         self._lock = threading.RLock()
         self._pool = ReplicaPool(model, self.config, model_kwargs or {}, threads,
-                                 self._resources, self._lock)
+                                 self._resources, self._lock, replica_cls, replica_kwargs)
+        self.media_on_replicas = hasattr(replica_cls, "media_answer")
+        #: called (public session id, note) for each note a replica's transport sends
+        self.note_handler: Callable[[str, dict], None] | None = None
+        self._hang_after_s = hang_after_s
+        # NOTE: with media on the replicas a pull rarely carries frames; a longer poll costs
+        # the front end fewer round trips (it returns at once when anything comes)
+        self._pull_s = 0.5 if self.media_on_replicas else 0.05
+        self._hosts = health.HostWatch()
         self._replicas = self._pool.replicas  # the same dict: by id
         self._sessions: dict[str, RoutedSession] = {}
         self._by_remote: dict[tuple[int, str], str] = {}
@@ -108,6 +139,10 @@ class RayEngine:
         first = started[0].info
         self.model_name = first["model"]
         self.capacity = self.max_replicas * first["capacity"]
+        self._watch_hosts()
+        log.info("%d engine replica(s) on %s; media from %s", len(started),
+                 ", ".join(sorted({r.host for r in started})),
+                 "the replicas' hosts" if self.media_on_replicas else "this front end")
         self._monitor = threading.Thread(target=self._monitor_loop, name="ray-monitor",
                                          daemon=True)
         self._monitor.start()
@@ -165,10 +200,11 @@ class RayEngine:
         public = SessionInfo(info.session_id, info.width, info.height, info.fps)
         journal = Journal(prompt, seed, info.fps, self._journal_frames)
         with self._lock:
-            self._sessions[info.session_id] = RoutedSession(public, rep.id, info.session_id,
-                                                            journal)
+            self._sessions[info.session_id] = RoutedSession(
+                public, rep.id, info.session_id, journal, forwarding=not self.media_on_replicas)
             self._by_remote[(rep.id, info.session_id)] = info.session_id
             rep.sessions.add(info.session_id)
+        self._sync_forwarding(info.session_id)
         return public
 
     def _routed(self, session_id: str) -> RoutedSession:
@@ -192,6 +228,7 @@ class RayEngine:
         routed = self._routed(session_id)
         with self._lock:
             routed.slots = [s for s in routed.slots if not s.closed] + [slot]
+        self._sync_forwarding(session_id)
         return slot
 
     def events(self, session_id: str) -> EventQueue:
@@ -212,6 +249,34 @@ class RayEngine:
         routed = self._routed(session_id)
         routed.journal.paused = paused
         self._handle_of(routed).set_paused.remote(routed.remote_id, paused)
+
+    def media_answer(self, session_id: str, sdp: str,
+                     timeout_s: float = CREATE_TIMEOUT_S) -> dict[str, str]:
+        """The answer of the session's replica to a WebRTC offer: ``{"sdp", "type"}`` of its
+        peer connection, with ICE candidates on that replica's host, or its refusal as data
+        ``{"error": class name, "message"}`` (a bad offer, too many peer connections: the
+        transport raises its own errors). A session whose replica is being replaced waits for
+        the new one (up to ``timeout_s``). Raises SessionClosedError, TimeoutError."""
+        import ray
+
+        deadline = time.monotonic() + timeout_s
+        while True:
+            routed = self._routed(session_id)
+            with self._lock:
+                rep = self._replicas.get(routed.replica)
+            if rep is not None and rep.alive:
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"session {session_id} has no live replica")
+            time.sleep(0.05)
+        try:
+            reply = ray.get(rep.handle.media_answer.options(concurrency_group="media").remote(
+                routed.remote_id, session_id, sdp), timeout=max(1.0, deadline - time.monotonic()))
+        except ray.exceptions.GetTimeoutError:
+            raise TimeoutError(f"replica {rep.id} did not answer the offer") from None
+        except ray.exceptions.RayError:  # died meanwhile: a new offer goes to its successor
+            raise TimeoutError(f"replica {rep.id} failed during the offer; offer again") from None
+        return reply
 
     def close_session(self, session_id: str) -> None:
         with self._lock:
@@ -243,9 +308,15 @@ class RayEngine:
                           "fps": routed.info.fps, "plan_ms": None, "wait_ms": None,
                           "floor_ms": None, "after_delivery_ms": None}
 
+    def refresh(self) -> None:
+        """Fetch every live replica's metrics now (:meth:`metrics` shows the last fetched,
+        at most ``monitor_period_s`` old)."""
+        self._pool.refresh_metrics()
+
     def metrics(self) -> dict[str, Any]:
         """The engine's metrics merged over replicas (sessions by their public ids), plus
-        ``replicas``: ``id``, ``pid``, ``node``, ``alive``, ``sessions`` (public ids),
+        ``replicas``: ``id``, ``pid``, ``node``, ``host`` (its address in the cluster),
+        ``alive``, ``sessions`` (public ids),
         ``chunk_ms_p50``, ``chunk_ms_p95``, ``failovers``, ``received`` (commands per
         session, by public id: the affinity check)."""
         with self._lock:
@@ -259,120 +330,44 @@ class RayEngine:
 
     # ------------------------------------------------------------ frames back
     def _pump(self, rep: Replica) -> None:
-        import ray
+        delivery.pump(self, rep)
 
-        while not self._stopping.is_set() and rep.alive:
-            try:
-                reply = ray.get(rep.handle.pull.options(concurrency_group="poll").remote(0.05),
-                                timeout=60)
-            except Exception as err:  # RayActorError (the process died), a timeout, ...
-                if self._stopping.is_set() or not rep.alive:
-                    return
-                log.warning("engine replica %d (pid %s) failed: %r", rep.id,
-                            rep.info.get("pid"), err)
-                self._failover(rep)
-                return
-            offset = time.perf_counter_ns() - reply["now_ns"]
-            rep.offset_ns = offset if rep.offset_ns is None else min(rep.offset_ns, offset)
-            self._deliver(rep, reply)
+    def _notify(self, session_id: str, note: dict) -> None:
+        delivery.notify(self, session_id, note)
 
-    def _deliver(self, rep: Replica, reply: dict) -> None:
-        off = rep.offset_ns or 0
-        for frame in reply["frames"]:
-            with self._lock:
-                sid = self._by_remote.get((rep.id, frame.session_id))
-                routed = self._sessions.get(sid) if sid else None
-                if routed is None:
-                    continue
-                routed.slots = [s for s in routed.slots if not s.closed]
-                slots = list(routed.slots)
-                index = frame.index + routed.index_offset
-                routed.next_index = index + 1
-            routed.journal.record_frame(frame.rgb, frame.action_seq)
-            public = public_frame(frame, sid, index, off)
-            for slot in slots:
-                slot.put(public)
-        for remote_id, event in reply["events"]:
-            with self._lock:
-                sid = self._by_remote.get((rep.id, remote_id))
-                routed = self._sessions.get(sid) if sid else None
-            if routed is not None and event.kind != "closed":
-                routed.events.put(event)
-        for remote_id in reply["closed"]:  # ended on the replica (a failure), not by us
-            with self._lock:
-                sid = self._by_remote.get((rep.id, remote_id))
-            if sid is not None:
-                try:
-                    self.close_session(sid)
-                except SessionClosedError:
-                    pass
-
-    # ------------------------------------------------------------ failover
-    def _failover(self, dead: Replica) -> None:
-        """Re-create the dead replica's sessions elsewhere from their journals."""
-        import ray
-
-        with self._lock:
-            dead.alive = False
-            moved = [(sid, self._sessions[sid]) for sid in dead.sessions if sid in
-                     self._sessions]
-            dead.sessions = set()
-        with contextlib.suppress(Exception):  # a hung replica must not go on generating
-            ray.kill(dead.handle)
-        for sid, routed in moved:
-            target = self._pool.place(exclude=dead.id)
-            if target is None and len(self._pool.live()) < self.max_replicas + 1:
-                target = self._pool.launch()  # a replacement (allowed one over the maximum)
-                try:
-                    self._pool.await_ready(target, self._pump)
-                except RuntimeError:
-                    target = None
-            if target is None:
-                routed.events.put(Event("error", {"code": "session_failed",
-                                                  "message": "its engine replica died and "
-                                                             "no other has room"}))
-                with contextlib.suppress(SessionClosedError):  # the user may have closed it
-                    self.close_session(sid)
-                continue
-            journal = routed.journal
-            try:
-                info = ray.get(target.handle.create_session.remote(
-                    journal.prompt, journal.seed, journal.fps, journal.history()), timeout=120)
-            except Exception as err:
-                routed.events.put(Event("error", {"code": "session_failed",
-                                                  "message": f"recovery failed: {err!r}"}))
-                with contextlib.suppress(SessionClosedError):
-                    self.close_session(sid)
-                continue
-            for command in journal.replay():
-                target.handle.submit.remote(info.session_id, command)
-            if journal.paused:
-                target.handle.set_paused.remote(info.session_id, True)
-            with self._lock:
-                closed_meanwhile = sid not in self._sessions
-                if not closed_meanwhile:
-                    self._by_remote.pop((dead.id, routed.remote_id), None)
-                    routed.replica, routed.remote_id = target.id, info.session_id
-                    routed.index_offset = routed.next_index
-                    self._by_remote[(target.id, info.session_id)] = sid
-                    target.sessions.add(sid)
-                    target.failovers += 1
-            if closed_meanwhile:  # a DELETE came while it was being re-created
-                target.handle.close_session.remote(info.session_id)
-                continue
-            routed.events.put(Event("recovered", {"replica": target.id,
-                                                  "from_replica": dead.id,
-                                                  "context_frames": len(journal.frames)}))
-            log.warning("session %s recovered on replica %d", sid, target.id)
+    def _sync_forwarding(self, session_id: str) -> None:
+        delivery.sync_forwarding(self, session_id)
 
     # ------------------------------------------------------------ monitor and autoscale
     def _monitor_loop(self) -> None:
+        next_hosts = time.monotonic() + HOSTS_PERIOD_S
         while not self._stopping.wait(self._monitor_period_s):
-            self._pool.refresh_metrics()
+            now = time.monotonic()
+            fresh = self._pool.refresh_metrics()
+            for rep in self._pool.live():
+                if rep.id in fresh:  # stale metrics say nothing about progress
+                    health.note_metrics(rep, rep.metrics, now)
+                why = health.silent(rep, now, self._hang_after_s)
+                if why is not None:  # hung: its pump may be blocked on it, so fail over here
+                    threading.Thread(target=fail_over, args=(self, rep, f"hung: {why}"),
+                                     name=f"failover-{rep.id}", daemon=True).start()
+            if now >= next_hosts:
+                next_hosts = now + HOSTS_PERIOD_S
+                self._watch_hosts()
             try:
                 self._pool.autoscale(self.desired_replicas(), self._pump)
             except Exception as err:  # a replica that will not start or stop: try again
                 log.warning("autoscaling: %r", err)
+
+    def _watch_hosts(self) -> None:
+        import ray
+
+        try:
+            alive = {n["NodeManagerAddress"] for n in ray.nodes() if n.get("Alive")}
+        except Exception as err:  # the GCS is briefly unreachable: next time
+            log.warning("listing the Ray cluster's hosts failed: %r", err)
+            return
+        self._hosts.update(alive)
 
     def desired_replicas(self) -> int:
         """One replica per ``capacity`` live sessions plus room for the next user, within

@@ -32,13 +32,16 @@ class SessionClosedError(KeyError):
 class ActionCommand:
     """The full set of held keys from now on (empty = idle). ``t_ms`` is the client timestamp.
     ``expression`` (hold from the next frame on) and ``say`` (speech text to queue) steer
-    worlds whose backend has ``apply_controls`` (the avatar); None: unchanged."""
+    worlds whose backend has ``apply_controls`` (the avatar); None: unchanged. ``pointer``:
+    mouse motion ``(dx, dy)`` in CSS pixels since the client's previous action, summed into
+    the next chunk of a backend whose ``action_space`` takes mouse input (ignored by others)."""
 
     seq: int
     t_ms: float
     keys: frozenset[str] = frozenset()
     expression: str | None = None
     say: str | None = None
+    pointer: tuple[float, float] | None = None
 
 
 @dataclass(frozen=True)

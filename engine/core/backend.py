@@ -19,13 +19,18 @@ class ChunkJob:
 
     ``actions``: per-frame action ids of the backend (``key_action``), ``len == num_frames``.
     ``steps``: denoising steps (1-4). ``seed``: RNG seed for this chunk's noise, or None to
-    continue the state's own generator.
+    continue the state's own generator. ``controls``: per-frame action vectors
+    (``engine.core.action_space.ActionSpace.frame_controls``: held keys multi-hot, pointer
+    motion in model units) for a backend that declares an ``action_space``, else None (a
+    backend with one may also get None, e.g. from an action script: then it derives them from
+    ``actions``).
     """
 
     state: Any
     actions: list[int]
     steps: int
     seed: int | None = None
+    controls: list[tuple[float, ...]] | None = None
 
     @property
     def num_frames(self) -> int:
@@ -57,6 +62,9 @@ class WorldBackend(Protocol):
     chunk_frames: int
     #: history depth (chunks) kept for rewind
     rewind_chunks: int
+
+    # optional: ``action_space`` (``engine.core.action_space.ActionSpace``): the backend's
+    # jobs then carry per-frame ``controls`` (held keys multi-hot, mouse motion)
 
     def key_action(self, keys: frozenset[str]) -> int:
         """This model's action id for held direction keys (``engine.core.limits

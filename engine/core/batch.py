@@ -37,6 +37,8 @@ class BatchRunner:
         self._fail = fail
         self.num_batches = 0
         self.num_jobs = 0
+        # optional backend attribute: per-frame action vectors (engine.core.action_space)
+        self.action_space = getattr(backend, "action_space", None)
 
     def run(self, plan: BatchPlan) -> None:
         jobs, meta = [], []
@@ -55,7 +57,8 @@ class BatchRunner:
                 branch = s.branches[req.branch]
                 done = self.config.preview_chunks - branch.chunks_left
                 state, seed = branch.state, derived_seed(branch.seed, done)
-            jobs.append(ChunkJob(state, [s.action] * plan.chunk_frames, plan.steps, seed))
+            jobs.append(ChunkJob(state, [s.action] * plan.chunk_frames, plan.steps, seed,
+                                 self._controls(s, req.branch is None, plan.chunk_frames)))
             meta.append((s, req, s.action_seq, s.action_t_ms, s.prompt_version, s.fork_id))
         if not jobs:
             return
@@ -95,6 +98,15 @@ class BatchRunner:
             else:
                 self._preview_chunk(s, req.branch, res.frames)
         self._finish([s for s, *_ in meta])
+
+    def _controls(self, s: Session, stream: bool, frames: int) -> list | None:
+        """A chunk's per-frame action vectors where the backend declares an action space:
+        the held keys, and for a stream chunk the mouse motion summed since the last one
+        (taken: a fork preview leaves it to the stream); None otherwise."""
+        if self.action_space is None:
+            return None
+        pointer = s.take_pointer() if stream else (0.0, 0.0)
+        return self.action_space.frame_controls(s.keys, pointer, frames)
 
     def _finish(self, sessions: list[Session]) -> None:
         """The backend's work left for after delivery (optional hook ``finish()``: e.g. the

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from worldstream.engine.core.action_space import check_pointer
 from worldstream.engine.core.api import (
     ActionCommand,
     AdoptCommand,
@@ -91,11 +92,14 @@ class CommandHandler:
     def apply(self, s: Session, command: Command, receipt_ns: int) -> None:
         """Apply ``command`` to ``s`` and log it; InvalidCommand (nothing changed) when it is
         refused."""
+        pointer = None
         if isinstance(command, ActionCommand):
+            pointer = self._pointer(command)  # checked before anything changes
             if command.expression is not None or command.say is not None:
                 self._apply_controls(s, command)
             try:
-                s.apply_action(command, self.backend.key_action(command.keys), receipt_ns)
+                s.apply_action(command, self.backend.key_action(command.keys), receipt_ns,
+                               pointer)
             except ValueError as exc:
                 raise InvalidCommand("keys", str(exc)) from None
         elif isinstance(command, PromptCommand):
@@ -108,14 +112,30 @@ class CommandHandler:
             self._adopt(s, command)
         elif isinstance(command, RewindCommand):
             self._rewind(s, command)
-        self._log_command(s, command)
+        self._log_command(s, command, pointer)
 
-    def _log_command(self, s: Session, c: Command) -> None:
+    def _pointer(self, command: ActionCommand) -> tuple[float, float] | None:
+        """The action's pointer motion, checked (InvalidCommand ``pointer`` for a bad value),
+        when the backend's ``action_space`` takes mouse input; None otherwise (v1: a world
+        without mouse input ignores a pointer)."""
+        if command.pointer is None:
+            return None
+        try:
+            pointer = check_pointer(command.pointer)
+        except ValueError as exc:
+            raise InvalidCommand("pointer", str(exc)) from None
+        space = getattr(self.backend, "action_space", None)
+        return pointer if space is not None and space.mouse else None
+
+    def _log_command(self, s: Session, c: Command,
+                     pointer: tuple[float, float] | None = None) -> None:
         """Append an applied command to the session's input log (an action older than the
-        newest one applied was ignored: not logged)."""
+        newest one applied was ignored: not logged), with the pointer motion it added."""
         applied: dict[str, Any] = {}
         if isinstance(c, ActionCommand) and s.action_seq != c.seq:
             return
+        if pointer is not None:
+            applied = {"pointer": pointer}
         if isinstance(c, SettingsCommand):
             applied = {"chunk_frames": s.chunk_frames, "steps": s.steps,
                        **{k: getattr(c, k) for k in ("memory_frames", "attention")

@@ -15,6 +15,7 @@ from worldstream.engine.core.limits import (
     MAX_CHUNK_FRAMES,
     MAX_FORK_BRANCHES,
     MAX_MEMORY_FRAMES,
+    MAX_POINTER_DELTA,
     MAX_PROMPT_CHARS,
     MAX_REWIND_CHUNKS,
     MAX_SAY_CHARS,
@@ -39,6 +40,9 @@ ForkBranches = Annotated[int, Field(ge=1, le=MAX_FORK_BRANCHES)]
 Branch = Annotated[int, Field(ge=0, lt=MAX_FORK_BRANCHES)]
 #: chunks one rewind goes back
 RewindChunks = Annotated[int, Field(ge=1, le=MAX_REWIND_CHUNKS)]
+#: one axis of a pointer delta, CSS pixels (finite: JSON has no NaN, pydantic refuses inf)
+PointerDelta = Annotated[float, Field(ge=-MAX_POINTER_DELTA, le=MAX_POINTER_DELTA,
+                                      allow_inf_nan=False)]
 
 
 #: validation context ``{"keys": ANY_KEY}``: any key name of ``WIRE_KEY_PATTERN`` (a log of a
@@ -57,7 +61,7 @@ def _held_key(value: Any, info: ValidationInfo) -> str:
     backend's ``wire_keys``) where one is given; else ``literal_error`` as a Literal gives."""
     keys = (info.context or {}).get("keys") or DIRECTION_KEYS
     if keys == ANY_KEY:
-        if isinstance(value, str) and _WIRE_KEY.match(value):
+        if isinstance(value, str) and _WIRE_KEY.fullmatch(value):
             return value
         raise PydanticCustomError("string_pattern_mismatch",
                                   "String should match pattern '{pattern}'",

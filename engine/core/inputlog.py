@@ -1,7 +1,8 @@
 """A session's input log: everything that decided its frames, in the order the engine thread
 applied it, so that :mod:`engine.replay` can reproduce the frames exactly.
 
-Recorded: the start (prompt and seed, a picture, or a save point), every applied action,
+Recorded: the start (prompt and seed, a picture, or a save point), every applied action
+(its held keys, and the mouse motion it added where the model takes mouse input),
 world control (the avatar's expression and speech), prompt, settings change, fork, adopt and
 rewind, and what the engine itself decided that
 changes frames: the denoising steps of the stream when degradation changes them, and each
@@ -98,7 +99,9 @@ class InputLog:
         """Log an engine command the engine applied; ``applied`` holds what it resolved to
         (the effective steps and chunk size of a settings command, a fork's id)."""
         if isinstance(command, ActionCommand):
-            self.add("action", chunk, frame, keys=sorted(command.keys))
+            pointer = applied.get("pointer")  # the mouse motion it added (a mouse model's)
+            self.add("action", chunk, frame, keys=sorted(command.keys),
+                     **({} if pointer is None else {"pointer": list(pointer)}))
         elif isinstance(command, PromptCommand):
             self.add("prompt", chunk, frame, text=command.text, blend_text=command.blend_text,
                      blend_weight=float(command.blend_weight))
@@ -137,6 +140,8 @@ class ActionEvent(_Event):
     kind: Literal["action"]
     # DIRECTION_KEYS, or the backend's own keys (parse_log's ``keys``)
     keys: list[fields.HeldKey] = Field(max_length=4)
+    # mouse motion (px) it added to the next stream chunk: a backend with mouse input
+    pointer: list[fields.PointerDelta] | None = Field(default=None, min_length=2, max_length=2)
 
 
 class ControlsEvent(_Event):

@@ -34,6 +34,9 @@ MAX_MEMORY_FRAMES = 1024
 MAX_ATTENTION_CHARS = 32
 #: characters of an avatar's ``say`` text (about 15 s of speech)
 MAX_SAY_CHARS = 200
+#: the largest pointer delta of one ``action`` message, CSS pixels per axis (a page sends its
+#: motion every few tens of ms: a fast flick is a few hundred pixels; more is a bad value)
+MAX_POINTER_DELTA = 2048.0
 
 
 def check_prompt(text: object, name: str = "prompt") -> str:

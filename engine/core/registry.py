@@ -15,6 +15,12 @@ _BACKENDS: dict[str, str] = {
     "wan-causal": "worldstream.engine.backends.wan:load_wan_backend",
     "avatar-sim": "worldstream.engine.backends.avatar_sim:AvatarSimBackend",
     "avatar": "worldstream.engine.backends.avatar:load_avatar_backend",
+    # a simulation of a GPU model (the simulator's frames, a published model's chunk time
+    # spent waiting): scale-out measured where no accelerator is (engine/backends/emulated.py)
+    "emulated": "worldstream.engine.backends.emulated:load_emulated_backend",
+    # Matrix-Game 2.0 (keys and mouse, GPU): input logs record its variant,
+    # matrix-game-2:universal (load_backend takes variant=)
+    "matrix-game-2": "worldstream.engine.backends.matrix_game:load_matrix_game_backend",
 }
 
 #: backend families of a game world: the id ``FAMILY:ENV`` (``game-sim:ALE/Pong-v5``) makes
@@ -34,6 +40,7 @@ WORLD_MODELS: dict[tuple[str, str], str] = {
     ("landscape", "builtin"): "builtin",
     ("landscape", "sim"): "sim",
     ("landscape", "wan-causal"): "wan-causal",
+    ("landscape", "emulated"): "emulated",
     ("avatar", "builtin"): "avatar",
     ("avatar", "sim"): "avatar-sim",
     **{(world, model): f"{ENV_MODELS[model]}:{env}" for world, env in GAME_WORLDS.items()
@@ -51,6 +58,12 @@ def env_backend_id(env: str, model: str = "sim") -> str:
         raise ValueError(f"no model {model!r} for a game world (--env); there are: "
                          f"{sorted(ENV_MODELS)}")
     return f"{family}:{env.strip()}"
+
+
+def takes_own_keys(name: str) -> bool:
+    """Whether the backend ``name`` (as an input log records it) declares key names of its own
+    instead of the direction keys: a game world, Matrix-Game 2.0 (``matrix-game-2:VARIANT``)."""
+    return env_of(name) is not None or str(name).partition(":")[0] == "matrix-game-2"
 
 
 def env_of(name: str) -> str | None:
@@ -78,6 +91,9 @@ _HINTS: dict[str, str] = {
               "train-world --world avatar`, or restore the shipped assets/avatar from git",
     "wan-causal": "pass --model-path DIR holding the diffusers-format Wan2.1-T2V-1.3B base "
                   "(transformer/, vae/, text_encoder/, tokenizer/) and the causal checkpoint",
+    "matrix-game-2": "pass --model-path DIR holding the Skywork/Matrix-Game-2.0 release "
+                     "(base_distilled_model/, gta_distilled_model/, "
+                     "templerun_distilled_model/, Wan2.1_VAE.pth, the CLIP .pth)",
     # a game world's learned model, by family ({env}: the game, {folder}: the missing folder)
     "game-builtin": "train with `worldstream train --env {env} --out {folder}`",
 }
@@ -96,7 +112,8 @@ def _module_exists(module: str) -> bool:
 
 #: the factory argument a model folder (``--model-path``) goes to; models without one take none
 _PATH_ARGUMENT: dict[str, str] = {"builtin": "path", "avatar": "path",
-                                  "wan-causal": "model_path", "game-builtin": "path"}
+                                  "wan-causal": "model_path", "game-builtin": "path",
+                                  "matrix-game-2": "model_path"}
 #: models whose weights may come from a separate checkpoint file (``--checkpoint``)
 _TAKES_CHECKPOINT = frozenset({"wan-causal"})
 

@@ -93,6 +93,8 @@ class Session:
         self.state: Any = None  # the backend state, made on the engine thread
         self.prompt_version = 0
         self.action = idle_action  # the backend's action id for the held keys
+        self.keys: frozenset[str] = frozenset()  # the held keys (an action_space's multi-hot)
+        self.pointer = (0.0, 0.0)  # mouse motion (px) not yet in a chunk: the next one takes it
         self.action_seq = -1
         self.action_t_ms: float | None = None
         self.pending_actions: list[tuple[int, int]] = []  # (seq, receipt ns) awaiting a frame
@@ -119,17 +121,27 @@ class Session:
     def steps(self) -> int:
         return self.degrade.steps
 
-    def apply_action(self, command: ActionCommand, action: int, receipt_ns: int) -> bool:
-        """Hold ``action`` (the backend's id for ``command.keys``) from the next chunk on; an
-        action older than the newest one applied (reordered in transit) is ignored. Returns
-        whether it was applied."""
+    def apply_action(self, command: ActionCommand, action: int, receipt_ns: int,
+                     pointer: tuple[float, float] | None = None) -> bool:
+        """Hold ``action`` (the backend's id for ``command.keys``) from the next chunk on, and
+        add ``pointer`` (checked ``(dx, dy)``, or None) to the motion the next chunk takes; an
+        action older than the newest one applied (reordered in transit) is ignored, its
+        pointer too. Returns whether it was applied."""
         if command.seq <= self.action_seq:
             return False
         self.action = action
+        self.keys = frozenset(command.keys)
+        if pointer is not None:
+            self.pointer = (self.pointer[0] + pointer[0], self.pointer[1] + pointer[1])
         self.action_seq = command.seq
         self.action_t_ms = command.t_ms
         self.pending_actions.append((command.seq, receipt_ns))
         return True
+
+    def take_pointer(self) -> tuple[float, float]:
+        """The mouse motion summed since the last stream chunk, reset: the next chunk's."""
+        pointer, self.pointer = self.pointer, (0.0, 0.0)
+        return pointer
 
     def make_frames(
         self, rgb: np.ndarray, stages_ms: dict[str, float], t_ready_ns: int,

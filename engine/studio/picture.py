@@ -1,8 +1,9 @@
 """Start from a picture: a PNG or JPEG made into the model's first frame (Pillow).
 
-The picture is centre-cropped to a square and resized to the model's resolution (Lanczos),
-``ImageOps.fit``; the backend encodes it and fills its context with it as it does with its
-own start frames. Bad input raises :class:`PictureError` with one line for the user.
+The picture is centre-cropped to the model's aspect (a square for the built-in worlds) and
+resized to its resolution (Lanczos, ``ImageOps.fit``); the backend encodes it and fills its
+context with it as it does with its own start frames. Bad input raises :class:`PictureError`
+with one line for the user.
 """
 
 from __future__ import annotations
@@ -22,12 +23,14 @@ class PictureError(ValueError):
     """A picture that cannot be used (wrong type, too large, damaged)."""
 
 
-def fit_picture(data: bytes, size: int) -> np.ndarray:
-    """The picture in ``data`` (PNG or JPEG bytes) as a ``(size, size, 3)`` uint8 RGB frame:
-    centre-cropped to a square, resized. PictureError for another file type, a file over
-    ``MAX_PICTURE_BYTES`` or ``MAX_PICTURE_PIXELS``, or a damaged or cut-short picture."""
+def fit_picture(data: bytes, size: int, height: int | None = None) -> np.ndarray:
+    """The picture in ``data`` (PNG or JPEG bytes) as a ``(height, size, 3)`` uint8 RGB frame
+    (``height`` None: ``size``, a square): centre-cropped to that aspect, resized.
+    PictureError for another file type, a file over ``MAX_PICTURE_BYTES`` or
+    ``MAX_PICTURE_PIXELS``, or a damaged or cut-short picture."""
     from PIL import Image, ImageOps, UnidentifiedImageError
 
+    shape = (size, height or size)  # (width, height) of the frame
     if not isinstance(data, bytes | bytearray) or not data:
         raise PictureError("no picture: send PNG or JPEG bytes")
     if len(data) > MAX_PICTURE_BYTES:
@@ -51,7 +54,7 @@ def fit_picture(data: bytes, size: int) -> np.ndarray:
     except (OSError, SyntaxError, ValueError, UnidentifiedImageError, Image.DecompressionBombError
             ) as err:
         raise PictureError(f"the {kind} picture is damaged or cut short ({err})") from None
-    fitted = ImageOps.fit(image, (size, size), Image.Resampling.LANCZOS, centering=(0.5, 0.5))
+    fitted = ImageOps.fit(image, shape, Image.Resampling.LANCZOS, centering=(0.5, 0.5))
     return np.asarray(fitted, np.uint8).copy()
 
 
@@ -64,11 +67,12 @@ def png_base64(rgb: np.ndarray) -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
-def frame_from_png_base64(text: str, size: int) -> np.ndarray:
-    """The frame of :func:`png_base64`; PictureError when it is not a ``size``-square PNG."""
+def frame_from_png_base64(text: str, size: int, height: int | None = None) -> np.ndarray:
+    """The frame of :func:`png_base64` (a ``size`` wide, ``height`` high picture; None: a
+    square); PictureError when it is not a PNG."""
     try:
         data = base64.b64decode(text, validate=True)
     except ValueError:
         raise PictureError("the start picture is not base64") from None
-    rgb = fit_picture(data, size)
+    rgb = fit_picture(data, size, height)
     return rgb

@@ -21,16 +21,17 @@ from worldstream.engine.core.backend import ChunkJob
 from worldstream.engine.core.commands import derived_seed
 from worldstream.engine.core.fields import ANY_KEY
 from worldstream.engine.core.inputlog import ReplayLog, log_model, parse_log
-from worldstream.engine.core.registry import env_of
+from worldstream.engine.core.registry import takes_own_keys
 from worldstream.engine.studio.picture import frame_from_png_base64
 from worldstream.engine.studio.savepoint import decode, file_sha256, model_version
 from worldstream.engine.studio.savestate import import_state
 
 
 def read_log(raw: bytes | str, name: str = "input log") -> ReplayLog:
-    """An input log validated for replay: the direction keys, or any key name for a game
-    world's log (its backend's key map checks them at replay). ValueError (one line)."""
-    keys = ANY_KEY if env_of(log_model(raw, name)) is not None else None
+    """An input log validated for replay: the direction keys, or any key name for the log of
+    a backend with keys of its own (a game world, Matrix-Game: the backend checks them at
+    replay). ValueError (one line)."""
+    keys = ANY_KEY if takes_own_keys(log_model(raw, name)) else None
     return parse_log(raw, name, keys)
 
 
@@ -50,6 +51,11 @@ class _Replay:
     def __init__(self, backend: Any, log: ReplayLog, savepoint: bytes | None):
         self.backend, self.log = backend, log
         self.action = backend.key_action(frozenset())  # the held keys' action id
+        # a backend with an action space: the held keys and the mouse motion pending, as the
+        # engine's session keeps them (engine.core.batch: the next stream chunk takes it)
+        self.space = getattr(backend, "action_space", None)
+        self.keys: frozenset[str] = frozenset()
+        self.pointer = (0.0, 0.0)
         self.steps, self.chunk_frames = log.steps, log.chunk_frames
         self.branches: list[_Branch] = []
         self.state = self._start(savepoint)
@@ -60,7 +66,8 @@ class _Replay:
         if kind == "prompt":
             return backend.new_state(log.prompt, log.seed)
         if kind == "image":
-            picture = frame_from_png_base64(log.start.png or "", backend.width)
+            picture = frame_from_png_base64(log.start.png or "", backend.width,
+                                            backend.height)
             frames = np.repeat(picture[None], backend.chunk_frames, axis=0)
             return backend.new_state(log.prompt, log.seed, start_frames=frames)
         if kind == "savepoint":
@@ -70,14 +77,25 @@ class _Replay:
             if file_sha256(savepoint) != log.start.sha256:
                 raise ReplayError("the save point given is not the one this log starts from")
             arrays, meta = decode(savepoint, backend)
-            self.action = meta["session"].action  # the keys held when it was saved
+            saved = meta["session"]
+            self.action = saved.action  # the keys held when it was saved
+            self.keys, self.pointer = frozenset(saved.keys), tuple(saved.pointer)
             return import_state(backend, arrays, meta["state"])
         raise ReplayError("this log starts from another replica's recent frames (a failover): "
                           "it cannot be replayed")
 
-    def _chunk(self, state: Any, steps: int, seed: int | None) -> np.ndarray:
+    def _controls(self, stream: bool) -> list | None:
+        if self.space is None:
+            return None
+        pointer = self.pointer if stream else (0.0, 0.0)
+        if stream:
+            self.pointer = (0.0, 0.0)
+        return self.space.frame_controls(self.keys, pointer, self.chunk_frames)
+
+    def _chunk(self, state: Any, steps: int, seed: int | None, stream: bool = True
+               ) -> np.ndarray:
         (result,) = self.backend.generate([ChunkJob(state, [self.action] * self.chunk_frames,
-                                                     steps, seed)])
+                                                     steps, seed, self._controls(stream))])
         finish = getattr(self.backend, "finish", None)
         if finish is not None:
             finish()
@@ -91,13 +109,32 @@ class _Replay:
                 self.backend.free(branch.state)
         self.branches = []
 
+    def _hook(self, name: str) -> Callable:
+        """The backend's optional method ``name``; ReplayError when it has none (a log of
+        another kind of world)."""
+        hook = getattr(self.backend, name, None)
+        if hook is None:
+            raise ReplayError(f"model {self.backend.name!r} has no {name}: the log's event "
+                              "is of another kind of world")
+        return hook
+
+    def _branch(self, index: int) -> _Branch:
+        if not 0 <= index < len(self.branches):
+            raise ReplayError(f"the log takes branch {index} of a fork of "
+                              f"{len(self.branches)} branches")
+        return self.branches[index]
+
     def apply(self, e: Any) -> None:
         backend = self.backend
         match e.kind:
             case "action":
                 self.action = backend.key_action(frozenset(e.keys))
+                self.keys = frozenset(e.keys)
+                if e.pointer is not None and self.space is not None and self.space.mouse:
+                    self.pointer = (self.pointer[0] + e.pointer[0],
+                                    self.pointer[1] + e.pointer[1])
             case "controls":
-                backend.apply_controls(self.state, expression=e.expression, say=e.say)
+                self._hook("apply_controls")(self.state, expression=e.expression, say=e.say)
             case "prompt":
                 backend.set_prompt(self.state, e.text, e.blend_text, e.blend_weight)
             case "settings":
@@ -105,7 +142,7 @@ class _Replay:
                 model = {k: v for k, v in (("memory_frames", e.memory_frames),
                                            ("attention", e.attention)) if v is not None}
                 if model:
-                    backend.configure(self.state, **model)
+                    self._hook("configure")(self.state, **model)
             case "steps":
                 self.steps = e.steps
             case "fork":
@@ -114,11 +151,12 @@ class _Replay:
                     self.branches.append(_Branch(backend.fork(self.state),
                                                  derived_seed(self.log.seed, e.fork_id, i)))
             case "preview":
-                branch = self.branches[e.branch]
-                self._chunk(branch.state, e.steps, derived_seed(branch.seed, branch.done))
+                branch = self._branch(e.branch)
+                self._chunk(branch.state, e.steps, derived_seed(branch.seed, branch.done),
+                            stream=False)
                 branch.done += 1
             case "adopt":
-                adopted = self.branches[e.branch].state
+                adopted = self._branch(e.branch).state
                 self._free_branches(keep=e.branch)
                 backend.free(self.state)
                 self.state = adopted

@@ -7,9 +7,9 @@ and camera path, the spatial memory's tiles and their undo records, the text emb
 RNG state; the avatar world adds its controls: the expression in force and the speech queued),
 its metadata ``{"worldstream": JSON}`` holds ``format``, ``model``,
 ``model_version`` (:func:`model_version`), the engine session's settings (``session``: seed,
-prompt, held action, chunk size, steps, mode, fork counter) and the backend
-state's scalars (``state``). A file made by another model, another version of its weights or
-generator settings is refused with a message naming both versions.
+prompt, held action and keys, pending mouse motion, chunk size, steps, mode, fork counter)
+and the backend state's scalars (``state``). A file made by another model, another version of
+its weights or generator settings is refused with a message naming both versions.
 
 Loading a save point into a state continues the world bit for bit as the saved one would
 have continued (same machine, same threads): nothing is re-encoded or recomputed. This module
@@ -50,6 +50,11 @@ class SavedSession(BaseModel):
     steps: int = Field(ge=1, le=MAX_STEPS)
     mode: Literal["responsive", "quality"] | None
     fork_id: int = Field(ge=-1)
+    # the held keys and the mouse motion not yet in a chunk (a mouse model's input); absent
+    # in files saved before they were recorded
+    keys: list[str] = Field(default_factory=list, max_length=8)
+    pointer: list[float] = Field(default_factory=lambda: [0.0, 0.0], min_length=2,
+                                 max_length=2)
 
 
 class SavepointError(ValueError):
@@ -224,6 +229,8 @@ def decode(data: bytes, backend: Any) -> tuple[dict[str, np.ndarray], dict[str, 
         where = ".".join(str(p) for p in first["loc"]) or "session"
         raise SavepointError(f"the save point's session is malformed: {where}: "
                              f"{first['msg']}") from None
+    if not isinstance(meta.get("state"), dict):  # read as meta["state"] by its loaders
+        raise SavepointError("the save point's state is missing or not a JSON object")
     return arrays, meta
 
 

@@ -62,9 +62,11 @@ def save(engine: Any, session_id: str) -> Future:
 def _session_meta(s: Session) -> dict[str, Any]:
     # NOTE: the held keys as the backend's action id: a save point is loaded by the same model
     # version only; the model settings (memory_frames, attention) are the backend state's
+    # (and the held keys and the mouse motion not yet in a chunk: a mouse model's input)
     return {"seed": s.seed, "prompt": s.prompt, "action": s.action,
             "frame_index": s.frame_index, "chunk_frames": s.chunk_frames, "steps": s.steps,
-            "mode": s.mode, "fork_id": s.fork_id}
+            "mode": s.mode, "fork_id": s.fork_id, "keys": sorted(s.keys),
+            "pointer": list(s.pointer)}
 
 
 def load(engine: Any, session_id: str, data: bytes) -> Future:
@@ -83,6 +85,7 @@ def load(engine: Any, session_id: str, data: bytes) -> Future:
     def run(s: Session) -> dict[str, Any]:
         _replace_world(engine, s, lambda: import_state(engine.backend, arrays, meta["state"]))
         s.seed, s.prompt, s.action = saved.seed, saved.prompt, saved.action
+        s.keys, s.pointer = frozenset(saved.keys), (saved.pointer[0], saved.pointer[1])
         s.chunk_frames, s.mode, s.fork_id = saved.chunk_frames, saved.mode, saved.fork_id
         s.degrade.set_requested(steps=saved.steps)
         s.script = None
@@ -112,7 +115,7 @@ def start_from_picture(engine: Any, session_id: str, data: bytes) -> Future:
     backend = engine.backend
     if not getattr(backend, "starts_from_frames", False):
         raise PictureError(f"model {backend.name!r} cannot start from a picture")
-    picture = fit_picture(data, backend.width)
+    picture = fit_picture(data, backend.width, backend.height)
     frames = np.repeat(picture[None], backend.chunk_frames, axis=0)
     png = png_base64(picture)
 
@@ -120,6 +123,7 @@ def start_from_picture(engine: Any, session_id: str, data: bytes) -> Future:
         _replace_world(engine, s, lambda: backend.new_state(s.prompt, s.seed,
                                                             start_frames=frames))
         s.action, s.script = engine.idle_action, None
+        s.keys, s.pointer = frozenset(), (0.0, 0.0)
         s.inputs = _new_log(s, {"kind": "image", "png": png})
         s.emit("info", picture=True)
         return {"width": backend.width, "height": backend.height,
@@ -146,6 +150,7 @@ def play_story(engine: Any, session_id: str, story: Storyboard) -> Future:
         _replace_world(engine, s, lambda: engine.backend.new_state(first, story.seed))
         s.seed, s.prompt = story.seed, first
         s.action = engine.idle_action
+        s.keys, s.pointer = frozenset(), (0.0, 0.0)
         s.inputs = _new_log(s, {"kind": "prompt"})
         s.script = StoryPlayer(engine, events, beat_chunks, chunks, s.chunk_index)
         return {"beats": len(story.beats), "chunks": chunks, "frames": chunks * s.chunk_frames,
@@ -187,6 +192,7 @@ class StoryPlayer:
     def _apply(self, s: Session, e: dict[str, Any]) -> None:
         if e["kind"] == "action":
             s.action = self.engine.backend.key_action(frozenset(e["keys"]))
+            s.keys = frozenset(e["keys"])
             s.inputs.add("action", s.chunk_index, s.frame_index, keys=sorted(e["keys"]))
         elif e["kind"] == "prompt":
             command = PromptCommand(-1, 0.0, e["text"], e["blend_text"], e["blend_weight"])

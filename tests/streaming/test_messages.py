@@ -23,7 +23,9 @@ def reject(raw) -> m.MessageError:
 def test_action_maps_to_command():
     msg = m.parse_client_message(json.dumps(
         {"type": "action", "seq": 3, "t": 12.5, "keys": ["right", "up"], "pointer": [1, -2.5]}))
-    assert m.to_command(msg) == api.ActionCommand(3, 12.5, frozenset({"up", "right"}))
+    # the pointer reaches the engine (a model with mouse input takes it; others ignore it)
+    assert m.to_command(msg) == api.ActionCommand(3, 12.5, frozenset({"up", "right"}),
+                                                  pointer=(1.0, -2.5))
 
 
 def test_idle_action_has_no_keys():

@@ -1,0 +1,101 @@
+"""Failover: the sessions of a replica that died (or hung) re-created on a surviving one from
+their journals, under the same public id, frame indices continuing.
+
+Where media leaves from the replica (``RayEngine.media_on_replicas``), the session's peer
+connection died with it: the front end is told the transports there are gone because the
+session moved (note ``transports: 0, moved``: its viewers are expected back, so it is neither
+paused nor its recording stopped), the new replica is sent the ``recovered`` event to give
+the page over its new connection (the page makes one with a new offer when its media stops),
+and frames the front end needs itself (a recording, a WebSocket viewer, a journal that
+re-caches) are asked for again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from worldstream.engine.cluster.placement import Replica
+from worldstream.engine.core.api import Event, SessionClosedError
+
+if TYPE_CHECKING:
+    from worldstream.engine.cluster.router import RayEngine
+
+log = logging.getLogger("worldstream.engine.cluster")
+
+#: the longest a re-creation may take on the surviving replica, s
+RECREATE_TIMEOUT_S = 120.0
+
+
+def fail_over(engine: RayEngine, dead: Replica, why: str) -> None:
+    """Re-create ``dead``'s sessions elsewhere; a session no replica can take gets an
+    ``error`` event (``session_failed``) and is closed. Kills ``dead`` (a hung replica must
+    not go on generating)."""
+    import ray
+
+    t0 = time.monotonic()
+    with engine._lock:
+        if not dead.alive:  # the pump and the monitor may both notice
+            return
+        dead.alive = False
+        moved = [(sid, engine._sessions[sid]) for sid in dead.sessions if sid in engine._sessions]
+        dead.sessions = set()
+    log.warning("engine replica %d (pid %s on %s) failed (%s): moving %d session(s)", dead.id,
+                dead.info.get("pid"), dead.host, why, len(moved))
+    with contextlib.suppress(Exception):
+        ray.kill(dead.handle)
+    for sid, routed in moved:
+        if engine.media_on_replicas:
+            engine._notify(sid, {"kind": "transports", "n": 0, "moved": True})
+        target = engine._pool.place(exclude=dead.id, avoid_host=dead.host)
+        if target is None and len(engine._pool.live()) < engine.max_replicas + 1:
+            target = engine._pool.launch()  # a replacement (allowed one over the maximum)
+            try:
+                engine._pool.await_ready(target, engine._pump)
+            except RuntimeError:
+                target = None
+        if target is None:
+            _give_up(engine, sid, routed, "its engine replica died and no other has room")
+            continue
+        journal = routed.journal
+        try:
+            info = ray.get(target.handle.create_session.remote(
+                journal.prompt, journal.seed, journal.fps, journal.history()),
+                timeout=RECREATE_TIMEOUT_S)
+        except Exception as err:
+            _give_up(engine, sid, routed, f"recovery failed: {err!r}")
+            continue
+        for command in journal.replay():
+            target.handle.submit.remote(info.session_id, command)
+        if journal.paused:
+            target.handle.set_paused.remote(info.session_id, True)
+        with engine._lock:
+            closed_meanwhile = sid not in engine._sessions
+            if not closed_meanwhile:
+                engine._by_remote.pop((dead.id, routed.remote_id), None)
+                routed.replica, routed.remote_id = target.id, info.session_id
+                routed.index_offset = routed.next_index
+                routed.forwarding = not engine.media_on_replicas  # as a new replica starts
+                engine._by_remote[(target.id, info.session_id)] = sid
+                target.sessions.add(sid)
+                target.failovers += 1
+        if closed_meanwhile:  # a DELETE came while it was being re-created
+            target.handle.close_session.remote(info.session_id)
+            continue
+        payload = {"replica": target.id, "from_replica": dead.id,
+                   "context_frames": len(journal.frames), "host": target.host}
+        if engine.media_on_replicas:
+            target.handle.post_event.remote(info.session_id, "recovered", payload)
+            engine._sync_forwarding(sid)
+        routed.events.put(Event("recovered", payload))
+        log.warning("session %s recovered on replica %d (%s) %.2f s after its replica failed",
+                    sid, target.id, target.host, time.monotonic() - t0)
+
+
+def _give_up(engine: RayEngine, sid: str, routed, message: str) -> None:
+    routed.events.put(Event("error", {"code": "session_failed", "message": message}))
+    log.warning("session %s lost: %s", sid, message)
+    with contextlib.suppress(SessionClosedError):  # the user may have closed it
+        engine.close_session(sid)

@@ -1,0 +1,236 @@
+"""Media from the host that generates it: an engine replica that also answers its sessions'
+WebRTC offers, so their video (and control data channel) leave from the replica's host.
+
+NOTE: why. With the front end sending every session's media, every frame crosses Ray to it
+and is encoded there: at 832x480 a software VP8 encode costs milliseconds of CPU per frame per
+viewer, so the front end's cores bound the cluster however many GPUs stand behind it. Here
+the replica, which already holds the frames, encodes and sends them from its own host's
+address (its ICE candidates are that address only); the front end keeps the page, the API,
+placement and signalling: it relays the offer and the answer (``RayEngine.media_answer``) and
+nothing per frame. The control data channel rides in the same peer connection, so steering
+goes straight to the replica too; what the front end must still know travels back with the
+replica's pulls as notes (``ReplicaSessions``): commands for its failover journal,
+transports opened and closed (pause, reaping), activity, recording asks. Recordings stay the
+front end's (a host loss must not lose one): a recorded session's frames go there as before.
+
+On a failover the peer connection dies with its replica; the client makes a new offer to the
+same session (the front end answers it from the new replica, waiting for the failover if it
+is still under way), and that connection's data channel carries the ``recovered`` event.
+
+Reuses the front end's pieces as they are: :class:`~streaming.webrtc.WebRTCTransport` (paced
+track, limits on peers, early frame messages) and :class:`~streaming.control.ControlChannel`
+over a :class:`~streaming.sessions.SessionManager` whose engine is this replica's, addressed
+by the sessions' public ids (:class:`PublicIds`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from worldstream.engine.cluster.replica import EngineReplica
+from worldstream.engine.core.api import Command, SessionClosedError, SessionInfo
+from worldstream.engine.core.config import EngineConfig
+from worldstream.streaming.framelog import FrameLog
+from worldstream.streaming.limits import Limits, RateLimiter
+from worldstream.streaming.sessions import SessionManager, StreamSession
+
+#: how often at most a session's activity is reported to the front end (its idle reaper
+#: closes a session after ``Limits.idle_timeout_s``, 120 s by default), s
+ACTIVE_NOTE_S = 10.0
+#: the longest an offer may take to answer here, s
+ANSWER_TIMEOUT_S = 20.0
+
+
+class PublicIds:
+    """This replica's engine as a ``SessionManager`` and ``ControlChannel`` see it: sessions
+    by their public id (the front end's, kept across failovers); commands also noted for the
+    front end's journal; events from the replica's local copy."""
+
+    def __init__(self, replica: EngineReplica):
+        self._replica = replica
+        self._ids: dict[str, str] = {}
+        self.capacity = replica.engine.capacity
+        self.model_name = replica.engine.model_name
+        self.wire_keys = getattr(replica.engine, "wire_keys", None)
+
+    def map(self, public_id: str, remote_id: str) -> None:
+        self._ids[public_id] = remote_id
+
+    def remote(self, public_id: str) -> str:
+        try:
+            return self._ids[public_id]
+        except KeyError:
+            raise SessionClosedError(public_id) from None
+
+    def subscribe(self, session_id: str, maxlen: int | None = None):
+        return self._replica.engine.subscribe(self.remote(session_id), maxlen)
+
+    def submit(self, session_id: str, command: Command) -> None:
+        remote = self.remote(session_id)
+        self._replica.submit(remote, command)  # ValueError: refused, as on the front end
+        self._replica.note(remote, {"kind": "command", "command": command})
+
+    def events(self, session_id: str):
+        return self._replica.local_events(self.remote(session_id))
+
+    def latency_budget(self, session_id: str) -> dict[str, Any]:
+        return self._replica.engine.latency_budget(self.remote(session_id))
+
+    def set_paused(self, session_id: str, paused: bool) -> None:
+        self._replica.set_paused(self.remote(session_id), paused)
+
+    def close_session(self, session_id: str) -> None:
+        """Forget the id: the front end closes the engine session (``close_session``)."""
+        self._ids.pop(session_id, None)
+
+
+class ReplicaSessions(SessionManager):
+    """The replica's sessions as its transports see them: attached, paused and reaped as on
+    the front end, with every change the front end needs sent as a note (``transports`` n,
+    ``active``, ``record`` on/off). Recording itself is the front end's."""
+
+    def __init__(self, ids: PublicIds, limits: Limits, replica: EngineReplica):
+        # recordings are never written here: the folder is only named
+        super().__init__(ids, limits, recording_dir=tempfile.gettempdir())  # type: ignore[arg-type]
+        self._replica, self._ids = replica, ids
+        self._noted_active: dict[str, float] = {}
+
+    def adopt(self, public_id: str, remote_id: str, info: SessionInfo) -> StreamSession:
+        """The session ``public_id`` (engine session ``remote_id`` here), made on its first
+        offer."""
+        with self._lock:
+            found = self._sessions.get(public_id)
+            if found is not None:
+                return found
+            self._ids.map(public_id, remote_id)
+            now = self._clock()
+            limits = self.limits
+            session = StreamSession(
+                info=info, token="", last_active=now, detached_since=now,
+                rate=RateLimiter(limits.messages_per_s, limits.message_burst, self._clock),
+                framelog=FrameLog(limits.frame_log_frames))
+            self._sessions[public_id] = session
+        return session
+
+    def _note(self, session: StreamSession, payload: dict) -> None:
+        with contextlib.suppress(SessionClosedError):
+            self._replica.note(self._ids.remote(session.session_id), payload)
+
+    def touch(self, session: StreamSession) -> None:
+        super().touch(session)
+        now = time.monotonic()
+        if now - self._noted_active.get(session.session_id, -1e9) >= ACTIVE_NOTE_S:
+            self._noted_active[session.session_id] = now
+            self._note(session, {"kind": "active"})
+
+    def attach(self, session: StreamSession) -> None:
+        super().attach(session)
+        self._note(session, {"kind": "transports", "n": session.transports})
+
+    def detach(self, session: StreamSession) -> None:
+        super().detach(session)
+        self._note(session, {"kind": "transports", "n": session.transports})
+
+    def start_recording(self, session: StreamSession) -> Path:
+        if session.closed:
+            raise SessionClosedError(session.session_id)
+        self._note(session, {"kind": "record", "on": True})
+        session.recording_path = Path(f"{session.session_id}.mp4")  # the front end's file
+        return session.recording_path
+
+    def stop_recording(self, session: StreamSession) -> Path | None:
+        if session.recording_path is not None:
+            self._note(session, {"kind": "record", "on": False})
+        return session.recording_path
+
+
+class MediaServer:
+    """An asyncio loop thread with the replica's WebRTC transport, ICE bound to ``address``
+    (this host's address in the cluster: media leaves from here, nowhere else)."""
+
+    def __init__(self, replica: EngineReplica, limits: Limits, address: str | None):
+        from worldstream.streaming.webrtc import (
+            WebRTCTransport,
+            bind_media,
+            configure_ice_consent,
+            configure_vp8_bitrate,
+            vp8_bitrate,
+        )
+
+        backend = replica.engine.backend
+        bind_media(address)
+        configure_ice_consent()
+        configure_vp8_bitrate(vp8_bitrate(backend.width, backend.height, backend.default_fps))
+        self.ids = PublicIds(replica)
+        self.sessions = ReplicaSessions(self.ids, limits, replica)
+        self._size = (backend.width, backend.height)
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="replica-media",
+                                        daemon=True)
+        self._thread.start()
+        self.webrtc = WebRTCTransport(self.sessions)
+
+    def answer(self, remote_id: str, public_id: str, sdp: str, fps: int) -> Any:
+        """The answer to ``sdp`` for the session; raises as ``WebRTCTransport.answer``."""
+        info = SessionInfo(public_id, *self._size, fps)
+        session = self.sessions.adopt(public_id, remote_id, info)
+        return asyncio.run_coroutine_threadsafe(self.webrtc.answer(session, sdp),
+                                                self.loop).result(ANSWER_TIMEOUT_S)
+
+    def close(self, remote_id: str) -> None:
+        """Close the transports of the session held here as ``remote_id``."""
+        for session in self.sessions.sessions():
+            with contextlib.suppress(SessionClosedError):
+                if self.ids.remote(session.session_id) == remote_id:
+                    self.sessions.close(session.session_id)
+
+    def stop(self) -> None:
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(self.webrtc.close_all(), self.loop).result(5)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(5)
+
+
+class MediaReplica(EngineReplica):
+    """An :class:`~engine.cluster.replica.EngineReplica` whose sessions' media leave from its
+    own host (``RayEngine(replica_cls=MediaReplica)``). Frames go to the front end only when
+    it asks (``forward_frames``). ``limits``: the per-session limits of its transports (peer
+    connections, message rates), as the front end's."""
+
+    def __init__(self, model: str, config: EngineConfig, model_kwargs: dict | None = None,
+                 threads: int | None = None, limits: Limits | None = None):
+        super().__init__(model, config, model_kwargs, threads, forward_all=False)
+        self._limits = limits or Limits()
+        self._media: MediaServer | None = None
+        self._media_lock = threading.Lock()
+
+    def media_answer(self, remote_id: str, public_id: str, sdp: str) -> dict:
+        """``{"sdp", "type"}`` answering a client's offer for session ``remote_id`` (public
+        id ``public_id``), or the refusal as data ``{"error": class name, "message"}``
+        (``ValueError``: a bad offer; ``TooManyPeerConnectionsError``;
+        ``SessionClosedError``)."""
+        try:
+            with self._media_lock:  # started on the first offer: aiortc loads only if used
+                if self._media is None:
+                    self._media = MediaServer(self, self._limits, self.describe()["address"])
+            fps = self.engine.latency_budget(remote_id)["fps"]
+            answer = self._media.answer(remote_id, public_id, sdp, fps)
+            return {"sdp": answer.sdp, "type": answer.type}
+        except Exception as err:  # the caller's answer, not the actor's death
+            return {"error": type(err).__name__, "message": str(err)}
+
+    def close_session(self, session_id: str) -> None:
+        if self._media is not None:
+            self._media.close(session_id)
+        super().close_session(session_id)
+
+    def stop(self) -> None:
+        if self._media is not None:
+            self._media.stop()
+        super().stop()

@@ -1,0 +1,145 @@
+"""Media from the host that generates it (issue 55): each session's WebRTC peer lives in its
+replica's process, ICE candidates on that replica's host; the front end relays the offer and
+answer only. A replica killed or hung moves its sessions, and their media with them: the
+viewer's new offer reaches the new replica, whose data channel says ``recovered``; a recording
+goes on in one file. A local Ray with two emulated replicas, started and stopped here."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import signal
+import time
+
+import httpx
+import pytest
+
+from tests.fixtures.engine import wait_for
+from worldstream.bench.cluster.viewers import Viewer
+from worldstream.bench.e2e_server import LocalServer
+from worldstream.engine.core.config import EngineConfig
+from worldstream.streaming.limits import Limits
+
+ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from worldstream.engine.cluster.router import RayEngine
+    from worldstream.streaming.replica_media import MediaReplica
+
+    engine = RayEngine("emulated", replicas=2, threads=None, monitor_period_s=0.5,
+                       hang_after_s=2.0, replica_cls=MediaReplica,
+                       config=EngineConfig(max_sessions=4, fps=16, mode="responsive")).start()
+    server = LocalServer(engine, Limits(max_sessions=8, creations_per_s=50)).__enter__()
+    yield engine, server
+    server.__exit__(None, None, None)
+    engine.stop()
+    assert not ray.is_initialized()
+
+
+def _replica_of(engine, session_id: str) -> dict:
+    return next(r for r in engine.metrics()["replicas"] if session_id in r["sessions"])
+
+
+async def _watch(url: str, seconds: float, act=None, record: bool = False) -> Viewer:
+    """One viewer for ``seconds`` after its first frames; ``act(viewer)`` runs then."""
+    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+        viewer = Viewer(http, 0, record=record)
+        await viewer.create()
+        ready = asyncio.Event()
+        play = asyncio.ensure_future(viewer.play(time.monotonic() + 60, ready))
+        await asyncio.wait_for(ready.wait(), 30)
+        if act is not None:
+            await asyncio.to_thread(act, viewer)
+        await asyncio.sleep(seconds)
+        play.cancel()
+        await asyncio.gather(play, return_exceptions=True)
+        viewer.result = await viewer.finish()
+        return viewer
+
+
+def _gap_after(arrivals: list[float], t: float) -> float:
+    after = [a for a in arrivals if a > t]
+    before = [a for a in arrivals if a <= t]
+    assert after, "no frame after the fault"
+    return after[0] - (before[-1] if before else t)
+
+
+def test_media_leaves_from_the_replica_and_no_frame_crosses_the_front_end(cluster):
+    engine, server = cluster
+    seen = {}
+
+    def check(viewer: Viewer) -> None:
+        sid = viewer.session["session_id"]
+        rep = _replica_of(engine, sid)
+        routed = engine._sessions[sid]
+        seen.update(address=rep["host"], forwarding=routed.forwarding,
+                    sdp=viewer.pc.remoteDescription.sdp,
+                    transports=next(s for s in server._server.config.app.state.manager
+                                    .sessions() if s.session_id == sid).transports)
+
+    viewer = asyncio.run(_watch(server.url, 2.0, check))
+    candidates = set(re.findall(r"a=candidate:\S+ \d+ udp \d+ (\S+) ", seen["sdp"]))
+    assert candidates == {seen["address"]}  # the replica's host, and only it
+    assert seen["forwarding"] is False  # the front end asked for no frame
+    assert seen["transports"] == 1  # the replica told it a viewer is attached
+    rate = (len(viewer.arrivals) - 1) / (viewer.arrivals[-1] - viewer.arrivals[0])
+    assert rate > 12 and viewer.reconnects == [] and viewer.result["errors"] == []
+
+
+def test_a_killed_replica_moves_the_session_its_media_and_its_recording(cluster):
+    engine, server = cluster
+    killed: dict = {}
+
+    def kill(viewer: Viewer) -> None:
+        time.sleep(1.0)  # the recording has begun
+        rep = _replica_of(engine, viewer.session["session_id"])
+        killed.update(pid=rep["pid"], replica=rep["id"], t=time.monotonic())
+        os.kill(rep["pid"], signal.SIGKILL)
+
+    viewer = asyncio.run(_watch(server.url, 4.0, kill, record=True))
+    sid = viewer.session["session_id"]
+    assert _gap_after(viewer.arrivals, killed["t"]) < 3.0
+    assert len(viewer.reconnects) >= 1 and viewer.recovered == 1  # on the new connection
+    recording = viewer.result["recording"]
+    assert recording["status"] == 200 and recording["seconds"] > 4.0  # one file, both sides
+    assert recording["max_pts_gap_s"] < 3.0
+    assert wait_for(lambda: any(r["failovers"] for r in engine.metrics()["replicas"]), 10)
+    assert sid  # the same session id throughout: the viewer never made another
+
+
+def test_a_hung_replica_is_failed_over_after_its_deadline(cluster, caplog):
+    engine, server = cluster
+    stopped: dict = {}
+
+    def freeze(viewer: Viewer) -> None:
+        rep = _replica_of(engine, viewer.session["session_id"])
+        stopped.update(pid=rep["pid"], t=time.monotonic())
+        os.kill(rep["pid"], signal.SIGSTOP)  # alive, silent
+
+    with caplog.at_level(logging.WARNING, logger="worldstream.engine.cluster"):
+        viewer = asyncio.run(_watch(server.url, 6.0, freeze))
+    try:
+        assert re.search(r"failed \(hung: no (answer|chunk) for \d", caplog.text), caplog.text
+        gap = _gap_after(viewer.arrivals, stopped["t"])
+        assert 1.5 <= gap < 6.0  # the deadline (2 s after the last answer), then the move
+        assert viewer.recovered == 1
+    finally:
+        try:  # a frozen process ignores everything but SIGKILL; ours to end
+            os.kill(stopped["pid"], signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def test_a_front_end_started_beside_live_replicas_says_so(cluster, caplog):
+    from worldstream.engine.cluster.router import RayEngine
+
+    with caplog.at_level(logging.WARNING, logger="worldstream.engine.cluster"):
+        second = RayEngine("emulated", replicas=1, threads=None).start()
+        second.stop()
+    assert re.search(r"\d+ engine replica\(s\) of another front end are alive", caplog.text)
+    assert ray.is_initialized()  # the first front end's Ray is left running
