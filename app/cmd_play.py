@@ -65,12 +65,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     scale.add_argument("--replica-resources", type=_resources, default=(1.0, 0.0),
                        metavar="CPUS[,GPUS]",
                        help="Ray num_cpus and num_gpus of one replica (default 1,0)")
-    scale.add_argument("--media-from", choices=("front", "replica"), default="front",
-                       help="who sends a session's WebRTC media: this front end (default; "
-                            "every frame crosses to it and is encoded here) or the replica "
-                            "that generates it, from its own host (this process then only "
-                            "relays offers: clients must reach the replicas' hosts over UDP; "
-                            "after a failover a client makes a new offer)")
+    scale.add_argument("--media-from", choices=("front", "replica"), default=None,
+                       help="who sends a session's WebRTC media: the replica that generates "
+                            "it, from its own host (the default with --replicas: this process "
+                            "only relays offers; clients must reach the replicas' hosts over "
+                            "UDP; after a failover the page makes a new offer and plays on) "
+                            "or this front end (every frame crosses to it and is encoded "
+                            "here; for clients that can reach only this host)")
     exposed = parser.add_argument_group(
         "serving other people", "see README, 'Serving other people'")
     exposed.add_argument("--auth", action="store_true",
@@ -132,6 +133,17 @@ def _ray_engine(args: argparse.Namespace, name: str, model_kwargs: dict):
                      config=play_config(args.max_sessions, args.mode), model_kwargs=model_kwargs,
                      replica_cpus=args.replica_resources[0],
                      replica_gpus=args.replica_resources[1], **extra).start()
+
+
+def media_from(args: argparse.Namespace) -> str:
+    """``--media-from``: as given, else ``replica`` with ``--replicas`` (the page offers again
+    after a failover: ``app/static/reconnect.js``) and ``front`` without. ValueError for
+    ``replica`` without ``--replicas``."""
+    if args.media_from == "replica" and args.replicas is None:
+        raise ValueError("--media-from replica goes with --replicas")
+    if args.media_from is not None:
+        return args.media_from
+    return "front" if args.replicas is None else "replica"
 
 
 def access_settings(args: argparse.Namespace):
@@ -204,8 +216,7 @@ def run(args: argparse.Namespace) -> int:
     name = choice.backend
     if (args.world == "avatar" or choice.env is not None) and args.replicas is not None:
         raise ValueError(f"--world {args.world} runs in one process (no --replicas)")
-    if args.media_from != "front" and args.replicas is None:
-        raise ValueError("--media-from replica goes with --replicas")
+    args.media_from = media_from(args)
     kwargs = {"model_path": args.model_path, **game_args.backend_kwargs(args, choice)}
     if args.variant is not None:
         kwargs["variant"] = args.variant

@@ -54,9 +54,10 @@ def busy_processes(n: int):
 
 class LocalServer:
     """The app served in-process (uvicorn in a thread) on a free port of ``host`` (loopback by
-    default), with ``limits`` (``streaming.limits.Limits``; default ``Limits()``)."""
+    default), with ``limits`` (``streaming.limits.Limits``; default ``Limits()``); the page
+    too with ``ui`` (the browser tests)."""
 
-    def __init__(self, engine, limits=None, host: str = "127.0.0.1"):
+    def __init__(self, engine, limits=None, host: str = "127.0.0.1", ui: bool = False):
         import socket
 
         import uvicorn
@@ -68,7 +69,7 @@ class LocalServer:
             self.port = s.getsockname()[1]
         self.url = f"http://{host}:{self.port}"
         self._server = uvicorn.Server(uvicorn.Config(
-            create_app(engine, limits, ui=False), host=host, port=self.port,
+            create_app(engine, limits, ui=ui), host=host, port=self.port,
             log_level="warning"))
         self._thread = threading.Thread(target=self._server.run, daemon=True)
 

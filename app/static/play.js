@@ -23,6 +23,10 @@
     shownEarly: new Map(),          // rtp pts -> {pts, shownAt, md}: shown before its message
     lastActionSeq: -1, a2p: [], presented: [], jitterMs: null, genMs: null, dropped: 0,
     chart: [], stageHist: [], budget: null, jbLast: null, recording: false, statsTimer: null, connecting: false,
+    // the newest video frame presented and data-channel message received (performance.now()),
+    // read by reconnect.js's watchdog; closing: the page is being left; ended: the server
+    // closed the session (neither is re-offered)
+    lastFrameAt: 0, lastMessageAt: 0, rvfc: null, closing: false, ended: false,
     // hooks for add-ons (latency_lab.js, world.js): action({seq, t, keys, cause}),
     // presented(meta, at, videoFrameMetadata?), event(msg): every server "event" message
     listeners: { action: [], presented: [], event: [] },
@@ -59,6 +63,7 @@
   const nextSeq = () => ++S.seq;
   S.sendMessage = (msg) => send({ ...msg, seq: nextSeq() });  // for add-ons (world.js)
   S.log = log;
+  S.setBadge = setBadge;
 
   // ------------------------------------------------------------------ server messages
   function onServerMessage(msg) {
@@ -109,7 +114,10 @@
         ? `the model cannot keep up (${msg.reason || "chunks late"}): now ${msg.steps} steps at ${msg.fps} fps`
         : `back to full quality: ${msg.steps} steps at ${msg.fps} fps`);
     } else if (msg.kind === "closed") {
+      S.ended = true;
       log("session closed by the server; press Restart", true);
+    } else if (msg.kind === "recovered") {
+      // reconnect.js reports it (scale-out: the session moved to another replica)
     } else if (msg.adopted !== undefined) {
       log(`adopted future ${msg.adopted + 1}`);
     } else if (msg.kind === "story" || msg.loaded !== undefined || msg.picture) {
@@ -175,6 +183,7 @@
   // first keyframe; the callback is registered before any frame arrives), which gives the
   // origin; a run of misses recalibrates.
   function onVideoFrame(now, md) {
+    S.lastFrameAt = now;
     if (S.onFirstFrame) { S.onFirstFrame(); S.onFirstFrame = null; }
     if (S.pc && md.rtpTimestamp !== undefined) {
       if (S.rtpOrigin === null) {
@@ -204,7 +213,7 @@
         }
       }
     }
-    $("ws-video").requestVideoFrameCallback(onVideoFrame);
+    S.rvfc = $("ws-video").requestVideoFrameCallback(onVideoFrame);
   }
 
   // ------------------------------------------------------------------ HUD
@@ -349,7 +358,8 @@
     const data = r.status === 204 ? null : await r.json();
     if (!r.ok) {
       const err = new Error(`${r.status}: ${data.error}${data.field ? ` (${data.field})` : ""}`);
-      err.status = r.status; err.retryAfter = data.retry_after_s;
+      err.status = r.status;
+      err.retryAfter = data.retry_after_s ?? (parseFloat(r.headers.get("Retry-After")) || undefined);
       throw err;
     }
     return data;
@@ -364,14 +374,29 @@
     });
   }
 
-  async function startWebRTC() {
+  // One peer connection to the session, current at once (S.pc; its data channel becomes S.dc
+  // when it opens): its messages feed onServerMessage, its track plays in the one <video>.
+  // Resolves once its first frame is presented; rejects, closed, when the offer is refused
+  // (err.status, err.retryAfter), the connection fails or no frame comes within timeoutMs.
+  // startWebRTC makes the first; reconnect.js (S.connectPeer) the next after a failover.
+  async function connectPeer(timeoutMs) {
     const pc = new RTCPeerConnection({ iceServers: [] });
     S.pc = pc;
     pc.addTransceiver("video", { direction: "recvonly" });
     const dc = pc.createDataChannel("control", { ordered: true });
-    dc.onmessage = (e) => onServerMessage(JSON.parse(e.data));
-    dc.onopen = () => { S.dc = dc; sendKeys(); };
+    dc.onmessage = (e) => {
+      if (S.pc !== pc) return;  // a replaced connection's
+      S.lastMessageAt = performance.now();
+      const msg = JSON.parse(e.data);
+      // a hidden tab presents no frame: its frame messages say the video flows
+      if (msg.type === "frame" && document.hidden && S.onFirstFrame) {
+        S.onFirstFrame(); S.onFirstFrame = null;
+      }
+      onServerMessage(msg);
+    };
+    dc.onopen = () => { if (S.pc === pc) { S.dc = dc; sendKeys(); } };
     const video = $("ws-video");
+    let timer;
     const playing = new Promise((resolve, reject) => {
       pc.ontrack = (e) => {
         // show each frame as soon as it is decoded: the server already paces the frames,
@@ -380,21 +405,38 @@
         if ("jitterBufferTarget" in e.receiver) e.receiver.jitterBufferTarget = 0;
         if ("playoutDelayHint" in e.receiver) e.receiver.playoutDelayHint = 0;
         S.onFirstFrame = resolve;
-        video.requestVideoFrameCallback(onVideoFrame);
+        // one callback chain per <video>, whichever connection's track it shows
+        if (S.rvfc !== null) video.cancelVideoFrameCallback(S.rvfc);
+        S.rvfc = video.requestVideoFrameCallback(onVideoFrame);
         video.srcObject = e.streams[0] || new MediaStream([e.track]);
         video.play().catch(() => {});
       };
       pc.onconnectionstatechange = () => {
         if (pc.connectionState === "failed") reject(new Error("WebRTC connection failed"));
       };
-      setTimeout(() => reject(new Error("no WebRTC frame in time")), WEBRTC_TIMEOUT_MS);
+      timer = setTimeout(() => reject(new Error("no WebRTC frame in time")), timeoutMs);
     });
-    await pc.setLocalDescription(await pc.createOffer());
-    await waitIce(pc);
-    const answer = await api("POST", `/api/sessions/${S.session.session_id}/offer`,
-      { sdp: pc.localDescription.sdp, type: "offer" });
-    await pc.setRemoteDescription(answer);
-    await playing;
+    playing.catch(() => {});  // awaited below unless the offer fails first
+    try {
+      await pc.setLocalDescription(await pc.createOffer());
+      await waitIce(pc);
+      const answer = await api("POST", `/api/sessions/${S.session.session_id}/offer`,
+        { sdp: pc.localDescription.sdp, type: "offer" });
+      await pc.setRemoteDescription(answer);
+      await playing;
+    } catch (err) {
+      pc.close();
+      if (S.pc === pc) Object.assign(S, { pc: null, dc: null, onFirstFrame: null });
+      throw err;
+    } finally {
+      clearTimeout(timer);
+    }
+    return pc;
+  }
+  S.connectPeer = connectPeer;
+
+  async function startWebRTC() {
+    await connectPeer(WEBRTC_TIMEOUT_MS);
     S.transport = "webrtc";
     setBadge("WebRTC", "webrtc");
   }
@@ -437,14 +479,23 @@
     });
   }
 
-  function teardown() {
+  // the peer connection closed and what matched its frames (RTP origin, frame messages,
+  // stats) reset; the HUD's counters (fps, action-to-photon, dropped, chart) are kept:
+  // reconnect.js calls it before it offers again
+  function dropPeer() {
     if (S.pc) S.pc.close();
-    if (S.ws) S.ws.close();
-    Object.assign(S, { pc: null, dc: null, ws: null, transport: null, rtpOrigin: null,
-      recalibrating: false, onFirstFrame: null,
-      jbLast: null, jitterMs: null, lastActionSeq: -1 });
+    Object.assign(S, { pc: null, dc: null, rtpOrigin: null, recalibrating: false,
+      onFirstFrame: null, jbLast: null });
     S.frames.clear();
     S.shownEarly.clear();
+  }
+  S.dropPeer = dropPeer;
+
+  function teardown() {
+    dropPeer();
+    if (S.ws) S.ws.close();
+    Object.assign(S, { ws: null, transport: null, jitterMs: null, lastActionSeq: -1,
+      ended: false });
     $("ws-video").srcObject = null;
   }
 
@@ -491,6 +542,7 @@
 
   async function restart() {
     const old = S.session;
+    if (old) old.closed = true;  // closed by the user: never re-offered (reconnect.js)
     teardown();
     S.session = old;
     if (old) await api("DELETE", `/api/sessions/${old.session_id}`).catch(() => {});
@@ -548,6 +600,7 @@
       $("ws-say").addEventListener("keydown", (e) => { if (e.key === "Enter") sendSay(); });
     }
     window.addEventListener("beforeunload", () => {
+      S.closing = true;  // never re-offered (reconnect.js)
       if (S.session) {
         fetch(`/api/sessions/${S.session.session_id}`, { method: "DELETE", keepalive: true,
           headers: { Authorization: `Bearer ${S.session.token}` } });

@@ -2,7 +2,9 @@
 replica's process, ICE candidates on that replica's host; the front end relays the offer and
 answer only. A replica killed or hung moves its sessions, and their media with them: the
 viewer's new offer reaches the new replica, whose data channel says ``recovered``; a recording
-goes on in one file. A local Ray with two emulated replicas, started and stopped here."""
+goes on in one file. The page (headless Chromium) does what the bench's viewer does: its
+replica killed, it offers again and plays on. A local Ray with two emulated replicas, started
+and stopped here."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import time
 import httpx
 import pytest
 
+from tests.fixtures.browser import CHROMIUM, CHROMIUM_ARGS
 from tests.fixtures.engine import wait_for
 from worldstream.bench.cluster.viewers import Viewer
 from worldstream.bench.e2e_server import LocalServer
@@ -34,7 +37,8 @@ def cluster():
     engine = RayEngine("emulated", replicas=2, threads=None, monitor_period_s=0.5,
                        hang_after_s=2.0, replica_cls=MediaReplica,
                        config=EngineConfig(max_sessions=4, fps=16, mode="responsive")).start()
-    server = LocalServer(engine, Limits(max_sessions=8, creations_per_s=50)).__enter__()
+    server = LocalServer(engine, Limits(max_sessions=8, creations_per_s=50),
+                         ui=True).__enter__()
     yield engine, server
     server.__exit__(None, None, None)
     engine.stop()
@@ -143,3 +147,88 @@ def test_a_front_end_started_beside_live_replicas_says_so(cluster, caplog):
         second.stop()
     assert re.search(r"\d+ engine replica\(s\) of another front end are alive", caplog.text)
     assert ray.is_initialized()  # the first front end's Ray is left running
+
+
+# from now on: every frame the page presents ([performance.now(), stream index]) and every
+# text its badge shows; returns the page's clock
+OBSERVE = """() => {
+  const S = window.worldstream, badge = document.getElementById('ws-badge');
+  window.__shown = [];
+  window.__badges = [];
+  S.listeners.presented.push((meta, at) => window.__shown.push([at, meta.index]));
+  new MutationObserver(() => window.__badges.push(badge.textContent))
+    .observe(badge, { childList: true, characterData: true, subtree: true });
+  return performance.now();
+}"""
+RESUMED = """(t) => window.worldstream.recovered.length >= 1
+  && window.__shown.filter(([at]) => at > t).length >= 16"""
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(not CHROMIUM.exists(), reason=f"no Chromium at {CHROMIUM}")
+def test_the_page_offers_again_when_its_replica_dies_and_plays_on(cluster):
+    """The page's own recovery (app/static/reconnect.js): its replica SIGKILLed, the video
+    resumes on the same element within seconds, ``recovered`` seen, the HUD's counters kept;
+    the session then deleted elsewhere, the page's offer gets 404 and it offers no more."""
+    from playwright.sync_api import sync_playwright
+
+    engine, server = cluster
+    assert wait_for(lambda: sum(r["alive"] for r in engine.metrics()["replicas"]) >= 2, 120)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        session: dict = {}
+        try:
+            page = browser.new_page()
+            page.goto(server.url, wait_until="domcontentloaded")
+            page.wait_for_function(
+                "document.getElementById('ws-badge')?.dataset.kind === 'webrtc'", timeout=60_000)
+            session = page.evaluate("window.worldstream.session")
+            page.evaluate(OBSERVE)
+            page.wait_for_function("window.__shown.length >= 16", timeout=10_000)
+            a2p_before = page.evaluate("window.worldstream.a2p.length")
+            rep = _replica_of(engine, session["session_id"])
+            t_kill = page.evaluate("performance.now()")
+            os.kill(rep["pid"], signal.SIGKILL)
+            page.wait_for_function(RESUMED, arg=t_kill, timeout=20_000)
+            shown, reconnects, recovered, badges, hud = page.evaluate("""() => {
+              const S = window.worldstream;
+              return [window.__shown, S.reconnects, S.recovered, window.__badges,
+                      [S.a2p.length, S.presented.length,
+                       document.getElementById('hud-fps').textContent]];
+            }""")
+            before = [at for at, _ in shown if at <= t_kill]
+            after = [at for at, _ in shown if at > t_kill]
+            gap_s = (after[0] - before[-1]) / 1e3
+            rate = (len(after) - 1) / ((after[-1] - after[0]) / 1e3)
+            indices = [i for at, i in shown if at <= t_kill][-1:] + [i for at, i in shown
+                                                                     if at > t_kill][:1]
+            print(f"\npage: last frame {t_kill - before[-1]:.0f} ms before the kill, video "
+                  f"back after a {gap_s:.2f} s gap at {rate:.1f} fps (frame index {indices[0]}"
+                  f" then {indices[1]}); reconnects {reconnects}; recovered {recovered}; "
+                  f"badges {badges}")
+            assert gap_s < 4.0 and rate > 10
+            # one recovery (a loaded machine may add a spurious one, which must succeed too)
+            assert reconnects and all(r["ok"] for r in reconnects), reconnects
+            assert reconnects[0]["ms"] < 4000
+            assert [r["from_replica"] for r in recovered] == [rep["id"]]
+            assert any(b.startswith("reconnecting") for b in badges), badges
+            assert page.evaluate("document.getElementById('ws-badge').dataset.kind") == "webrtc"
+            assert hud[0] >= a2p_before and float(hud[2]) > 0  # the HUD's counters go on
+            assert page.evaluate("document.getElementById('ws-video').srcObject !== null")
+            # the session ended elsewhere: one offer, 404, and no more
+            known = page.evaluate("window.worldstream.reconnects.length")
+            httpx.delete(f"{server.url}/api/sessions/{session['session_id']}",
+                         headers={"Authorization": f"Bearer {session['token']}"}
+                         ).raise_for_status()
+            session = {}
+            page.wait_for_function("window.worldstream.ended === true", timeout=10_000)
+            offers = page.evaluate("window.worldstream.reconnects.map((r) => r.offers)")
+            page.wait_for_timeout(1500)
+            assert page.evaluate("window.worldstream.reconnects.map((r) => r.offers)") == offers
+            assert offers[known:] in ([], [1]), offers  # at most one offer, answered 404
+            assert page.evaluate("document.getElementById('ws-badge').dataset.kind") == "off"
+        finally:
+            browser.close()
+            if session:
+                httpx.delete(f"{server.url}/api/sessions/{session['session_id']}",
+                             headers={"Authorization": f"Bearer {session['token']}"})
