@@ -65,7 +65,8 @@ def write_card(folder: Path) -> Path:
         "## Training procedure",
         f"`worldstream train --env {world['env']} --out DIR` — {cfg['steps']} steps of "
         f"{cfg['batch']} clips, {cfg['unroll']} frames predicted in a row from the model's own "
-        f"previous predictions, changed pixels weighted ×{cfg['change_weight']:g}, AdamW "
+        f"previous predictions, changed pixels weighted ×{cfg['change_weight']:g}, context "
+        f"corruption up to {cfg.get('corrupt', 0):.0%} of pixels in half the clips, AdamW "
         f"{cfg['lr']:g}, EMA {cfg['ema']}; {training['train_seconds'] / 60:.0f} min of "
         f"training on {cfg['device']} ({cfg['threads']} threads)"
         + (f"; {training['weights']}." if training.get("weights") else "."),
