@@ -148,10 +148,7 @@ def dataset_from_log(raw: bytes, out: str | Path, *, name: str = "input log",
                 "action_meanings": list(backend.action_meanings),
                 "frames": int(sum(len(s[0]) for s in shards)), "shards": len(shards),
                 "seed": log.seed, "policy": "log", "source": name}
-        dataset.write_meta(partial, meta)
-        if out.exists():
-            out.rmdir()
-        partial.rename(out)
+        dataset.publish(partial, out, meta)
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise

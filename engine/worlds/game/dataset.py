@@ -53,6 +53,15 @@ def write_meta(folder: Path, meta: dict) -> None:
     os.replace(tmp, folder / "meta.json")
 
 
+def publish(partial: Path, out: Path, meta: dict) -> None:
+    """Write ``meta`` into the finished ``partial`` folder and move it to ``out`` (absent or
+    empty): a recording appears whole or not at all."""
+    write_meta(partial, meta)
+    if out.exists():
+        out.rmdir()
+    partial.rename(out)
+
+
 def read_meta(folder: str | Path) -> dict:
     """The folder's ``meta.json``; DatasetError when it is missing or malformed."""
     path = Path(folder) / "meta.json"

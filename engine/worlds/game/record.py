@@ -92,10 +92,7 @@ def record(env_id: str, out: str | Path, frames: int, *, size: int = 64, seed: i
             bar.close()
         meta = {"env": env_id, "size": size, "action_meanings": list(meanings),
                 "frames": total, "shards": shards, "seed": seed, "policy": "held-key"}
-        dataset.write_meta(partial, meta)
-        if out.exists():
-            out.rmdir()
-        partial.rename(out)
+        dataset.publish(partial, out, meta)
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
