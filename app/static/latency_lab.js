@@ -160,7 +160,9 @@
       if (sendQueue != null) stages.send_queue = sendQueue;
       stages.client_input = round(r.t_sent_ms - r.t_action_ms);
       if (r.t_frame_received_ms != null) {
-        stages.client_present = round(r.t_photon_ms - r.t_frame_received_ms);
+        // receiveTime is stamped on the network thread: on a busy machine it can read a few ms
+        // after the presentation it led to; the stage is then 0, never negative
+        stages.client_present = Math.max(0, round(r.t_photon_ms - r.t_frame_received_ms));
       }
       r.stages_ms = stages;
       r.server_logged = !!f;
