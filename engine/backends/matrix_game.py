@@ -249,7 +249,9 @@ class MatrixGameBackend(PagedRunner):
         raise ValueError("Matrix-Game 2.0 has no text prompt")
 
     def _make_state(self, table, prompt, text, rng, **kwargs) -> MatrixGameState:
-        raise NotImplementedError("new_state makes Matrix-Game states")
+        # the runner's prompt start never reaches here: new_state (a picture start) is
+        # overridden, so a call is a programming error, said plainly
+        raise RuntimeError("Matrix-Game states are made by new_state from a picture")
 
     def _fork_state(self, state: MatrixGameState, table, rng) -> MatrixGameState:
         return MatrixGameState(table, state.prompt, state.text, rng, deque(state.history),

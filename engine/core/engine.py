@@ -1,11 +1,9 @@
 """The streaming engine: sessions over one :class:`~engine.core.backend.WorldBackend`, generated
-chunk by chunk in its own thread behind a thread-safe command queue.
-
-The engine thread is the only one that touches the backend (no backend needs to be
-thread-safe). Public methods validate, register and enqueue, then return: no caller ever waits
-for a generation. One loop, calls going one way: drain commands -> ask the scheduler for a
-batch -> ``backend.generate`` -> hand frames to subscribers and account timeliness.
-"""
+chunk by chunk in its own thread behind a thread-safe command queue. That thread is the only
+one that touches the backend (no backend needs to be thread-safe). Public methods validate,
+register and enqueue, then return: no caller ever waits for a generation. One loop, calls going
+one way: drain commands -> ask the scheduler for a batch -> ``backend.generate`` -> hand frames
+to subscribers and account timeliness."""
 
 from __future__ import annotations
 
@@ -72,10 +70,9 @@ class Engine:
         self.model_name = backend.name
         #: the world the backend streams (optional backend attribute; the page adapts to it)
         self.world = getattr(backend, "world", "landscape")
-        #: optional backend attributes of a world with keys of its own (a game): the key names
-        #: an action may hold (None: ``limits.DIRECTION_KEYS``) and the page's key map
-        self.wire_keys = getattr(backend, "wire_keys", None)
-        self.controls = getattr(backend, "controls", None)
+        #: a game's own key names (None: ``limits.DIRECTION_KEYS``) and the page's key map
+        self.wire_keys, self.controls = (getattr(backend, a, None) for a in ("wire_keys",
+                                                                             "controls"))
         self.capacity = min(config.max_sessions, backend.max_states)
         # the core knows keys, not actions: the backend names its own action for them
         self.idle_action = backend.key_action(frozenset())
@@ -95,8 +92,7 @@ class Engine:
         self._prompts = None if prepare is None else PromptPrefetcher(
             lambda c: prepare(c.text, c.blend_text, c.blend_weight), self._commands.put,
             config.prompts_per_s)
-        # NOTE: optional backend hook: a chunk's relative cost per step count, so that
-        # degradation skips step counts that cost no less than the one above (DegradeController)
+        # NOTE: optional hook: relative chunk cost per step count (DegradeController skips ties)
         self._step_cost = getattr(backend, "step_cost", None)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
