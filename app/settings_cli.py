@@ -24,7 +24,8 @@ def overrides(cls: type, args: argparse.Namespace) -> dict:
     """``--set`` items as ``cls`` field values; ValueError naming a bad one."""
     from worldstream.engine.backends.settings import parse_overrides
 
-    return parse_overrides(cls, args.sets)
+    # ``help`` is a request, not a setting: the other items still show in the listing
+    return parse_overrides(cls, [item for item in args.sets if item != "help"])
 
 
 def print_settings(cls: type, values: dict, source: str) -> int:

@@ -20,6 +20,7 @@ import json
 import sys
 from pathlib import Path
 
+from worldstream.bench.report_games import load_games, render_games
 from worldstream.bench.results import RESULTS_DIR, fmt, history_row, load_latest, load_runs, table
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -233,7 +234,7 @@ def render_results_md(rows: list[dict], latest: dict[str, dict]) -> str:
                       [[r["date"][:10], r["world"], r["model"], r.get("steps"), r["fps"],
                         r["p50_ms"], r.get("p95_ms"), r.get("latency", "—"), r["cpu"],
                         f"`{r['command']}`", r.get("note", "")] for r in picked])]
-    out += ["## Latest saved runs (`results/`)", ""]
+    out += [render_games(load_games()), "## Latest saved runs (`results/`)", ""]
     if latest:
         out.append(render(latest).replace("## Performance\n", "", 1))
     else:

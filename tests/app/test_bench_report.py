@@ -111,3 +111,42 @@ def test_the_committed_history_is_valid_and_names_each_world():
     top = {(r["world"], r.get("steps")): r for r in report.headline(rows)}
     assert top[("landscape", 4)]["fps"] == 15.8 and top[("avatar", 4)]["fps"] == 21.2
     assert all(r["cpu"] for r in rows)
+
+
+def test_game_section_marks_each_goal_against_its_threshold(tmp_path):
+    """One shipped world and one measured game: every goal row is there, a value past its
+    goal is marked a miss and one within it is not; the rollout goals compare against the
+    game's own copy-last baseline."""
+    from worldstream.bench.report_games import GOALS, load_games, render_games
+
+    ev = {"env": "ALE/Pong-v5", "changed_psnr_db": 31.0, "gt_changed_psnr_db": 99.0,
+          "rollout_psnr_db_16": 33.0, "copylast_psnr_db_16": 31.5,  # +1.5 dB: a miss
+          "rollout_psnr_db_64": 30.0, "copylast_psnr_db_64": 29.0,
+          "action_effect_corr": 0.95, "gt_action_effect_corr": 1.0,
+          "action_effect_corr_4": 0.5, "gt_action_effect_corr_4": 1.0,  # a miss
+          "off_palette_share": 0.0, "gt_off_palette_share": 0.0,
+          "change_rate_ratio": 2.5, "gt_change_rate_ratio": 1.0}  # a miss
+    shipped = tmp_path / "assets" / "pong"
+    shipped.mkdir(parents=True)
+    (shipped / "world.json").write_text("{}")
+    (shipped / "eval.json").write_text(json.dumps(ev))
+    (shipped / "training.json").write_text(json.dumps(
+        {"train_seconds": 1800, "config": {"steps": 10, "batch": 2, "threads": 2}}))
+    measured = tmp_path / "games"
+    measured.mkdir()
+    (measured / "crafter.json").write_text(json.dumps(
+        {"eval": {**ev, "env": "CrafterReward-v1"}, "date": "2026-12-05T10:00:00Z",
+         "cpu": "test cpu"}))
+    games = load_games(tmp_path / "assets", measured)
+    assert list(games) == ["pong", "crafter"]
+    text = render_games(games)
+    rows = {line.split(" | ")[0].strip("| "): line for line in text.splitlines()
+            if line.startswith("| ")}
+    for label, *_ in GOALS:
+        assert label in rows
+    assert "30 min (10 steps x 2, 2 thread(s))" in rows["training wall time"]
+    missed = {label for label in rows if "**miss**" in rows[label]}
+    assert missed == {"free-rollout PSNR at 16 frames (dB)",
+                      "action effect, 4 frames after (corr)",
+                      "free-play change rate vs the env's (x)"}
+    assert "bench/games/crafter.json (2026-12-05, test cpu)" in text

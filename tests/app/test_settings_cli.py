@@ -143,3 +143,17 @@ def test_the_start_up_line_states_the_resolved_config():
     assert fields["backend"] == "sim" and fields["mode"] == "quality"
     assert fields["steps"] == "4" and fields["chunk_frames"] == "2"
     assert fields["max_sessions"] == "3" and fields["threads"] == str(torch.get_num_threads())
+
+
+def test_train_set_help_lists_the_recipe_with_the_other_items_applied(capsys):
+    """``--set help`` beside other items lists the game recipe's settings with those values
+    (it is not read as a setting itself) and trains nothing."""
+    from worldstream.engine.training.game import GameTrainConfig
+
+    argv = ["train", "--env", "ALE/Pong-v5", "--out", "/nonexistent/out", "--set", "help",
+            "--set", "steps=7"]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    for f in dataclasses.fields(GameTrainConfig):
+        assert f"\n{f.name} (" in out
+    assert "steps (int) = 7" in out
