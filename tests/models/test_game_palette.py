@@ -21,3 +21,14 @@ def test_unknown_colours_go_to_the_nearest_and_a_cap_keeps_the_most_frequent():
     frames[0, 0, :6] = 5
     frames[0, 0, 6:9] = 9
     assert len(Palette.fit(frames, max_colours=2)) == 2
+
+
+def test_encoding_a_many_coloured_game_matches_the_nearest_colour_per_pixel():
+    """Frames with thousands of colours outside the palette (a textured game such as
+    crafter) encode to each pixel's nearest palette colour, as a per-pixel search finds it."""
+    rng = np.random.default_rng(3)
+    frames = rng.integers(0, 256, (6, 16, 16, 3), dtype=np.uint8)
+    palette = Palette(rng.integers(0, 256, (24, 3), dtype=np.uint8))
+    rgb = frames.reshape(-1, 3).astype(np.int32)
+    expect = ((rgb[:, None] - palette.colours[None].astype(np.int32)) ** 2).sum(-1).argmin(1)
+    assert np.array_equal(palette.encode(frames), expect.reshape(6, 16, 16))

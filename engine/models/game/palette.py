@@ -47,9 +47,13 @@ class Palette:
         index = self._order[pos]
         missing = sorted_codes[pos] != codes
         if missing.any():
-            rgb = frames[missing].astype(np.int32)
-            dist = ((rgb[:, None, :] - self.colours[None].astype(np.int32)) ** 2).sum(-1)
-            index[missing] = dist.argmin(1)
+            # distances per distinct missing colour, not per pixel: a game with many colours
+            # (crafter's textures) misses millions of pixels but only thousands of colours
+            unseen, inverse = np.unique(codes[missing], return_inverse=True)
+            rgb = np.stack([(unseen >> 16) & 255, (unseen >> 8) & 255, unseen & 255], 1)
+            dist = ((rgb[:, None, :].astype(np.int32)
+                     - self.colours[None].astype(np.int32)) ** 2).sum(-1)
+            index[missing] = dist.argmin(1)[inverse.ravel()]
         return index.astype(np.uint8)
 
     def decode(self, index: np.ndarray) -> np.ndarray:
