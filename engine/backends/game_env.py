@@ -132,12 +132,6 @@ class GameEnvBackend(GameKeys):
             raise
         return GameState(game, seed, episode, deque(history))
 
-    def set_prompt(self, state: GameState, text: str, blend_text: str | None = None,
-                   blend_weight: float = 0.0) -> None:
-        """A game has no text prompt: ValueError, nothing changes."""
-        self._live(state)
-        raise ValueError(f"the game {self.env_id} has no text prompt; steer it with its keys")
-
     def fork(self, state: GameState) -> GameState:
         """An independent copy (its own env restored from a snapshot, with the history)."""
         self._live(state)

@@ -68,6 +68,16 @@ class GameKeys:
             raise ValueError(f"keys must be a set of {list(self.wire_keys)}, got {keys!r}")
         return self.keymap.action(frozenset(keys))
 
+    def set_prompt(self, state: Any, text: str, blend_text: str | None = None,
+                   blend_weight: float = 0.0) -> None:
+        """A game has no text prompt: ValueError (a freed state's error first), nothing
+        changes."""
+        self._live(state)
+        raise ValueError(f"the game {self.env_id} has no text prompt; steer it with its keys")
+
+    def _live(self, state: Any) -> Any:
+        raise NotImplementedError  # each backend checks its own state type
+
     def frame_version(self, **extra: Any) -> str:
         """What decides this backend's frames besides the code: env, size, key map, package
         versions and ``extra`` (JSON-ready; ``engine.studio.savepoint.model_version`` hashes

@@ -218,12 +218,6 @@ class GameWorldBackend(GameKeys):
                              f"got {actions.shape} {actions.dtype}")
         return frames.astype(np.uint8), actions.astype(np.int64)
 
-    def set_prompt(self, state: WorldState, text: str, blend_text: str | None = None,
-                   blend_weight: float = 0.0) -> None:
-        """A game has no text prompt: ValueError, nothing changes."""
-        self._live(state)
-        raise ValueError(f"the game {self.env_id} has no text prompt; steer it with its keys")
-
     def fork(self, state: WorldState) -> WorldState:
         """An independent copy with the history (the arrays are shared: never written)."""
         self._live(state)
