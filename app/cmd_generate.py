@@ -62,7 +62,8 @@ def register(sub) -> None:
     p.add_argument("--model-path", default=None,
                    help="model folder (wan-causal: required, with its causal.* checkpoint; "
                         "builtin: default the world's assets; a game: a folder of "
-                        "`worldstream train --env ID`)")
+                        "`worldstream train --env ID`; a replayed matrix-game-2 log: the "
+                        "Skywork/Matrix-Game-2.0 release)")
     settings_cli.add_arguments(p)
     p.set_defaults(func=run)
 

@@ -70,7 +70,8 @@ def _play(backend: Any, log, out: Path, savepoint: bytes | None = None,
 
 
 def run_replay(args) -> int:
-    """``--replay LOG [--state SAVE]``: the log's model, seed and inputs, frame for frame."""
+    """``--replay LOG [--state SAVE]``: the log's model (Matrix-Game: its variant, weights
+    from ``--model-path``), seed and inputs, keys and mouse motion, frame for frame."""
     from worldstream.engine.core.registry import load_backend
     from worldstream.engine.studio.replay import read_log
 

@@ -99,10 +99,12 @@ def register(app: FastAPI, engine: Any, authorized: Callable, client_of: Callabl
         # (the direction keys: WASD / arrows)
         found = getattr(engine, "controls", None) or {}
         # mouse: whether the model takes mouse motion (the page captures the pointer only then;
-        # the backend's optional action_space, engine.core.action_space)
+        # the backend's optional action_space, engine.core.action_space; a front end over
+        # replicas has no backend: its replicas told it)
         space = getattr(getattr(engine, "backend", None), "action_space", None)
+        mouse = getattr(engine, "mouse", getattr(space, "mouse", False))
         return {"world": getattr(engine, "world", "landscape"), "keys": found.get("keys"),
-                "mouse": bool(getattr(space, "mouse", False)),
+                "mouse": bool(mouse),
                 **{k: v for k, v in found.items() if k not in ("keys", "mouse")}}
 
     @app.get("/api/sessions/{session_id}/log")

@@ -31,8 +31,10 @@ def _cpu_s() -> float:
     return use.ru_utime + use.ru_stime
 
 
-def _engine(address: str, replicas: int, *, fps: int, max_sessions: int, media: str,
-            frame_size: str = "128x128", b_ms: float | None = None):
+def _engine(address: str | None, replicas: int, *, fps: int, max_sessions: int, media: str,
+            frame_size: str = "128x128", b_ms: float | None = None, **router_kwargs):
+    """A RayEngine of emulated replicas joined to ``address`` (None: a local Ray);
+    ``router_kwargs`` go to it (autoscaling bounds and timings)."""
     from worldstream.engine.cluster.replica import EngineReplica
     from worldstream.engine.cluster.router import RayEngine
     from worldstream.engine.core.config import EngineConfig
@@ -47,7 +49,8 @@ def _engine(address: str, replicas: int, *, fps: int, max_sessions: int, media: 
                      config=EngineConfig(max_sessions=max_sessions, fps=fps,
                                          mode="responsive"),
                      model_kwargs=kwargs,
-                     replica_cls=MediaReplica if media == "replica" else EngineReplica)
+                     replica_cls=MediaReplica if media == "replica" else EngineReplica,
+                     **router_kwargs)
 
 
 def _replica_hosts(engine) -> dict[str, str]:

@@ -17,8 +17,10 @@ stream's first decodes to 9, its first frame shown 4 times):
 
 The world starts from a picture (``POST /api/sessions/{id}/picture``; else a plain horizon):
 its CLIP tokens are the cross-attention context and its VAE latents the 20 condition channels.
-There is no text prompt (a prompt switch is refused). Save points are not supported (a
-state's KV and action pages are ~1 GB at full size).
+There is no text prompt (a prompt switch is refused). A save point holds the state's KV and
+action pages, the picture's conditioning, the retained chunks, the decoder cache and the RNG
+(:mod:`engine.studio.savestate_matrix_game`); at full size a state (216 MB a latent frame in
+bf16) passes the save file limit and is refused with its size.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """Failover: the sessions of a replica that died (or hung) re-created on a surviving one from
-their journals, under the same public id, frame indices continuing.
+their journals, under the same public id, frame indices continuing (:func:`recreate`, also
+how a drained replica's sessions move: ``engine.cluster.scaling``).
 
 Where media leaves from the replica (``RayEngine.media_on_replicas``), the session's peer
 connection died with it: the front end is told the transports there are gone because the
@@ -17,7 +18,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from worldstream.engine.cluster.placement import Replica
+from worldstream.engine.cluster.placement import Replica, RoutedSession
 from worldstream.engine.core.api import Event, SessionClosedError
 
 if TYPE_CHECKING:
@@ -59,39 +60,53 @@ def fail_over(engine: RayEngine, dead: Replica, why: str) -> None:
         if target is None:
             _give_up(engine, sid, routed, "its engine replica died and no other has room")
             continue
-        journal = routed.journal
         try:
-            info = ray.get(target.handle.create_session.remote(
-                journal.prompt, journal.seed, journal.fps, journal.history()),
-                timeout=RECREATE_TIMEOUT_S)
+            payload = recreate(engine, sid, routed, dead, target)
         except Exception as err:
             _give_up(engine, sid, routed, f"recovery failed: {err!r}")
             continue
-        for command in journal.replay():
-            target.handle.submit.remote(info.session_id, command)
-        if journal.paused:
-            target.handle.set_paused.remote(info.session_id, True)
-        with engine._lock:
-            closed_meanwhile = sid not in engine._sessions
-            if not closed_meanwhile:
-                engine._by_remote.pop((dead.id, routed.remote_id), None)
-                routed.replica, routed.remote_id = target.id, info.session_id
-                routed.index_offset = routed.next_index
-                routed.forwarding = not engine.media_on_replicas  # as a new replica starts
-                engine._by_remote[(target.id, info.session_id)] = sid
-                target.sessions.add(sid)
-                target.failovers += 1
-        if closed_meanwhile:  # a DELETE came while it was being re-created
-            target.handle.close_session.remote(info.session_id)
-            continue
-        payload = {"replica": target.id, "from_replica": dead.id,
-                   "context_frames": len(journal.frames), "host": target.host}
-        if engine.media_on_replicas:
-            target.handle.post_event.remote(info.session_id, "recovered", payload)
-            engine._sync_forwarding(sid)
-        routed.events.put(Event("recovered", payload))
-        log.warning("session %s recovered on replica %d (%s) %.2f s after its replica failed",
-                    sid, target.id, target.host, time.monotonic() - t0)
+        if payload is not None:
+            log.warning("session %s recovered on replica %d (%s) %.2f s after its replica "
+                        "failed", sid, target.id, target.host, time.monotonic() - t0)
+
+
+def recreate(engine: RayEngine, sid: str, routed: RoutedSession, source: Replica,
+             target: Replica) -> dict | None:
+    """Re-create session ``sid`` of ``source`` on ``target`` from its journal and route it
+    there (frame indices continuing), then tell it ``recovered``: the event's payload, or
+    None when the session was closed meanwhile. Raises what the creation raises (nothing
+    changed then). The caller closes or kills the copy on ``source``."""
+    import ray
+
+    journal = routed.journal
+    info = ray.get(target.handle.create_session.remote(
+        journal.prompt, journal.seed, journal.fps, journal.history()),
+        timeout=RECREATE_TIMEOUT_S)
+    for command in journal.replay():
+        target.handle.submit.remote(info.session_id, command)
+    if journal.paused:
+        target.handle.set_paused.remote(info.session_id, True)
+    with engine._lock:
+        closed_meanwhile = sid not in engine._sessions
+        if not closed_meanwhile:
+            engine._by_remote.pop((source.id, routed.remote_id), None)
+            routed.replica, routed.remote_id = target.id, info.session_id
+            routed.index_offset = routed.next_index
+            routed.forwarding = not engine.media_on_replicas  # as a new replica starts
+            engine._by_remote[(target.id, info.session_id)] = sid
+            target.sessions.add(sid)
+            source.sessions.discard(sid)
+            target.failovers += 1
+    if closed_meanwhile:  # a DELETE came while it was being re-created
+        target.handle.close_session.remote(info.session_id)
+        return None
+    payload = {"replica": target.id, "from_replica": source.id,
+               "context_frames": len(journal.frames), "host": target.host}
+    if engine.media_on_replicas:
+        target.handle.post_event.remote(info.session_id, "recovered", payload)
+        engine._sync_forwarding(sid)
+    routed.events.put(Event("recovered", payload))
+    return payload
 
 
 def _give_up(engine: RayEngine, sid: str, routed, message: str) -> None:

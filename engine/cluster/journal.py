@@ -5,7 +5,7 @@ held, and the last frames with the actions that produced them."""
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -58,10 +58,11 @@ class Journal:
         return np.stack(self.frames), list(self.keys)
 
     def replay(self) -> list[Command]:
-        """Commands that bring a restored session to the journal's settings, prompt and keys."""
+        """Commands that bring a restored session to the journal's settings, prompt and keys
+        (the last action without its mouse motion: the dead replica spent it)."""
         out: list[Command] = list(self.settings)
         if self.prompt_command is not None:
             out.append(self.prompt_command)
         if self.last_action is not None:
-            out.append(self.last_action)
+            out.append(replace(self.last_action, pointer=None))
         return out

@@ -1,6 +1,6 @@
 """The front end's table entries for replicas and routed sessions, and the rules that read
-them: where a new session goes, how many replicas the live sessions want, which idle replica
-may stop. Plain data and arithmetic: no Ray here."""
+them: where a new session goes (never to a replica being drained) and how many replicas the
+live sessions want. Plain data and arithmetic: no Ray here."""
 
 from __future__ import annotations
 
@@ -11,9 +11,6 @@ from typing import Any
 
 from worldstream.engine.cluster.journal import Journal
 from worldstream.engine.core.api import EventQueue, FrameSlot, SessionInfo
-
-#: a replica idle this long may be stopped when there are more than wanted (no flapping), s
-IDLE_BEFORE_STOP_S = 30.0
 
 
 @dataclass
@@ -27,7 +24,7 @@ class Replica:
     failovers: int = 0  # sessions this replica took over from a dead one
     metrics: dict = field(default_factory=dict)
     offset_ns: int | None = None  # local perf_counter_ns minus the replica's
-    idle_since: float | None = None  # monotonic s since it holds no session
+    draining_since: float | None = None  # monotonic s since it takes no new session
     pump: threading.Thread | None = None
     last_reply: float | None = None  # monotonic s of its last answered pull
     batches: int = -1  # its engine's batch count at the last metrics
@@ -57,10 +54,10 @@ class RoutedSession:
 def place(live: list[Replica], exclude: int | None = None,
           avoid_host: str | None = None) -> Replica | None:
     """The live replica with room and the fewest sessions, then on the host with the fewest
-    (a host lost takes the fewest), then with the fastest chunks; one on ``avoid_host`` (the
-    host of a replica that just died: its others may be dying too) only when no other host
-    has room."""
-    candidates = [r for r in live if r.id != exclude
+    (a host lost takes the fewest), then with the fastest chunks; never one being drained;
+    one on ``avoid_host`` (the host of a replica that just died: its others may be dying
+    too) only when no other host has room."""
+    candidates = [r for r in live if r.id != exclude and r.draining_since is None
                   and len(r.sessions) + r.pending < r.info["capacity"]]
     elsewhere = [r for r in candidates if r.host != avoid_host]
     candidates = elsewhere or candidates
@@ -80,18 +77,3 @@ def wanted_replicas(live: list[Replica], num_sessions: int, min_replicas: int,
     per = live[0].info["capacity"] if live else 1
     want = math.ceil((num_sessions + 1) / max(per, 1))
     return min(max(want, min_replicas), max_replicas)
-
-
-def mark_idle(live: list[Replica], now: float) -> None:
-    """Start (or clear) each replica's idle clock."""
-    for rep in live:
-        if rep.sessions or rep.pending:
-            rep.idle_since = None
-        elif rep.idle_since is None:
-            rep.idle_since = now
-
-
-def idle_replicas(live: list[Replica], now: float) -> list[Replica]:
-    """Replicas idle for a while, with no creation in flight: those that may stop."""
-    return [r for r in live if not r.sessions and not r.pending
-            and r.idle_since is not None and now - r.idle_since >= IDLE_BEFORE_STOP_S]

@@ -1,6 +1,6 @@
 """The engine replicas as Ray actors: starting Ray sized for them, launching one and waiting
-until it serves, polling their metrics, growing or shrinking their count toward the wanted
-one, and stopping them."""
+until it serves, polling their metrics, and stopping them (how many there should be is
+``engine.cluster.scaling``'s)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,11 @@ import logging
 import os
 import socket
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from typing import Any
 
-from worldstream.engine.cluster.placement import Replica, idle_replicas, mark_idle, place
+from worldstream.engine.cluster.placement import Replica, place
 from worldstream.engine.cluster.replica import EngineReplica
 from worldstream.engine.core.config import EngineConfig
 
@@ -176,28 +175,18 @@ class ReplicaPool:
                     pass
         return fresh
 
-    def autoscale(self, want: int, pump: Callable[[Replica], None]) -> None:
-        """Start one replica when fewer than ``want`` live, or stop one that has been idle
-        for a while when more do."""
+    def stop(self, rep: Replica) -> None:
+        """Take ``rep`` out of the table (its pump then ends quietly) and stop its process."""
         import ray
 
-        live = self.live()
-        now = time.monotonic()
-        mark_idle(live, now)
-        if len(live) < want:
-            self.await_ready(self.launch(), pump)
-            return
-        with self._lock:  # an idle replica, idle for a while, with no creation in flight
-            idle = idle_replicas(live, now)
-            if len(live) <= want or not idle:
-                return
-            rep = idle[-1]
+        with self._lock:
             rep.alive = False
-            del self.replicas[rep.id]
+            self.replicas.pop(rep.id, None)
         try:
             ray.get(rep.handle.stop.remote(), timeout=10)
-        finally:
-            ray.kill(rep.handle)
+        except Exception:  # already dead, or hangs: killed below either way
+            pass
+        ray.kill(rep.handle)
 
     def stop_all(self) -> None:
         """Stop every replica and wait a little for its pump to end."""

@@ -84,12 +84,18 @@ class EngineReplica:
     def describe(self) -> dict:
         """``pid``, ``node`` (host name), ``address`` (this host's IP in the Ray cluster),
         ``model``, ``capacity``, ``width``, ``height``, ``observes`` (whether a failover can
-        re-cache recent frames: the journal needs them)."""
-        backend = self.engine.backend
+        re-cache recent frames: the journal needs them), and what the front end's page and
+        wire need of the model: ``world``, ``wire_keys`` (its own key names, or None),
+        ``controls`` (the page's key map, or None), ``mouse`` (whether it takes mouse
+        motion: ``pointer`` in actions)."""
+        backend, engine = self.engine.backend, self.engine
+        space = getattr(backend, "action_space", None)
         return {"pid": os.getpid(), "node": socket.gethostname(), "address": _node_address(),
-                "model": self.engine.model_name, "capacity": self.engine.capacity,
+                "model": engine.model_name, "capacity": engine.capacity,
                 "width": backend.width, "height": backend.height,
-                "observes": hasattr(backend, "observe")}
+                "observes": hasattr(backend, "observe"), "world": engine.world,
+                "wire_keys": engine.wire_keys, "controls": engine.controls,
+                "mouse": bool(getattr(space, "mouse", False))}
 
     def create_session(self, prompt: str, seed: int | None, fps: int | None,
                        history: tuple[np.ndarray, list[frozenset[str]]] | None = None

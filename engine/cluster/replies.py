@@ -69,7 +69,8 @@ def merge_metrics(replicas: list[Replica], public: dict[tuple[int, str], str]
         listed.append({
             "id": rep.id, "pid": rep.info.get("pid"), "node": rep.info.get("node"),
             "host": rep.host,
-            "alive": rep.alive, "sessions": sorted(rep.sessions),
+            "alive": rep.alive, "draining": rep.draining_since is not None,
+            "sessions": sorted(rep.sessions),
             "chunk_ms_p50": m.get("chunk_ms_p50"), "chunk_ms_p95": m.get("chunk_ms_p95"),
             "failovers": rep.failovers,
             "received": {public[(rep.id, r)]: n for r, n in (m.get("received") or {}).items()

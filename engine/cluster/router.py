@@ -15,9 +15,10 @@ so the HTTP API, WebRTC, WebSocket, recording and the page work unchanged on top
   recache, where the backend can ``observe``), the settings and keys replayed; frame indices
   continue, so the same WebRTC track and recording go on. The session gets an event
   ``{"kind": "recovered"}``.
-- **Autoscaling**: the replica count follows the live sessions between ``min_replicas`` and
-  ``max_replicas`` (one replica per ``capacity`` sessions, plus room for the next user); a
-  replica is stopped only after ``placement.IDLE_BEFORE_STOP_S`` without a session.
+- **Autoscaling** (``engine.cluster.scaling``): the replica count follows the live sessions
+  between ``min_replicas`` and ``max_replicas`` (one replica per ``capacity`` sessions, plus
+  room for the next user); a surplus replica is drained (no new session, its sessions left
+  to end or moved from their journals) before it stops: a scale-down ends no session.
 - **Media from the replicas** (``replica_cls`` with ``media_answer``, e.g.
   ``streaming.replica_media.MediaReplica``): a session's WebRTC peer lives in its replica's
   process and sends from that host; this front end only relays the offer and answer
@@ -41,7 +42,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from worldstream.engine.cluster import delivery, health
+from worldstream.engine.cluster import delivery, health, scaling
 from worldstream.engine.cluster.failover import fail_over
 from worldstream.engine.cluster.journal import Journal
 from worldstream.engine.cluster.placement import Replica, RoutedSession, wanted_replicas
@@ -85,6 +86,8 @@ class RayEngine:
         replica_cls, replica_kwargs: the actor class and its extra arguments
             (``pool.ReplicaPool``); a class with ``media_answer`` sends media itself.
         hang_after_s: silence after which a replica is failed over (``health.HANG_AFTER_S``).
+        scale_down_after_s, drain_s: a surplus this long before a replica drains, and how
+            long its sessions may end by themselves before they move, s (``scaling``).
     Raises ValueError for bad counts; ConnectionError when ``address`` does not answer;
     RuntimeError when a replica cannot start.
     """
@@ -96,7 +99,9 @@ class RayEngine:
                  threads: int | None = 1, journal_frames: int = 8,
                  monitor_period_s: float = 1.0, replica_cls: type = EngineReplica,
                  replica_kwargs: dict | None = None,
-                 hang_after_s: float = health.HANG_AFTER_S):
+                 hang_after_s: float = health.HANG_AFTER_S,
+                 scale_down_after_s: float = scaling.SCALE_DOWN_AFTER_S,
+                 drain_s: float = scaling.DRAIN_S):
         self.min_replicas = replicas if min_replicas is None else min_replicas
         self.max_replicas = max(replicas, self.min_replicas) if max_replicas is None \
             else max_replicas
@@ -116,6 +121,7 @@ class RayEngine:
         #: called (public session id, note) for each note a replica's transport sends
         self.note_handler: Callable[[str, dict], None] | None = None
         self._hang_after_s = hang_after_s
+        self._scaler = scaling.Scaler(scale_down_after_s, drain_s)
         # NOTE: with media on the replicas a pull rarely carries frames; a longer poll costs
         # the front end fewer round trips (it returns at once when anything comes)
         self._pull_s = 0.5 if self.media_on_replicas else 0.05
@@ -128,6 +134,7 @@ class RayEngine:
         self._monitor: threading.Thread | None = None
         self.model_name = model
         self.capacity = 0
+        self.world, self.wire_keys, self.controls, self.mouse = "landscape", None, None, False
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> RayEngine:
@@ -138,6 +145,9 @@ class RayEngine:
             self._pool.await_ready(rep, self._pump)
         first = started[0].info
         self.model_name = first["model"]
+        # what the page and the wire need of the model (its keys, whether it takes the mouse)
+        self.world, self.wire_keys = first["world"], first["wire_keys"]
+        self.controls, self.mouse = first["controls"], first["mouse"]
         self.capacity = self.max_replicas * first["capacity"]
         self._watch_hosts()
         log.info("%d engine replica(s) on %s; media from %s", len(started),
@@ -316,7 +326,7 @@ class RayEngine:
     def metrics(self) -> dict[str, Any]:
         """The engine's metrics merged over replicas (sessions by their public ids), plus
         ``replicas``: ``id``, ``pid``, ``node``, ``host`` (its address in the cluster),
-        ``alive``, ``sessions`` (public ids),
+        ``alive``, ``draining`` (taking no new session), ``sessions`` (public ids),
         ``chunk_ms_p50``, ``chunk_ms_p95``, ``failovers``, ``received`` (commands per
         session, by public id: the affinity check)."""
         with self._lock:
@@ -355,7 +365,7 @@ class RayEngine:
                 next_hosts = now + HOSTS_PERIOD_S
                 self._watch_hosts()
             try:
-                self._pool.autoscale(self.desired_replicas(), self._pump)
+                self._scaler.step(self, now)
             except Exception as err:  # a replica that will not start or stop: try again
                 log.warning("autoscaling: %r", err)
 

@@ -19,7 +19,7 @@ _BACKENDS: dict[str, str] = {
     # spent waiting): scale-out measured where no accelerator is (engine/backends/emulated.py)
     "emulated": "worldstream.engine.backends.emulated:load_emulated_backend",
     # Matrix-Game 2.0 (keys and mouse, GPU): input logs record its variant,
-    # matrix-game-2:universal (load_backend takes variant=)
+    # matrix-game-2:universal (load_backend takes that id, or variant=)
     "matrix-game-2": "worldstream.engine.backends.matrix_game:load_matrix_game_backend",
 }
 
@@ -122,6 +122,8 @@ def load_backend(name: str, model_path: str | None = None, checkpoint: str | Non
                  **kwargs) -> WorldBackend:
     """The backend ``name`` built with ``kwargs`` (the backend's config fields), its weights
     from ``model_path`` (a folder) and ``checkpoint`` (a file) where the model takes them.
+    ``name`` may be the id an input log records: ``game-sim:ENV`` passes ``env=ENV``,
+    ``matrix-game-2:VARIANT`` passes ``variant=VARIANT``.
 
     Raises ValueError for an unknown name (listing the known ones) or a path the model does
     not take, BackendUnavailableError naming the missing module or weights file when a known
@@ -134,6 +136,12 @@ def load_backend(name: str, model_path: str | None = None, checkpoint: str | Non
         family = name.partition(":")[0]
         target = _ENV_BACKENDS[family]
         kwargs["env"] = env
+    elif isinstance(name, str) and name.startswith("matrix-game-2:"):
+        family, _, variant = name.partition(":")
+        if kwargs.get("variant", variant) != variant:
+            raise ValueError(f"model {name!r} is variant {variant!r}, not "
+                             f"{kwargs['variant']!r}")
+        target, kwargs["variant"] = _BACKENDS[family], variant
     if target is None:
         raise ValueError(f"unknown model {name!r}; known models: {sorted(_BACKENDS)} and "
                          f"{', '.join(f'{f}:ENV' for f in _ENV_BACKENDS)}")
@@ -157,7 +165,7 @@ def load_backend(name: str, model_path: str | None = None, checkpoint: str | Non
     try:
         return factory(**kwargs)
     except FileNotFoundError as exc:
-        where, hint = exc.filename or exc, _HINTS.get(name, "")
+        where, hint = exc.filename or exc, _HINTS.get(family, "")
         if env is not None:  # a game world's model: the hint names its env and folder
             where = _shown_path(where)
             hint = _HINTS.get(family, "").format(env=env, folder=where)

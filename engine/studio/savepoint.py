@@ -4,7 +4,8 @@ The file is a safetensors file (a JSON header, then raw arrays; nothing in it is
 loading): its arrays are the backend state's tensors (for the built-in model: the keys and
 values of the state's KV-cache pages in time order, the retained chunks' latents, memory bases
 and camera path, the spatial memory's tiles and their undo records, the text embedding and the
-RNG state; the avatar world adds its controls: the expression in force and the speech queued),
+RNG state; the avatar world adds its controls: the expression in force and the speech queued;
+Matrix-Game 2.0: :mod:`engine.studio.savestate_matrix_game`),
 its metadata ``{"worldstream": JSON}`` holds ``format``, ``model``,
 ``model_version`` (:func:`model_version`), the engine session's settings (``session``: seed,
 prompt, held action and keys, pending mouse motion, chunk size, steps, mode, fork counter)
@@ -103,12 +104,40 @@ def _hash_game_world(h, world) -> None:
     h.update(repr(float(world.change_weight)).encode())
 
 
+def _hash_tensors(h, module) -> None:
+    """A module's tensors, name by name, in their own dtype (exact; the cheapest to read)."""
+    import torch
+
+    for name, tensor in sorted(module.state_dict().items()):
+        h.update(name.encode())
+        raw = tensor.detach().reshape(-1).contiguous()
+        h.update(raw.view(torch.uint8).cpu().numpy().tobytes() if raw.numel() else b"")
+
+
+def _hash_matrix_game(h, backend) -> None:
+    """Matrix-Game 2.0 (the variant is in its name): the DiT's, VAE's and image encoder's
+    tensors, the model config, the streaming settings and the default start picture."""
+    import dataclasses
+
+    for module in (backend.model.transformer, backend.vae, backend.image_encoder):
+        _hash_tensors(h, module)
+    h.update(json.dumps(dataclasses.asdict(backend.model_config), sort_keys=True,
+                        default=str).encode())
+    settings = dataclasses.asdict(backend.config)
+    settings.pop("max_states")  # how many states fit, not what they show
+    settings.pop("start_image")  # a path: the picture's pixels are hashed instead
+    h.update(json.dumps(settings, sort_keys=True, default=str).encode())
+    h.update(str(backend.vae_dtype).encode())
+    h.update(np.ascontiguousarray(backend._default_image).tobytes())
+
+
 def model_version(backend: Any) -> str:
     """A hex SHA-256 naming what decides a backend's frames from a state: for the built-in
     model its weights (transformer and autoencoder tensors), their configs and the generator
-    settings; for the simulators their source (a game world: also its ``frame_version()``;
+    settings; for Matrix-Game 2.0 its variant, weights, configs, settings and default start
+    picture; for the simulators their source (a game world: also its ``frame_version()``;
     its learned model: also the network's weights and config and the palette). Computed once
-    per backend object (~50 ms)."""
+    per backend object (~50 ms; Matrix-Game at full size: seconds, ~5 GB of weights)."""
     cached = _versions.get(backend)
     if cached is not None:
         return cached
@@ -146,6 +175,8 @@ def model_version(backend: Any) -> str:
             h.update(model_version(backend.builtin).encode())
         else:
             _hash_module_files(h, simulator, looks)
+    elif str(backend.name).startswith("matrix-game-2:"):
+        _hash_matrix_game(h, backend)
     elif hasattr(backend, "frame_version"):
         # a game world: its code, and what the backend says decides its frames (env, frame
         # size, key map, package versions)

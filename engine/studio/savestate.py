@@ -1,8 +1,8 @@
 """A backend state to and from a save point's arrays and scalars, by backend: the built-in
-model, the simulator, the avatar world, a game world's env and a game's learned world
-(:mod:`engine.studio.savestate_builtin`, ``savestate_sim``, ``savestate_avatar``,
-``savestate_game``, ``savestate_game_world``); the file around them is
-:mod:`engine.studio.savepoint`."""
+model, the simulator, the avatar world, a game world's env, a game's learned world and
+Matrix-Game 2.0 (:mod:`engine.studio.savestate_builtin`, ``savestate_sim``,
+``savestate_avatar``, ``savestate_game``, ``savestate_game_world``,
+``savestate_matrix_game``); the file around them is :mod:`engine.studio.savepoint`."""
 
 from __future__ import annotations
 
@@ -16,6 +16,10 @@ from worldstream.engine.studio.savestate_avatar import export_avatar, import_ava
 from worldstream.engine.studio.savestate_builtin import export_builtin, import_builtin
 from worldstream.engine.studio.savestate_game import export_game, import_game
 from worldstream.engine.studio.savestate_game_world import export_game_world, import_game_world
+from worldstream.engine.studio.savestate_matrix_game import (
+    export_matrix_game,
+    import_matrix_game,
+)
 from worldstream.engine.studio.savestate_sim import export_sim, import_sim
 
 
@@ -32,6 +36,8 @@ def export_state(backend: Any, state: Any) -> tuple[dict[str, np.ndarray], dict[
         return export_game(state)
     if _is_game_world(backend):
         return export_game_world(state)
+    if _is_matrix_game(backend):
+        return export_matrix_game(backend, state)
     raise SavepointError(f"model {backend.name!r} cannot save its state")
 
 
@@ -50,6 +56,8 @@ def import_state(backend: Any, arrays: dict[str, np.ndarray], scalars: dict[str,
             return import_game(backend, arrays, scalars)
         if _is_game_world(backend):
             return import_game_world(backend, arrays, scalars)
+        if _is_matrix_game(backend):
+            return import_matrix_game(backend, arrays, scalars)
     except (CapacityError, SavepointError):
         raise
     except Exception as err:  # a hand-edited or damaged file that passed the header checks
@@ -65,3 +73,8 @@ def _is_game_env(backend: Any) -> bool:
 def _is_game_world(backend: Any) -> bool:
     """A game's learned world (``game-builtin:ENV``)."""
     return str(backend.name).startswith("game-builtin:")
+
+
+def _is_matrix_game(backend: Any) -> bool:
+    """Matrix-Game 2.0 (``matrix-game-2:VARIANT``)."""
+    return str(backend.name).startswith("matrix-game-2:")

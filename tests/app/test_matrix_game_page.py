@@ -14,18 +14,19 @@ from fastapi.testclient import TestClient
 from PIL import Image
 
 from tests.fixtures.matrix_game import tiny_parts
-from tests.fixtures.server import create, ws_url
+from tests.fixtures.server import auth, create, ws_url
 from worldstream.app.server import create_app
 from worldstream.engine.backends.matrix_game import MatrixGameBackend, MatrixGameBackendConfig
 from worldstream.engine.core.config import EngineConfig
 from worldstream.engine.core.engine import Engine
+from worldstream.engine.studio.savepoint import read_meta
 from worldstream.streaming.websocket import unpack_frame
 
 
-def tiny_backend(variant: str) -> MatrixGameBackend:
+def tiny_backend(variant: str, **settings) -> MatrixGameBackend:
     model, cfg, vae, encoder = tiny_parts(variant)
     return MatrixGameBackend(model, cfg, vae, encoder, MatrixGameBackendConfig(
-        variant=variant, height=32, width=48, device="cpu", cond_frames=2))
+        variant=variant, height=32, width=48, device="cpu", cond_frames=2, **settings))
 
 
 def engine_config() -> EngineConfig:
@@ -99,3 +100,22 @@ def test_a_session_takes_keys_and_mouse_and_refuses_what_the_model_lacks(tmp_pat
                                      "Content-Type": "image/png"})
             assert answer.status_code == 200, answer.text
             assert (answer.json()["width"], answer.json()["height"]) == (48, 32)
+
+
+def test_a_save_point_goes_through_the_http_routes_into_another_session(tmp_path):
+    # room for a third state: the load makes one before it frees the session's old one
+    with Engine(tiny_backend("universal", max_states=3), engine_config()) as engine:
+        with TestClient(create_app(engine, ui=False, recording_dir=tmp_path)) as c:
+            a, b = create(c), create(c)
+            slot = engine.subscribe(a["session_id"])
+            engine.set_paused(a["session_id"], False)  # as a viewer's connection does
+            assert slot.get(timeout=120) is not None
+            saved = c.get(f"/api/sessions/{a['session_id']}/state", headers=auth(a))
+            assert saved.status_code == 200, saved.text
+            meta = read_meta(saved.content)
+            assert meta["model"] == "matrix-game-2:universal"
+            assert meta["state"]["table"]["pages"] == 3 * len(meta["state"]["history"]) > 0
+            r = c.post(f"/api/sessions/{b['session_id']}/state", content=saved.content,
+                       headers={**auth(b), "Content-Type": "application/octet-stream"})
+            assert r.status_code == 200, r.text
+            assert r.json()["world_frames"] == meta["state"]["history"][-1]["position"] + 3

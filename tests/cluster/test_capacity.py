@@ -50,6 +50,34 @@ def test_the_readme_block_is_regenerated_in_place(tmp_path):
         capacity.update_readme(payload, readme)
 
 
+def test_a_ramp_run_keeps_the_committed_throughput_rows_and_adds_its_own(tmp_path,
+                                                                       monkeypatch):
+    """``--ramp --update-readme`` alone rewrites the table from the committed throughput run
+    and its own ramp (both runs named); a throughput run alone keeps the committed ramp."""
+    import json
+
+    main = _payload()
+    ramp = {"suite": "scale", "date": "2026-12-06T09:00:00Z",
+            "command": "python -m bench scale --hosts 2 --ramp",
+            "hardware": {"cpu_model": "AMD EPYC", "cpu_cores": 2, "load_avg_1m_before": 1.0},
+            "ramp_settings": {"low": 2, "high": 16, "min_replicas": 1, "max_replicas": 4},
+            "ramp_max_replicas": 4, "ramp_replicas_final": 1, "ramp_within_bounds": True,
+            "ramp_sessions_dropped": 0, "ramp_moved": 3}
+    monkeypatch.setattr(capacity, "MEASURED", tmp_path / "measured.json")
+    monkeypatch.setattr(capacity, "MEASURED_RAMP", tmp_path / "measured_ramp.json")
+    capacity.MEASURED.write_text(json.dumps(main))
+    readme = tmp_path / "README.md"
+    readme.write_text(f"{capacity.START}\n{capacity.END}\n")
+    capacity.update_readme(ramp, readme)
+    text = readme.read_text()
+    assert "| aggregate fps, 4 vs 1 replicas | 4.0x | >= 3.5x |" in text
+    assert "| 1 -> 4 -> 1 ([1, 4]: yes), 0 (3) | within bounds, 0 |" in text
+    assert "`python -m bench scale --hosts 2` on" in text and "--ramp` on" in text
+    capacity.MEASURED_RAMP.write_text(json.dumps(ramp))
+    capacity.update_readme(main, readme)
+    assert "0 (3)" in readme.read_text()
+
+
 @pytest.mark.parametrize("argv", [["--hosts", "1"], ["--hosts", "2", "--replicas", "0,1"]])
 def test_bad_counts_are_refused_before_any_host_is_made(argv):
     with pytest.raises(SystemExit, match="need --hosts >= 2"):
