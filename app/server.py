@@ -37,7 +37,7 @@ from worldstream.streaming.webrtc import (  # noqa: E402
     configure_vp8_bitrate,
     vp8_bitrate,
 )
-from worldstream.streaming.websocket import WebSocketConnection  # noqa: E402
+from worldstream.streaming.websocket import serve_websocket  # noqa: E402
 
 STATIC_DIR = Path(__file__).parent / "static"
 
@@ -280,23 +280,36 @@ def create_app(engine: EngineAPI, limits: Limits | None = None, *, ui: bool = Tr
         return metrics_body(engine.model_name, manager.capacity, manager.sessions(),
                             engine.metrics(), shown)
 
+    @app.get("/api/sessions/{session_id}/ws-url")
+    async def websocket_url(session_id: str, request: Request) -> dict[str, Any]:
+        # media from the replicas: the session's WebSocket fallback leaves from its replica's
+        # host too; null: this server's own route (streaming/replica_websocket.py)
+        session = authorized(session_id, _bearer(request), client_of(request))
+        locate = getattr(webrtc, "websocket_url", None)
+        if locate is None:
+            return {"ws_url": None}
+        # the origins this server accepts from the page (its own under the Host the page
+        # used, and the allowed ones): the replica accepts a browser's upgrade from them only
+        host = request.headers.get("host")
+        own = (f"http://{host}", f"https://{host}") if host else ()
+        try:
+            return {"ws_url": await locate(session, own + access.allowed_origins)}
+        except TimeoutError as err:  # the session is being moved: ask again
+            raise ApiError(503, str(err), retry_after_s=1.0, headers={"Retry-After": "1"}
+                           ) from None
+        except OSError:  # the replica cannot serve one: this server's route does
+            return {"ws_url": None}
+
     @app.websocket("/api/sessions/{session_id}/ws")
     async def websocket(ws: WebSocket, session_id: str, token: str | None = None) -> None:
         try:
             if not access.origin_ok(ws.headers.get("origin"), ws.headers.get("host")):
                 raise ApiError(403, "cross-origin WebSocket refused", "origin")
             session = authorized(session_id, token, client_of(ws))
-            if session.websockets >= limits.websockets_per_session:
-                raise ApiError(429, f"this session holds {limits.websockets_per_session} "
-                                    "WebSocket connections; close one first", "session_id")
-            connection = WebSocketConnection(manager, session, ws)  # holds its place
         except ApiError as err:
             await ws.send_denial_response(err.response())
             return
-        except SessionClosedError:
-            await ws.send_denial_response(SESSION_ENDED.response())
-            return
-        await connection.serve()  # accepts
+        await serve_websocket(manager, session, ws)  # the limit, then accepts
 
     from worldstream.app import world_routes
 

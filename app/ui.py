@@ -31,6 +31,7 @@ _PROMPTS = {
 _HEAD = ('<link rel="stylesheet" href="/ws-static/play.css">'
          '<script src="/ws-static/play.js" defer></script>'
          '<script src="/ws-static/reconnect.js" defer></script>'
+         '<script src="/ws-static/ws_media.js" defer></script>'
          '<script src="/ws-static/latency_lab.js" defer></script>'
          '<script src="/ws-static/world.js" defer></script>'
          '<script src="/ws-static/game.js" defer></script>'

@@ -17,6 +17,10 @@ On a failover the peer connection dies with its replica; the client makes a new 
 same session (the front end answers it from the new replica, waiting for the failover if it
 is still under way), and that connection's data channel carries the ``recovered`` event.
 
+The WebSocket fallback leaves from here too (``streaming.replica_websocket``): the front end
+tells the page the replica's URL (``media_websocket``) and the page falls back to the front
+end's own route when it cannot reach it; on a failover it asks again and reconnects.
+
 Reuses the front end's pieces as they are: :class:`~streaming.webrtc.WebRTCTransport` (paced
 track, limits on peers, early frame messages) and :class:`~streaming.control.ControlChannel`
 over a :class:`~streaming.sessions.SessionManager` whose engine is this replica's, addressed
@@ -175,6 +179,20 @@ class MediaServer:
                                         daemon=True)
         self._thread.start()
         self.webrtc = WebRTCTransport(self.sessions)
+        self._limits, self._address = limits, address
+        self._websocket: Any = None  # started on the first ask: most viewers use WebRTC
+
+    def websocket_url(self, remote_id: str, public_id: str, token: str,
+                      origins: tuple[str, ...], fps: int) -> str:
+        """The URL of the session's WebSocket here, open to ``token`` from pages of
+        ``origins`` (``ReplicaWebSocketServer.admit``); raises OSError, ValueError."""
+        from worldstream.streaming.replica_websocket import ReplicaWebSocketServer
+
+        if self._websocket is None:
+            self._websocket = ReplicaWebSocketServer(self.sessions, self._limits,
+                                                     self._address, self.loop)
+        self.sessions.adopt(public_id, remote_id, SessionInfo(public_id, *self._size, fps))
+        return self._websocket.admit(public_id, token, origins)
 
     def answer(self, remote_id: str, public_id: str, sdp: str, fps: int) -> Any:
         """The answer to ``sdp`` for the session; raises as ``WebRTCTransport.answer``."""
@@ -189,8 +207,12 @@ class MediaServer:
             with contextlib.suppress(SessionClosedError):
                 if self.ids.remote(session.session_id) == remote_id:
                     self.sessions.close(session.session_id)
+                    if self._websocket is not None:
+                        self._websocket.forget(session.session_id)
 
     def stop(self) -> None:
+        if self._websocket is not None:
+            self._websocket.stop()
         with contextlib.suppress(Exception):
             asyncio.run_coroutine_threadsafe(self.webrtc.close_all(), self.loop).result(5)
         self.loop.call_soon_threadsafe(self.loop.stop)
@@ -216,14 +238,32 @@ class MediaReplica(EngineReplica):
         (``ValueError``: a bad offer; ``TooManyPeerConnectionsError``;
         ``SessionClosedError``)."""
         try:
-            with self._media_lock:  # started on the first offer: aiortc loads only if used
-                if self._media is None:
-                    self._media = MediaServer(self, self._limits, self.describe()["address"])
+            media = self._media_server()
             fps = self.engine.latency_budget(remote_id)["fps"]
-            answer = self._media.answer(remote_id, public_id, sdp, fps)
+            answer = media.answer(remote_id, public_id, sdp, fps)
             return {"sdp": answer.sdp, "type": answer.type}
         except Exception as err:  # the caller's answer, not the actor's death
             return {"error": type(err).__name__, "message": str(err)}
+
+    def media_websocket(self, remote_id: str, public_id: str, token: str,
+                        origins: tuple[str, ...]) -> dict:
+        """``{"url"}``: where the session's WebSocket fallback is served from this host, for
+        clients presenting ``token`` (from browser pages of ``origins`` only), or the refusal
+        as data ``{"error": class name, "message"}`` (``SessionClosedError``; ``OSError``:
+        no port here)."""
+        try:
+            media = self._media_server()
+            fps = self.engine.latency_budget(remote_id)["fps"]
+            return {"url": media.websocket_url(remote_id, public_id, token, tuple(origins),
+                                               fps)}
+        except Exception as err:  # the caller's answer, not the actor's death
+            return {"error": type(err).__name__, "message": str(err)}
+
+    def _media_server(self) -> MediaServer:
+        with self._media_lock:  # started on the first ask: aiortc loads only if used
+            if self._media is None:
+                self._media = MediaServer(self, self._limits, self.describe()["address"])
+            return self._media
 
     def close_session(self, session_id: str) -> None:
         if self._media is not None:

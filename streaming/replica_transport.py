@@ -56,6 +56,20 @@ class ReplicaWebRTC:
             raise TimeoutError(message or "the replica did not answer in time")
         raise ValueError(message)
 
+    async def websocket_url(self, session: StreamSession, origins: tuple[str, ...]) -> str:
+        """The URL of the session's WebSocket fallback on its replica's host, open to the
+        session's token from pages of ``origins``. Raises SessionClosedError, TimeoutError
+        (the session is being moved: ask again), OSError (the replica has no port for it)."""
+        engine: Any = self.manager.engine
+        reply = await asyncio.to_thread(engine.media_websocket, session.session_id,
+                                        session.token, origins)
+        error = reply.get("error")
+        if error is None:
+            return reply["url"]
+        if error == "SessionClosedError":
+            raise SessionClosedError(session.session_id)
+        raise OSError(f"the replica cannot serve a WebSocket: {reply.get('message', error)}")
+
     def on_note(self, session_id: str, note: dict) -> None:
         """One note of the session's replica (called on its pump thread)."""
         session = next((s for s in self.manager.sessions() if s.session_id == session_id),

@@ -10,6 +10,7 @@ import json
 import struct
 from typing import Any
 
+from starlette.responses import JSONResponse
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from worldstream.engine.core.api import SessionClosedError
@@ -125,3 +126,28 @@ class WebSocketConnection:
             if self.ws.application_state == WebSocketState.CONNECTED:
                 with contextlib.suppress(Exception):
                     await self.ws.close()
+
+
+def refusal(status: int, message: str, field: str) -> JSONResponse:
+    """The HTTP answer refusing an upgrade: ``{"error": message, "field": field}``."""
+    return JSONResponse({"error": message, "field": field}, status_code=status)
+
+
+async def serve_websocket(manager: SessionManager, session: StreamSession, ws: WebSocket
+                          ) -> None:
+    """Serve the upgrade ``ws`` of an authenticated ``session`` until the client leaves or the
+    session closes: the one path of the front end's route and a replica's
+    (``streaming.replica_websocket``). Refused, never upgraded, with 429 while the session
+    holds ``limits.websockets_per_session`` connections here, 404 when it closed meanwhile."""
+    limit = manager.limits.websockets_per_session
+    if session.websockets >= limit:
+        await ws.send_denial_response(refusal(
+            429, f"this session holds {limit} WebSocket connections; close one first",
+            "session_id"))
+        return
+    try:
+        connection = WebSocketConnection(manager, session, ws)  # holds its place
+    except SessionClosedError:
+        await ws.send_denial_response(refusal(404, "the session has ended", "session_id"))
+        return
+    await connection.serve()  # accepts

@@ -434,6 +434,7 @@
     return pc;
   }
   S.connectPeer = connectPeer;
+  S.api = api;
 
   async function startWebRTC() {
     await connectPeer(WEBRTC_TIMEOUT_MS);
@@ -441,12 +442,14 @@
     setBadge("WebRTC", "webrtc");
   }
 
-  function startWebSocket() {
+  // url: where the session's WebSocket is served (ws_media.js: its replica's host); default
+  // this server's route
+  function startWebSocket(url) {
     return new Promise((resolve, reject) => {
       const proto = location.protocol === "https:" ? "wss" : "ws";
       const { session_id, token } = S.session;
-      const ws = new WebSocket(`${proto}://${location.host}/api/sessions/${session_id}` +
-        `/ws?token=${encodeURIComponent(token)}`);
+      const base = url || `${proto}://${location.host}/api/sessions/${session_id}/ws`;
+      const ws = new WebSocket(`${base}?token=${encodeURIComponent(token)}`);
       ws.binaryType = "arraybuffer";
       S.ws = ws;
       const canvas = $("ws-canvas"), g = canvas.getContext("2d");
@@ -462,6 +465,7 @@
       ws.onerror = () => reject(new Error("WebSocket failed"));
       ws.onclose = () => { if (S.ws === ws) setBadge("disconnected", "off"); };
       ws.onmessage = async (e) => {
+        S.lastMessageAt = performance.now();  // ws_media.js's watchdog
         if (typeof e.data === "string") { onServerMessage(JSON.parse(e.data)); return; }
         const view = new DataView(e.data);
         const size = view.getUint32(0);
@@ -478,6 +482,8 @@
       };
     });
   }
+
+  S.startWebSocket = startWebSocket;
 
   // the peer connection closed and what matched its frames (RTP origin, frame messages,
   // stats) reset; the HUD's counters (fps, action-to-photon, dropped, chart) are kept:
@@ -526,10 +532,10 @@
           if (pref === "webrtc") throw err;
           log(`WebRTC unavailable (${err.message}); using the WebSocket fallback`);
           teardown();
-          await startWebSocket();
+          await (S.openWebSocket || startWebSocket)();
         }
       } else {
-        await startWebSocket();
+        await (S.openWebSocket || startWebSocket)();
       }
       if (!S.statsTimer) S.statsTimer = setInterval(pollStats, 1000);
     } catch (err) {

@@ -4,8 +4,9 @@
 - :func:`throughput`: ``replicas`` x ``per_replica`` sessions at ``fps``, steered with random
   keys through the front end; frames counted by the replicas (``frames`` in their metrics),
   the front end's CPU time over the same window.
-- :func:`frontend_cpu`: WebRTC viewers (another process) of ``sessions`` sessions; the front
-  end's CPU per session with media sent by the front end, then by the replicas.
+- :func:`frontend_cpu`: WebRTC (or WebSocket: ``ws_viewers``) viewers (another process) of
+  ``sessions`` sessions; the front end's CPU per session with media sent by the front end,
+  then by the replicas.
 - :func:`host_loss`: WebRTC viewers of ``sessions`` sessions across the hosts, one recording;
   every process of one host SIGKILLed mid-stream; how long each session's frames stopped.
 """
@@ -119,12 +120,17 @@ def _median(values: list) -> float | None:
     return round(float(np.median(values)), 1) if values else None
 
 
-def _viewers(url: str, sessions: int, seconds: float, record: int) -> tuple:
+def _viewers(url: str, sessions: int, seconds: float, record: int,
+             transport: str = "webrtc") -> tuple:
     out = Path(tempfile.mkstemp(prefix="ws-viewers-", suffix=".json")[1])
-    proc = subprocess.Popen([sys.executable, "-m", "worldstream.bench.cluster.viewers",
+    module, extra = "viewers", []
+    if transport != "webrtc":  # websocket: where the front end says; websocket-front: its own
+        module, extra = "ws_viewers", ["--route", "front" if transport.endswith("front")
+                                       else "auto"]
+    proc = subprocess.Popen([sys.executable, "-m", f"worldstream.bench.cluster.{module}",
                              "--url", url, "--sessions", str(sessions), "--seconds",
-                             f"{seconds:g}", "--record", str(record), "--out", str(out)],
-                            stdout=subprocess.PIPE, text=True)
+                             f"{seconds:g}", "--record", str(record), "--out", str(out),
+                             *extra], stdout=subprocess.PIPE, text=True)
     return proc, out
 
 
@@ -157,15 +163,19 @@ def _own_address() -> str:
     return env["hosts"].get("h0", "127.0.0.1") if env else "127.0.0.1"
 
 
-def frontend_cpu(address: str, media: str, *, sessions: int = 2, fps: int = 16,
-                 seconds: float = 8.0, frame_size: str = "832x480") -> dict:
+def frontend_cpu(address: str | None, media: str, *, sessions: int = 2, fps: int = 16,
+                 seconds: float = 8.0, frame_size: str = "832x480",
+                 transport: str = "webrtc") -> dict:
     """The front end's CPU per watched session with media sent by ``media`` (``front`` or
-    ``replica``). NOTE: the model's time is set to 0 per frame (``b_ms=0``): this measures
-    the media path, and every session must get its ``fps`` whatever the emulated GPU."""
+    ``replica``), viewed over ``transport``: ``webrtc``, ``websocket`` (the URL the front end
+    names: the replica's with media from the replicas) or ``websocket-front`` (the front
+    end's own route: a client that reaches only it). NOTE: the model's time is set to 0 per
+    frame (``b_ms=0``): this measures the media path, and every session must get its ``fps``
+    whatever the emulated GPU."""
     replicas = 2 if media == "replica" else 1
     with _engine(address, replicas, fps=fps, max_sessions=sessions, media=media,
                  frame_size=frame_size, b_ms=0.0) as eng, _serve(eng, sessions) as server:
-        proc, out = _viewers(server.url, sessions, seconds + 2, 0)
+        proc, out = _viewers(server.url, sessions, seconds + 2, 0, transport)
         _wait_ready(proc)
         time.sleep(1.0)
         cpu0, t0 = _cpu_s(), time.monotonic()
@@ -173,7 +183,8 @@ def frontend_cpu(address: str, media: str, *, sessions: int = 2, fps: int = 16,
         cpu, elapsed = _cpu_s() - cpu0, time.monotonic() - t0
         views = _finish(proc, out)
     rates = [_rate(v["arrivals"]) for v in views]
-    return {"media": media, "sessions": sessions, "frame_size": frame_size, "fps_asked": fps,
+    return {"media": media, "transport": transport, "sessions": sessions,
+            "frame_size": frame_size, "fps_asked": fps,
             "viewer_fps": [round(r, 2) for r in rates],
             "frontend_core_per_session": round(cpu / elapsed / sessions, 5)}
 

@@ -42,7 +42,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from worldstream.engine.cluster import delivery, health, scaling
+from worldstream.engine.cluster import delivery, health, media_calls, scaling
 from worldstream.engine.cluster.failover import fail_over
 from worldstream.engine.cluster.journal import Journal
 from worldstream.engine.cluster.placement import Replica, RoutedSession, wanted_replicas
@@ -267,26 +267,15 @@ class RayEngine:
         ``{"error": class name, "message"}`` (a bad offer, too many peer connections: the
         transport raises its own errors). A session whose replica is being replaced waits for
         the new one (up to ``timeout_s``). Raises SessionClosedError, TimeoutError."""
-        import ray
+        return media_calls.call(self, session_id, "media_answer", (sdp,), timeout_s)
 
-        deadline = time.monotonic() + timeout_s
-        while True:
-            routed = self._routed(session_id)
-            with self._lock:
-                rep = self._replicas.get(routed.replica)
-            if rep is not None and rep.alive:
-                break
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"session {session_id} has no live replica")
-            time.sleep(0.05)
-        try:
-            reply = ray.get(rep.handle.media_answer.options(concurrency_group="media").remote(
-                routed.remote_id, session_id, sdp), timeout=max(1.0, deadline - time.monotonic()))
-        except ray.exceptions.GetTimeoutError:
-            raise TimeoutError(f"replica {rep.id} did not answer the offer") from None
-        except ray.exceptions.RayError:  # died meanwhile: a new offer goes to its successor
-            raise TimeoutError(f"replica {rep.id} failed during the offer; offer again") from None
-        return reply
+    def media_websocket(self, session_id: str, token: str, origins: tuple[str, ...],
+                        timeout_s: float = CREATE_TIMEOUT_S) -> dict:
+        """Where the session's replica serves its WebSocket fallback, for ``token`` from pages
+        of ``origins``: ``{"url"}`` or the refusal as data (``MediaReplica.media_websocket``).
+        Raises as :func:`~engine.cluster.media_calls.call`."""
+        return media_calls.call(self, session_id, "media_websocket", (token, origins),
+                                timeout_s)
 
     def close_session(self, session_id: str) -> None:
         with self._lock:
