@@ -34,11 +34,13 @@ import contextlib
 import tempfile
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from worldstream.engine.cluster.replica import EngineReplica
-from worldstream.engine.core.api import Command, SessionClosedError, SessionInfo
+from worldstream.engine.core.api import Command, Frame, FrameSlot, SessionClosedError, SessionInfo
 from worldstream.engine.core.config import EngineConfig
 from worldstream.streaming.framelog import FrameLog
 from worldstream.streaming.limits import Limits, RateLimiter
@@ -51,6 +53,24 @@ ACTIVE_NOTE_S = 10.0
 ANSWER_TIMEOUT_S = 20.0
 
 
+class StampedSlot(FrameSlot):
+    """A local transport's slot: frames under their public index, the replica's own plus the
+    session's ``offset`` (its frames on the replicas it lived on before a failover), so the
+    index numbers on as the front end numbers the frames it forwards (``routed.index_offset``,
+    the same offset); each index is told to ``seen`` as the engine thread delivers the chunk,
+    so the front end learns how far the stream got before the client can show it."""
+
+    def __init__(self, maxlen: int, offset: int, seen: Callable[[int], None]):
+        super().__init__(maxlen)
+        self._offset, self._seen = offset, seen
+
+    def put(self, frame: Frame) -> None:
+        if self._offset:
+            frame = replace(frame, index=frame.index + self._offset)
+        self._seen(frame.index + 1)
+        super().put(frame)
+
+
 class PublicIds:
     """This replica's engine as a ``SessionManager`` and ``ControlChannel`` see it: sessions
     by their public id (the front end's, kept across failovers); commands also noted for the
@@ -59,12 +79,16 @@ class PublicIds:
     def __init__(self, replica: EngineReplica):
         self._replica = replica
         self._ids: dict[str, str] = {}
+        self._offsets: dict[str, int] = {}  # public id -> its frame index offset here
+        self._stamped: dict[str, int] = {}  # remote id -> next public index, since last pull
+        self._stamp_lock = threading.Lock()  # the engine thread stamps, the pull takes
         self.capacity = replica.engine.capacity
         self.model_name = replica.engine.model_name
         self.wire_keys = getattr(replica.engine, "wire_keys", None)
 
-    def map(self, public_id: str, remote_id: str) -> None:
+    def map(self, public_id: str, remote_id: str, index_offset: int = 0) -> None:
         self._ids[public_id] = remote_id
+        self._offsets[public_id] = index_offset
 
     def remote(self, public_id: str) -> str:
         try:
@@ -72,8 +96,22 @@ class PublicIds:
         except KeyError:
             raise SessionClosedError(public_id) from None
 
-    def subscribe(self, session_id: str, maxlen: int | None = None):
-        return self._replica.engine.subscribe(self.remote(session_id), maxlen)
+    def subscribe(self, session_id: str, maxlen: int | None = None) -> FrameSlot:
+        remote, engine = self.remote(session_id), self._replica.engine
+        slot = StampedSlot(engine.config.slot_maxlen if maxlen is None else maxlen,
+                           self._offsets.get(session_id, 0), lambda n: self._stamp(remote, n))
+        return engine.subscribe(remote, slot=slot)
+
+    def _stamp(self, remote_id: str, next_index: int) -> None:
+        with self._stamp_lock:
+            self._stamped[remote_id] = max(next_index, self._stamped.get(remote_id, 0))
+
+    def stamped(self) -> dict[str, int]:
+        """Remote id -> the public index after the newest frame handed to a transport here,
+        for the sessions that had one since the last call (``EngineReplica.pull``)."""
+        with self._stamp_lock:
+            out, self._stamped = self._stamped, {}
+        return out
 
     def submit(self, session_id: str, command: Command) -> None:
         remote = self.remote(session_id)
@@ -92,6 +130,7 @@ class PublicIds:
     def close_session(self, session_id: str) -> None:
         """Forget the id: the front end closes the engine session (``close_session``)."""
         self._ids.pop(session_id, None)
+        self._offsets.pop(session_id, None)
 
 
 class ReplicaSessions(SessionManager):
@@ -105,14 +144,17 @@ class ReplicaSessions(SessionManager):
         self._replica, self._ids = replica, ids
         self._noted_active: dict[str, float] = {}
 
-    def adopt(self, public_id: str, remote_id: str, info: SessionInfo) -> StreamSession:
-        """The session ``public_id`` (engine session ``remote_id`` here), made on its first
-        offer."""
+    def adopt(self, public_id: str, remote_id: str, info: SessionInfo,
+              index_offset: int = 0) -> StreamSession:
+        """The session ``public_id`` (engine session ``remote_id`` here, its frame indices
+        numbered from ``index_offset``), made on its first offer."""
+        if index_offset < 0:
+            raise ValueError(f"index_offset must be >= 0, got {index_offset}")
         with self._lock:
             found = self._sessions.get(public_id)
             if found is not None:
                 return found
-            self._ids.map(public_id, remote_id)
+            self._ids.map(public_id, remote_id, index_offset)
             now = self._clock()
             limits = self.limits
             session = StreamSession(
@@ -183,7 +225,7 @@ class MediaServer:
         self._websocket: Any = None  # started on the first ask: most viewers use WebRTC
 
     def websocket_url(self, remote_id: str, public_id: str, token: str,
-                      origins: tuple[str, ...], fps: int) -> str:
+                      origins: tuple[str, ...], fps: int, index_offset: int = 0) -> str:
         """The URL of the session's WebSocket here, open to ``token`` from pages of
         ``origins`` (``ReplicaWebSocketServer.admit``); raises OSError, ValueError."""
         from worldstream.streaming.replica_websocket import ReplicaWebSocketServer
@@ -191,13 +233,15 @@ class MediaServer:
         if self._websocket is None:
             self._websocket = ReplicaWebSocketServer(self.sessions, self._limits,
                                                      self._address, self.loop)
-        self.sessions.adopt(public_id, remote_id, SessionInfo(public_id, *self._size, fps))
+        self.sessions.adopt(public_id, remote_id, SessionInfo(public_id, *self._size, fps),
+                            index_offset)
         return self._websocket.admit(public_id, token, origins)
 
-    def answer(self, remote_id: str, public_id: str, sdp: str, fps: int) -> Any:
+    def answer(self, remote_id: str, public_id: str, sdp: str, fps: int,
+               index_offset: int = 0) -> Any:
         """The answer to ``sdp`` for the session; raises as ``WebRTCTransport.answer``."""
         info = SessionInfo(public_id, *self._size, fps)
-        session = self.sessions.adopt(public_id, remote_id, info)
+        session = self.sessions.adopt(public_id, remote_id, info, index_offset)
         return asyncio.run_coroutine_threadsafe(self.webrtc.answer(session, sdp),
                                                 self.loop).result(ANSWER_TIMEOUT_S)
 
@@ -232,30 +276,33 @@ class MediaReplica(EngineReplica):
         self._media: MediaServer | None = None
         self._media_lock = threading.Lock()
 
-    def media_answer(self, remote_id: str, public_id: str, sdp: str) -> dict:
+    def media_answer(self, remote_id: str, public_id: str, sdp: str,
+                     index_offset: int = 0) -> dict:
         """``{"sdp", "type"}`` answering a client's offer for session ``remote_id`` (public
-        id ``public_id``), or the refusal as data ``{"error": class name, "message"}``
-        (``ValueError``: a bad offer; ``TooManyPeerConnectionsError``;
-        ``SessionClosedError``)."""
+        id ``public_id``; its frames numbered from ``index_offset``: the front end's
+        ``routed.index_offset``, so indices carry on after a failover), or the refusal as data
+        ``{"error": class name, "message"}`` (``ValueError``: a bad offer;
+        ``TooManyPeerConnectionsError``; ``SessionClosedError``)."""
         try:
             media = self._media_server()
             fps = self.engine.latency_budget(remote_id)["fps"]
-            answer = media.answer(remote_id, public_id, sdp, fps)
+            answer = media.answer(remote_id, public_id, sdp, fps, index_offset)
             return {"sdp": answer.sdp, "type": answer.type}
         except Exception as err:  # the caller's answer, not the actor's death
             return {"error": type(err).__name__, "message": str(err)}
 
     def media_websocket(self, remote_id: str, public_id: str, token: str,
-                        origins: tuple[str, ...]) -> dict:
+                        origins: tuple[str, ...], index_offset: int = 0) -> dict:
         """``{"url"}``: where the session's WebSocket fallback is served from this host, for
-        clients presenting ``token`` (from browser pages of ``origins`` only), or the refusal
+        clients presenting ``token`` (from browser pages of ``origins`` only; frames numbered
+        as in :meth:`media_answer`), or the refusal
         as data ``{"error": class name, "message"}`` (``SessionClosedError``; ``OSError``:
         no port here)."""
         try:
             media = self._media_server()
             fps = self.engine.latency_budget(remote_id)["fps"]
             return {"url": media.websocket_url(remote_id, public_id, token, tuple(origins),
-                                               fps)}
+                                               fps, index_offset)}
         except Exception as err:  # the caller's answer, not the actor's death
             return {"error": type(err).__name__, "message": str(err)}
 
@@ -264,6 +311,10 @@ class MediaReplica(EngineReplica):
             if self._media is None:
                 self._media = MediaServer(self, self._limits, self.describe()["address"])
             return self._media
+
+    def _stamped(self) -> dict[str, int]:
+        media = self._media
+        return media.ids.stamped() if media is not None else {}
 
     def close_session(self, session_id: str) -> None:
         if self._media is not None:

@@ -415,11 +415,13 @@
         if (pc.connectionState === "failed") reject(new Error("WebRTC connection failed"));
       };
       timer = setTimeout(() => reject(new Error("no WebRTC frame in time")), timeoutMs);
+      pc.cancel = () => reject(new Error("connection cancelled"));  // dropPeer: unwind now
     });
     playing.catch(() => {});  // awaited below unless the offer fails first
     try {
       await pc.setLocalDescription(await pc.createOffer());
       await waitIce(pc);
+      if (S.pc !== pc) throw new Error("connection cancelled");  // no offer for a dropped one
       const answer = await api("POST", `/api/sessions/${S.session.session_id}/offer`,
         { sdp: pc.localDescription.sdp, type: "offer" });
       await pc.setRemoteDescription(answer);
@@ -447,6 +449,7 @@
   function startWebSocket(url) {
     return new Promise((resolve, reject) => {
       const proto = location.protocol === "https:" ? "wss" : "ws";
+      if (!S.session) { reject(new Error("no session to connect to")); return; }
       const { session_id, token } = S.session;
       const base = url || `${proto}://${location.host}/api/sessions/${session_id}/ws`;
       const ws = new WebSocket(`${base}?token=${encodeURIComponent(token)}`);
@@ -489,7 +492,7 @@
   // stats) reset; the HUD's counters (fps, action-to-photon, dropped, chart) are kept:
   // reconnect.js calls it before it offers again
   function dropPeer() {
-    if (S.pc) S.pc.close();
+    if (S.pc) { if (S.pc.cancel) S.pc.cancel(); S.pc.close(); }
     Object.assign(S, { pc: null, dc: null, rtpOrigin: null, recalibrating: false,
       onFirstFrame: null, jbLast: null });
     S.frames.clear();
@@ -505,15 +508,28 @@
     $("ws-video").srcObject = null;
   }
 
-  async function start() {
-    if (S.connecting) return;
+  // the start under way ({cancelled, done}): a restart (Restart, a transport change) cancels
+  // it and waits for it to unwind; left alone it would go on with the session being deleted
+  let starting = null;
+  function start() {
+    if (!starting) {
+      const run = { cancelled: false };
+      starting = run;
+      run.done = connect(run).finally(() => { starting = null; S.connecting = false; });
+    }
+    return starting.done;
+  }
+
+  async function connect(run) {
     S.connecting = true;
     setBadge("connecting…", "");
+    const live = () => { if (run.cancelled) throw new Error("start cancelled"); };
     try {
       const prompt = ($("ws-prompt") ? $("ws-prompt").value.trim() : "")
         || $("ws-root").dataset.defaultPrompt;
       const seed = parseInt($("ws-seed").value, 10);
       while (!S.session) {
+        live();
         try {
           S.session = await api("POST", "/api/sessions",
             { prompt, seed: Number.isFinite(seed) ? seed : undefined });
@@ -523,13 +539,14 @@
           await new Promise((r) => setTimeout(r, 1000 * (err.retryAfter || 5)));
         }
       }
+      live();
       $("ws-status").textContent = `${S.session.width}×${S.session.height} @ ${S.session.fps} fps`;
       const pref = $("ws-transport").value;
       if (pref !== "websocket") {
         try {
           await startWebRTC();
         } catch (err) {
-          if (pref === "webrtc") throw err;
+          if (pref === "webrtc" || run.cancelled) throw err;
           log(`WebRTC unavailable (${err.message}); using the WebSocket fallback`);
           teardown();
           await (S.openWebSocket || startWebSocket)();
@@ -539,14 +556,18 @@
       }
       if (!S.statsTimer) S.statsTimer = setInterval(pollStats, 1000);
     } catch (err) {
+      if (run.cancelled) return;  // the restart that cancelled it goes on
       setBadge("error", "off");
       log(String(err.message || err), true);
-    } finally {
-      S.connecting = false;
     }
   }
 
-  async function restart() {
+  // one restart at a time: a second one (the selector changed twice) follows the first
+  let restarting = Promise.resolve();
+  const restart = () => (restarting = restarting.then(restartNow)
+    .catch((err) => log(String(err.message || err), true)));
+  async function restartNow() {
+    if (starting) { starting.cancelled = true; teardown(); await starting.done; }
     const old = S.session;
     if (old) old.closed = true;  // closed by the user: never re-offered (reconnect.js)
     teardown();

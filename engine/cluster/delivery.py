@@ -60,13 +60,20 @@ def deliver(engine: RayEngine, rep: Replica, reply: dict) -> None:
             routed.slots = [s for s in routed.slots if not s.closed]
             slots = list(routed.slots)
             index = frame.index + routed.index_offset
-            routed.next_index = index + 1
+            routed.next_index = max(routed.next_index, index + 1)
         routed.journal.record_frame(frame.rgb, frame.action_seq)
         public = public_frame(frame, sid, index, off)
         for slot in slots:
             slot.put(public)
         if not slots and engine.media_on_replicas:
             sync_forwarding(engine, sid)  # nobody here watches any more
+    # NOTE: frames that left from the replica's own transports never pass here: their indices
+    # are how ``recreate`` knows where a moved session's stream got to (its next offset)
+    for remote_id, next_index in reply.get("indices", {}).items():
+        _, routed = _public(engine, rep, remote_id)
+        if routed is not None:
+            with engine._lock:
+                routed.next_index = max(routed.next_index, next_index)
     for remote_id, event in reply["events"]:
         _, routed = _public(engine, rep, remote_id)
         if routed is not None and event.kind != "closed":

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import time
 from typing import TYPE_CHECKING
 
@@ -91,7 +92,14 @@ def recreate(engine: RayEngine, sid: str, routed: RoutedSession, source: Replica
         if not closed_meanwhile:
             engine._by_remote.pop((source.id, routed.remote_id), None)
             routed.replica, routed.remote_id = target.id, info.session_id
-            routed.index_offset = routed.next_index
+            # next_index: after the newest frame the front end forwarded or the old replica's
+            # transports reported (pull ``indices``); the new replica's transports get this
+            # offset with each offer (``media_calls``), so one index sequence either way. A
+            # replica's report is up to one pull old: number on past what it could have sent
+            # since (a gap in the indices, never an index the client saw twice)
+            unreported = (math.ceil((journal.fps or 30) * (engine._pull_s + 0.1)) + 1
+                          if engine.media_on_replicas else 0)
+            routed.index_offset = routed.next_index + unreported
             routed.forwarding = not engine.media_on_replicas  # as a new replica starts
             engine._by_remote[(target.id, info.session_id)] = sid
             target.sessions.add(sid)

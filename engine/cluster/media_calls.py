@@ -13,17 +13,20 @@ if TYPE_CHECKING:
 
 def call(engine: RayEngine, session_id: str, method: str, args: tuple[Any, ...],
          timeout_s: float) -> dict:
-    """``method(remote_id, session_id, *args)`` on the session's live replica (its ``media``
-    concurrency group), waiting up to ``timeout_s`` for one; its reply (a dict: refusals
-    travel as data). Raises SessionClosedError (the session is gone), TimeoutError (no live
-    replica in time, or it died during the call: ask again)."""
+    """``method(remote_id, session_id, *args, index_offset=...)`` on the session's live replica
+    (its ``media`` concurrency group; ``index_offset``: where its frame indices start, so the
+    replica's own transports number on after a failover as the front end does), waiting up
+    to ``timeout_s`` for one; its reply (a dict: refusals travel as data). Raises
+    SessionClosedError (the session is gone), TimeoutError (no live replica in time, or it
+    died during the call: ask again)."""
     import ray
 
     deadline = time.monotonic() + timeout_s
     while True:
         routed = engine._routed(session_id)  # SessionClosedError
-        with engine._lock:
+        with engine._lock:  # the replica, its copy and offset: set together by a move
             rep = engine._replicas.get(routed.replica)
+            remote_id, offset = routed.remote_id, routed.index_offset
         if rep is not None and rep.alive:
             break
         if time.monotonic() > deadline:
@@ -31,7 +34,7 @@ def call(engine: RayEngine, session_id: str, method: str, args: tuple[Any, ...],
         time.sleep(0.05)
     remote = getattr(rep.handle, method).options(concurrency_group="media")
     try:
-        return ray.get(remote.remote(routed.remote_id, session_id, *args),
+        return ray.get(remote.remote(remote_id, session_id, *args, index_offset=offset),
                        timeout=max(1.0, deadline - time.monotonic()))
     except ray.exceptions.GetTimeoutError:
         raise TimeoutError(f"replica {rep.id} did not answer {method}") from None

@@ -187,13 +187,16 @@ class EngineReplica:
 
         Returns ``{"now_ns": perf_counter_ns here (to translate the frames' times),
         "frames": [Frame] (the forwarded sessions'), "events": [(session_id, Event)],
-        "notes": [(session_id, dict)], "closed": [session_id]}``. Events are drained for every
-        session; with ``forward_all=False`` each is also kept for the local transport."""
+        "notes": [(session_id, dict)], "closed": [session_id], "indices": {session_id: the
+        public frame index after the newest a transport here got (:meth:`_stamped`)}``. Events
+        are drained for every session; with ``forward_all=False`` each is also kept for the
+        local transport."""
         deadline = time.monotonic() + timeout_s
         frames: list = []
         events: list = []
         closed: list = []
         notes: list = []
+        indices: dict[str, int] = {}
         while True:
             with self._lock:
                 slots = list(self._slots.values())
@@ -222,12 +225,22 @@ class EngineReplica:
             # that returns anyway: one round trip per key press would cost the front end more
             # than the journal needs (the last action, seconds apart at worst)
             urgent = any(n.get("kind") != "command" for _, n in notes)
+            # NOTE: new frame indices ride on whatever pull returns (at most ``timeout_s``
+            # late): returning for them alone would cost the front end a round trip per chunk;
+            # a failover numbers on past what could have come since (``failover.recreate``)
+            indices.update(self._stamped())
             if frames or events or closed or urgent or time.monotonic() >= deadline:
                 return {"now_ns": time.perf_counter_ns(), "frames": frames, "events": events,
-                        "notes": notes, "closed": closed}
+                        "notes": notes, "closed": closed, "indices": indices}
             # NOTE: with media sent from here, what the front end gets is not on any frame's
             # path: poll less often, and the replica's host process stays near idle
             time.sleep(0.002 if self.forward_all else 0.01)
+
+    def _stamped(self) -> dict[str, int]:
+        """Sessions whose frames went to a transport in this process since the last call:
+        session id -> the public index after the newest. None here: every frame goes through
+        the front end, which numbers it (``streaming.replica_media`` numbers its own)."""
+        return {}
 
     def metrics(self) -> dict:
         """The engine's metrics plus ``received`` (commands per session: affinity),

@@ -199,9 +199,12 @@ class Engine:
         else:
             self._prompts.submit(session_id, item)
 
-    def subscribe(self, session_id: str, maxlen: int | None = None) -> FrameSlot:
-        """A new frame slot receiving every frame of the session from now on."""
-        slot = FrameSlot(self.config.slot_maxlen if maxlen is None else maxlen)
+    def subscribe(self, session_id: str, maxlen: int | None = None,
+                  slot: FrameSlot | None = None) -> FrameSlot:
+        """A new frame slot (or ``slot``: a subclass that renumbers, as a replica's local
+        transports use) receiving every frame of the session from now on."""
+        if slot is None:
+            slot = FrameSlot(self.config.slot_maxlen if maxlen is None else maxlen)
         with self._lock:
             session = self._session(session_id)
             # also pruned on delivery; a paused session delivers nothing
@@ -240,15 +243,12 @@ class Engine:
             return len(self._sessions)
 
     def metrics(self) -> dict[str, Any]:
-        """Per-session and aggregate figures (JSON-ready).
-
-        Per session: ``fps`` measured over ``metrics_window_s``, ``target_fps``, ``steps``,
-        ``chunk_frames``, ``buffer_frames`` (generated ahead of the playout clock),
-        ``gen_ms_per_chunk`` (mean of recent batches), ``action_to_frame_ms`` (p50/p95/count,
-        command receipt -> frame ready), ``degraded``, ``degrade_level``, ``dropped_frames``
-        (subscriber slots), ``subscribers`` (open slots), ``late_frames`` (frames the playout
-        clock waited for), ``frames``.
-        """
+        """Per-session and aggregate figures (JSON-ready). Per session: ``fps`` measured over
+        ``metrics_window_s``, ``target_fps``, ``steps``, ``chunk_frames``, ``buffer_frames``
+        (generated ahead of the playout clock), ``gen_ms_per_chunk`` (mean of recent batches),
+        ``action_to_frame_ms`` (p50/p95/count, command receipt -> frame ready), ``degraded``,
+        ``degrade_level``, ``dropped_frames`` (subscriber slots), ``subscribers`` (open slots),
+        ``late_frames`` (frames the playout clock waited for), ``frames``."""
         now = time.perf_counter_ns()
         with self._lock:
             per_session = {sid: session_metrics(s, now) for sid, s in self._sessions.items()}

@@ -82,6 +82,7 @@ MATCHED_FRAMES = """() => new Promise((done) => {
 
 
 def test_page_plays_steers_and_measures(sim_engine):
+    from playwright.sync_api import TimeoutError as PageTimeout
     from playwright.sync_api import sync_playwright
 
     started = time.monotonic()
@@ -183,6 +184,29 @@ def test_page_plays_steers_and_measures(sim_engine):
                 "/^\\d+ \\/ \\d+$/.test(document.getElementById('hud-a2p').textContent)",
                 timeout=10_000)
             page.screenshot(path=str(SCREENSHOT.with_name(SCREENSHOT.stem + "-websocket.png")))
+            page.close()
+            # the transport changed while the first WebRTC connection is being set up (its
+            # offer held here until then): that start is cancelled, the page plays on the
+            # WebSocket (it used to fail: "Cannot destructure 'session_id' of S.session")
+            page = browser.new_page()
+            held: list = []
+            page.route("**/offer", lambda route: held.append(route))
+            page.goto(server.url, wait_until="domcontentloaded")
+            for _ in range(600):
+                if held:
+                    break
+                page.wait_for_timeout(50)
+            assert held, "the page made no offer"
+            page.select_option("#ws-transport", "websocket")
+            held[0].continue_()
+            try:
+                page.wait_for_function("window.worldstream.transport === 'websocket' && "
+                                       "window.worldstream.presented.length >= 3",
+                                       timeout=20_000)
+            except PageTimeout:
+                raise AssertionError(page.text_content("#ws-log")) from None
+            assert page.evaluate("document.getElementById('ws-badge').dataset.kind") == \
+                "websocket"
         finally:
             browser.close()
             bind_media(None)

@@ -9,6 +9,7 @@ and stopped here."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import re
@@ -49,10 +50,26 @@ def _replica_of(engine, session_id: str) -> dict:
     return next(r for r in engine.metrics()["replicas"] if session_id in r["sessions"])
 
 
-async def _watch(url: str, seconds: float, act=None, record: bool = False) -> Viewer:
+class _Numbered(Viewer):
+    """A viewer that keeps the index of each ``frame`` message, with how many times it had
+    reconnected when it came."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.indices: list[tuple[int, int]] = []
+
+    def _on_message(self, raw) -> None:
+        super()._on_message(raw)
+        message = json.loads(raw)
+        if message.get("type") == "frame":
+            self.indices.append((len(self.reconnects), message["index"]))
+
+
+async def _watch(url: str, seconds: float, act=None, record: bool = False,
+                 cls: type[Viewer] = Viewer) -> Viewer:
     """One viewer for ``seconds`` after its first frames; ``act(viewer)`` runs then."""
     async with httpx.AsyncClient(base_url=url, timeout=30) as http:
-        viewer = Viewer(http, 0, record=record)
+        viewer = cls(http, 0, record=record)
         await viewer.create()
         ready = asyncio.Event()
         play = asyncio.ensure_future(viewer.play(time.monotonic() + 60, ready))
@@ -114,6 +131,32 @@ def test_a_killed_replica_moves_the_session_its_media_and_its_recording(cluster)
     assert recording["max_pts_gap_s"] < 3.0
     assert wait_for(lambda: any(r["failovers"] for r in engine.metrics()["replicas"]), 10)
     assert sid  # the same session id throughout: the viewer never made another
+
+
+def test_frame_indices_number_on_when_the_replica_sending_the_media_dies(cluster):
+    """PROTOCOL_EXTENSIONS ("recovered"): frame indices number on across a failover, also
+    when the frames leave from the replicas (whose frames the front end never sees): the new
+    replica's first index is past the last one the client saw, none comes twice, and the jump
+    is no more than the frames the failover lost."""
+    engine, server = cluster
+    killed: dict = {}
+
+    def kill(viewer: Viewer) -> None:
+        time.sleep(2.0)  # past the frames a new replica makes before its client is back
+        rep = _replica_of(engine, viewer.session["session_id"])
+        killed.update(t=time.monotonic())
+        os.kill(rep["pid"], signal.SIGKILL)
+
+    viewer = asyncio.run(_watch(server.url, 4.0, kill, cls=_Numbered))
+    assert viewer.recovered == 1 and viewer.result["errors"] == []
+    before = [i for n, i in viewer.indices if n == 0]
+    after = [i for n, i in viewer.indices if n > 0]
+    assert len(before) >= 8 and len(after) >= 8, viewer.indices
+    assert after[0] > before[-1], f"the new replica numbered from {after[0]}: {before[-3:]}"
+    indices = [i for _, i in viewer.indices]
+    assert indices == sorted(set(indices))  # one sequence, no index twice
+    gap_s = _gap_after(viewer.arrivals, killed["t"])
+    assert after[0] - before[-1] <= 16 * (gap_s + 1.0), (before[-1], after[0], gap_s)
 
 
 def test_a_hung_replica_is_failed_over_after_its_deadline(cluster, caplog):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 
 import pytest
 import websockets
@@ -60,3 +61,35 @@ def test_token_origin_and_connection_limit(replica):
         assert await _status(ok) == 101  # an authenticated client is never refused for it
 
     asyncio.run(run())
+
+
+def test_frames_leaving_here_number_on_from_the_front_end_s_offset(replica):
+    """A session moved here by a failover: its frames leave numbered from the offset the front
+    end gave (indices carry on), and each pull tells the front end how far they got (its
+    next failover's offset). A negative offset is refused, as data."""
+    info = replica.create_session("a meadow", 1, 16)
+    assert "index_offset" in replica.media_websocket(info.session_id, "pub", "secret", (),
+                                                     index_offset=-1)["message"]
+    url = replica.media_websocket(info.session_id, "pub", "secret", (),
+                                  index_offset=1000)["url"]
+
+    async def first_indices() -> list[int]:
+        indices = []
+        async with websockets.connect(f"{url}?token=secret") as ws:
+            await ws.send('{"type":"next"}')
+            while len(indices) < 2:
+                message = await asyncio.wait_for(ws.recv(), 10)
+                if isinstance(message, bytes):
+                    size = int.from_bytes(message[:4], "big")
+                    indices.append(json.loads(message[4:4 + size])["index"])
+                    await ws.send('{"type":"next"}')
+        return indices
+
+    indices = asyncio.run(first_indices())
+    assert 1000 <= indices[0] < indices[1]
+    reported = {}
+    for _ in range(20):
+        reported.update(replica.pull(0.2)["indices"])
+        if reported.get(info.session_id, 0) > indices[1]:
+            break
+    assert reported[info.session_id] > indices[1]
