@@ -60,7 +60,7 @@ def write_card(folder: Path) -> Path:
         "## Training data",
         f"{training['frames']} frames of the game played by a held-key policy (keys held 3–30 "
         "frames, pauses, the start action at each episode's start), episode seeds below "
-        "1,000,000; ALE with no sticky actions and frame skip 4.",
+        f"1,000,000; env settings {_settings(world['env'])}.",
         "",
         "## Training procedure",
         f"`worldstream train --env {world['env']} --out DIR` — {cfg['steps']} steps of "
@@ -101,3 +101,11 @@ def write_card(folder: Path) -> Path:
     path = folder / "MODEL_CARD.md"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def _settings(env_id: str) -> str:
+    """The settings the project gives ``env_id`` for determinism (``env.DETERMINISTIC``)."""
+    from worldstream.engine.worlds.game.env import DETERMINISTIC
+
+    kwargs = next((v for k, v in DETERMINISTIC.items() if env_id.startswith(k)), {})
+    return ", ".join(f"`{k}={v}`" for k, v in kwargs.items()) or "as the env defines them"
