@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from worldstream.engine.core.api import CapacityError
 from worldstream.engine.studio.savepoint import SavepointError
+from worldstream.engine.studio.savestate_pages import restored_pages
 
 
 def _optional_float(value) -> float | None:
@@ -112,12 +112,10 @@ def export_builtin(gen, state) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
 def import_builtin(gen, arrays: dict[str, np.ndarray], scalars: dict[str, Any]):
     import torch
 
-    from worldstream import kernels
     from worldstream.engine.backends.builtin import BuiltinState, ChunkRecord
-    from worldstream.engine.core.kv_cache import PageTable
     from worldstream.engine.models.builtin.spatial_memory import SpatialMemory, UndoRecord, _Tile
 
-    cfg, f = gen.config, gen.chunk_frames
+    f = gen.chunk_frames
     n = int(scalars["table"]["pages"])
     sink = int(scalars["table"]["sink_pages"])
     k, v = arrays["kv.k"], arrays["kv.v"]
@@ -125,97 +123,74 @@ def import_builtin(gen, arrays: dict[str, np.ndarray], scalars: dict[str, Any]):
     if k.shape != want or v.shape != want or (n - sink) % f or sink not in (0, f):
         raise SavepointError(f"the save point's KV pages {k.shape} do not fit this model "
                              f"({want})")
-    with gen._settled():
-        pages = gen.allocator.allocate(n) if n else []
-        if pages is None:
-            raise CapacityError("KV page pool exhausted", 2.0)
-        table = PageTable(gen.allocator, pages_per_chunk=f, window_chunks=cfg.window_chunks,
-                          sink=cfg.sink, max_chunks=cfg.memory_chunks)
-        try:
-            idx = torch.tensor(pages, dtype=torch.long, device=gen.k_pool.device)
-            gen.k_pool[:, idx] = torch.from_numpy(k).to(gen.k_pool.device, gen.k_pool.dtype)
-            gen.v_pool[:, idx] = torch.from_numpy(v).to(gen.v_pool.device, gen.v_pool.dtype)
-            if sink:
-                table.append_chunk(pages[:sink])
-            for start in range(sink, n, f):
-                table.append_chunk(pages[start:start + f])
-            table.num_chunks = int(scalars["table"]["num_chunks"])
-            table.window_chunks = int(scalars["window_chunks"])
-            attention = scalars["attention"]
-            if attention is not None:
-                attention = kernels.resolve_backend(str(attention), gen.device)
-            history = deque()
-            for i, h in enumerate(scalars["history"]):
-                if gen.model.config.skip_source and f"h{i}.skip" not in arrays:
-                    raise SavepointError("the save point was made by a model without a "
-                                         "second skip source; this one needs it")
-                if gen.pose_rig is not None and f"h{i}.poses" not in arrays:
-                    raise SavepointError("the save point was made by a model without the "
-                                         "rig's pose input; this one needs it")
+    pools = [(gen.k_pool, torch.from_numpy(k).to(gen.k_pool.device, gen.k_pool.dtype)),
+             (gen.v_pool, torch.from_numpy(v).to(gen.v_pool.device, gen.v_pool.dtype))]
+    with restored_pages(gen, pools, scalars, f) as (table, attention):
+        history = deque()
+        for i, h in enumerate(scalars["history"]):
+            if gen.model.config.skip_source and f"h{i}.skip" not in arrays:
+                raise SavepointError("the save point was made by a model without a "
+                                     "second skip source; this one needs it")
+            if gen.pose_rig is not None and f"h{i}.poses" not in arrays:
+                raise SavepointError("the save point was made by a model without the "
+                                     "rig's pose input; this one needs it")
 
-                def get(name, i=i):
-                    return torch.from_numpy(arrays[f"h{i}.{name}"].copy())
+            def get(name, i=i):
+                return torch.from_numpy(arrays[f"h{i}.{name}"].copy())
 
-                undo = [UndoRecord([(tuple(key), slice(*ys), slice(*xs),
-                                     arrays[f"h{i}.u{j}.{p}.rgb"].copy(),
-                                     arrays[f"h{i}.u{j}.{p}.epoch"].copy(),
-                                     arrays[f"h{i}.u{j}.{p}.view"].copy())
-                                    for p, (key, ys, xs) in enumerate(parts)])
-                        for j, parts in enumerate(h["undo"])]
-                history.append(ChunkRecord(
-                    get("latents") if "latents" in h["has"] else None, get("base"),
-                    get("known"), [int(a) for a in h["actions"]], int(h["position"]),
-                    arrays[f"h{i}.origins"].astype(np.int64),
-                    (arrays[f"h{i}.cam_pos"].astype(np.float64), get("cam_vel")),
-                    get("context") if "context" in h["has"] else None, undo,
-                    field_times=arrays[f"h{i}.field_times"].astype(np.int64),
-                    rest_run=int(h["rest_run"]),
-                    # save points from before the base warp hold no pose: at rest
-                    pose=(arrays[f"h{i}.pose"].astype(np.float64) if f"h{i}.pose" in arrays
-                          else np.zeros(2)),
-                    skip=get("skip") if f"h{i}.skip" in arrays else None,
-                    poses=(arrays[f"h{i}.poses"].astype(np.float64) if f"h{i}.poses" in arrays
-                           else None),
-                    # save points from before the running mean's reference hold none: the
-                    # next chunk restarts the mean (as after a prompt switch)
-                    colour_mean=_saved_colour(arrays, f"h{i}.colour_mean"),
-                    colour_reference=_saved_colour(arrays, f"h{i}.colour_reference")))
-            m = scalars["memory"]
-            memory = SpatialMemory(int(m["tile"]), int(m["max_tiles"]), int(m["settle_px"]))
-            memory.epoch, memory._tick = int(m["epoch"]), int(m["tick"])
-            for t, (key, used) in enumerate(zip(m["keys"], m["used"])):
-                key = tuple(int(c) for c in key)
-                memory._tiles[key] = _Tile(arrays["mem.rgb"][t].copy(),
-                                           arrays["mem.epoch"][t].copy(),
-                                           arrays["mem.view"][t].copy())
-                memory._owned.add(key)
-                memory._used[key] = int(used)
-            rng = torch.Generator()
-            rng.set_state(torch.from_numpy(arrays["rng"].copy()))
-            text = torch.from_numpy(arrays["text"].copy())
-            if text.shape != (gen.model.config.text_dim,):
-                raise SavepointError(f"the saved prompt embedding is {tuple(text.shape)}")
-            # NOTE: files from before 60fcd8b may hold a "backdrop" plate, which only a retired
-            # experiment read: ignored
-            start = arrays.get("start_frames")
-            return BuiltinState(table, str(scalars["prompt"]), text, rng, history,
-                                bool(scalars["needs_recache"]), attention=attention,
-                                memory=memory,
-                                start_frames=None if start is None else start.copy(),
-                                restyle_left=int(scalars["restyle_left"]),
-                                guide_left=int(scalars.get("guide_left", 0)),
-                                noise_seed=int(scalars.get("noise_seed", 0)),
-                                detail_reference=_optional_float(
-                                    scalars.get("detail_reference")),
-                                colour_reference=_optional_colour(
-                                    scalars.get("colour_reference")),
-                                # older files: the stream's own prompt
-                                reference_prompt=str(scalars.get("reference_prompt",
-                                                                 scalars["prompt"])))
-        except BaseException:
-            held = set(table.all_pages())
-            table.free()
-            rest = [p for p in pages if p not in held]  # allocated, not yet in the table
-            if rest:
-                gen.allocator.decref(rest)
-            raise
+            undo = [UndoRecord([(tuple(key), slice(*ys), slice(*xs),
+                                 arrays[f"h{i}.u{j}.{p}.rgb"].copy(),
+                                 arrays[f"h{i}.u{j}.{p}.epoch"].copy(),
+                                 arrays[f"h{i}.u{j}.{p}.view"].copy())
+                                for p, (key, ys, xs) in enumerate(parts)])
+                    for j, parts in enumerate(h["undo"])]
+            history.append(ChunkRecord(
+                get("latents") if "latents" in h["has"] else None, get("base"),
+                get("known"), [int(a) for a in h["actions"]], int(h["position"]),
+                arrays[f"h{i}.origins"].astype(np.int64),
+                (arrays[f"h{i}.cam_pos"].astype(np.float64), get("cam_vel")),
+                get("context") if "context" in h["has"] else None, undo,
+                field_times=arrays[f"h{i}.field_times"].astype(np.int64),
+                rest_run=int(h["rest_run"]),
+                # save points from before the base warp hold no pose: at rest
+                pose=(arrays[f"h{i}.pose"].astype(np.float64) if f"h{i}.pose" in arrays
+                      else np.zeros(2)),
+                skip=get("skip") if f"h{i}.skip" in arrays else None,
+                poses=(arrays[f"h{i}.poses"].astype(np.float64) if f"h{i}.poses" in arrays
+                       else None),
+                # save points from before the running mean's reference hold none: the
+                # next chunk restarts the mean (as after a prompt switch)
+                colour_mean=_saved_colour(arrays, f"h{i}.colour_mean"),
+                colour_reference=_saved_colour(arrays, f"h{i}.colour_reference")))
+        m = scalars["memory"]
+        memory = SpatialMemory(int(m["tile"]), int(m["max_tiles"]), int(m["settle_px"]))
+        memory.epoch, memory._tick = int(m["epoch"]), int(m["tick"])
+        for t, (key, used) in enumerate(zip(m["keys"], m["used"])):
+            key = tuple(int(c) for c in key)
+            memory._tiles[key] = _Tile(arrays["mem.rgb"][t].copy(),
+                                       arrays["mem.epoch"][t].copy(),
+                                       arrays["mem.view"][t].copy())
+            memory._owned.add(key)
+            memory._used[key] = int(used)
+        rng = torch.Generator()
+        rng.set_state(torch.from_numpy(arrays["rng"].copy()))
+        text = torch.from_numpy(arrays["text"].copy())
+        if text.shape != (gen.model.config.text_dim,):
+            raise SavepointError(f"the saved prompt embedding is {tuple(text.shape)}")
+        # NOTE: files from before 60fcd8b may hold a "backdrop" plate, which only a retired
+        # experiment read: ignored
+        start = arrays.get("start_frames")
+        return BuiltinState(table, str(scalars["prompt"]), text, rng, history,
+                            bool(scalars["needs_recache"]), attention=attention,
+                            memory=memory,
+                            start_frames=None if start is None else start.copy(),
+                            restyle_left=int(scalars["restyle_left"]),
+                            guide_left=int(scalars.get("guide_left", 0)),
+                            noise_seed=int(scalars.get("noise_seed", 0)),
+                            detail_reference=_optional_float(
+                                scalars.get("detail_reference")),
+                            colour_reference=_optional_colour(
+                                scalars.get("colour_reference")),
+                            # older files: the stream's own prompt
+                            reference_prompt=str(scalars.get("reference_prompt",
+                                                             scalars["prompt"])))

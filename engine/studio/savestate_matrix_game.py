@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from worldstream.engine.core.api import CapacityError
 from worldstream.engine.studio.savepoint import MAX_SAVEPOINT_BYTES, SavepointError
+from worldstream.engine.studio.savestate_pages import restored_pages
 
 if TYPE_CHECKING:
     import torch
@@ -147,9 +147,7 @@ def import_matrix_game(gen, arrays: dict[str, np.ndarray], scalars: dict[str, An
     (nothing is held then)."""
     import torch
 
-    from worldstream import kernels
     from worldstream.engine.backends.matrix_game import MatrixGameState
-    from worldstream.engine.core.kv_cache import PageTable
     from worldstream.engine.models.wan.vae_stream import WanDecodeCache, new_decode_cache
 
     cfg, f = gen.config, gen.pages_per_chunk
@@ -163,49 +161,26 @@ def import_matrix_game(gen, arrays: dict[str, np.ndarray], scalars: dict[str, An
                                  f"({want})")
     if (n - sink) % f or sink not in (0, f):
         raise SavepointError(f"the save point's {n} pages are not whole chunks of {f}")
-    with gen._settled():
-        pages = gen.allocator.allocate(n) if n else []
-        if pages is None:
-            raise CapacityError("KV page pool exhausted", 2.0)
-        table = PageTable(gen.allocator, pages_per_chunk=f, window_chunks=cfg.window_chunks,
-                          sink=cfg.sink, max_chunks=cfg.memory_chunks)
-        try:
-            idx = torch.tensor(pages, dtype=torch.long, device=gen.device)
-            for name, pool in pools.items():
-                pool[:, idx] = _to_tensor(arrays[name], pool.dtype, pool.device, name)
-            if sink:
-                table.append_chunk(pages[:sink])
-            for start in range(sink, n, f):
-                table.append_chunk(pages[start:start + f])
-            table.num_chunks = int(scalars["table"]["num_chunks"])
-            table.window_chunks = int(scalars["window_chunks"])
-            attention = scalars["attention"]
-            if attention is not None:
-                attention = kernels.resolve_backend(str(attention), gen.device)
-            history = deque(_record(gen, arrays, i, h)
-                            for i, h in enumerate(scalars["history"]))
-            text = _to_tensor(arrays["text"], cfg.dtype, gen.device, "text")
-            cond = _to_tensor(arrays["cond"], torch.float32, gen.device, "cond")
-            want_cond = (cond.shape[0], cfg.cond_frames, *gen.latent_shape[2:])
-            if text.ndim != 2 or tuple(cond.shape) != want_cond:
-                raise SavepointError(f"the save point's picture conditioning "
-                                     f"{tuple(text.shape)}, {tuple(cond.shape)} does not fit "
-                                     "this model")
-            dec = scalars["decode"]
-            entries = [_to_tensor(arrays[f"dec.{j}"], gen.vae_dtype, gen.device, f"dec.{j}")
-                       if e == "tensor" else e for j, e in enumerate(dec["entries"])]
-            if len(entries) != len(new_decode_cache(gen.vae).entries):
-                raise SavepointError("the save point's decoder cache does not fit this model")
-            rng = torch.Generator()
-            rng.set_state(torch.from_numpy(arrays["rng"].copy()))
-            return MatrixGameState(table, str(scalars["prompt"]), text, rng, history,
-                                   bool(scalars["needs_recache"]), attention=attention,
-                                   cond=cond, decode=WanDecodeCache(entries,
-                                                                    bool(dec["started"])))
-        except BaseException:
-            held = set(table.all_pages())
-            table.free()
-            rest = [p for p in pages if p not in held]  # allocated, not yet in the table
-            if rest:
-                gen.allocator.decref(rest)
-            raise
+    tensors = [(pool, _to_tensor(arrays[name], pool.dtype, pool.device, name))
+               for name, pool in pools.items()]
+    with restored_pages(gen, tensors, scalars, f) as (table, attention):
+        history = deque(_record(gen, arrays, i, h)
+                        for i, h in enumerate(scalars["history"]))
+        text = _to_tensor(arrays["text"], cfg.dtype, gen.device, "text")
+        cond = _to_tensor(arrays["cond"], torch.float32, gen.device, "cond")
+        want_cond = (cond.shape[0], cfg.cond_frames, *gen.latent_shape[2:])
+        if text.ndim != 2 or tuple(cond.shape) != want_cond:
+            raise SavepointError(f"the save point's picture conditioning "
+                                 f"{tuple(text.shape)}, {tuple(cond.shape)} does not fit "
+                                 "this model")
+        dec = scalars["decode"]
+        entries = [_to_tensor(arrays[f"dec.{j}"], gen.vae_dtype, gen.device, f"dec.{j}")
+                   if e == "tensor" else e for j, e in enumerate(dec["entries"])]
+        if len(entries) != len(new_decode_cache(gen.vae).entries):
+            raise SavepointError("the save point's decoder cache does not fit this model")
+        rng = torch.Generator()
+        rng.set_state(torch.from_numpy(arrays["rng"].copy()))
+        return MatrixGameState(table, str(scalars["prompt"]), text, rng, history,
+                               bool(scalars["needs_recache"]), attention=attention,
+                               cond=cond, decode=WanDecodeCache(entries,
+                                                                bool(dec["started"])))
