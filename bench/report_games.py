@@ -67,7 +67,8 @@ def _cell(ev: dict, key: str, twin: str, ok) -> str:
     if value is None:
         return "—"
     mark = "" if ok(value, ev) else " **miss**"
-    return f"{fmt(float(value), 3 if abs(value) < 10 else 1)} ({fmt(ev.get(twin), 1)}){mark}"
+    digits = 1 if "psnr" in key else 3
+    return f"{fmt(float(value), digits)} ({fmt(ev.get(twin), 1)}){mark}"
 
 
 def _train_cell(training: dict) -> str:
