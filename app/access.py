@@ -14,16 +14,12 @@ mounted UI framework only what the page loads is served (:func:`page_only`).
 from __future__ import annotations
 
 import ipaddress
-import time
-from collections import OrderedDict
-from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from worldstream.streaming.limits import RateLimiter
 from worldstream.streaming.sessions import token_matches
 
 #: the names a loopback-bound server answers to (anything else is DNS rebinding)
@@ -114,30 +110,3 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-class ClientBuckets:
-    """A token bucket per client address: ``burst`` events, then ``per_s`` a second. Counts
-    failed authentications (then 429 to the requests that fail) and session creations.
-    Remembers the ``max_clients`` most recent addresses (an attacker rotating addresses cannot
-    grow it without bound)."""
-
-    def __init__(self, per_s: float, burst: int, max_clients: int = 4096,
-                 clock: Callable[[], float] = time.monotonic):
-        self._per_s, self._burst, self._max, self._clock = per_s, burst, max_clients, clock
-        self._buckets: OrderedDict[str, RateLimiter] = OrderedDict()
-
-    def _bucket(self, client: str) -> RateLimiter:
-        bucket = self._buckets.pop(client, None) or RateLimiter(self._per_s, self._burst,
-                                                                self._clock)
-        self._buckets[client] = bucket
-        while len(self._buckets) > self._max:
-            self._buckets.popitem(last=False)
-        return bucket
-
-    def empty(self, client: str) -> bool:
-        """Whether ``client`` has no event left (peeks: takes nothing)."""
-        bucket = self._buckets.get(client)
-        return bucket is not None and bucket.tokens() < 1.0
-
-    def take(self, client: str) -> None:
-        """Count one event of ``client``."""
-        self._bucket(client).allow()

@@ -20,11 +20,11 @@ from fastapi.responses import JSONResponse, Response  # noqa: E402
 from fastapi.staticfiles import StaticFiles  # noqa: E402
 from starlette.middleware.trustedhost import TrustedHostMiddleware  # noqa: E402
 
-from worldstream.app.access import AccessPolicy, ClientBuckets, page_only  # noqa: E402
+from worldstream.app.access import AccessPolicy, page_only  # noqa: E402
 from worldstream.app.metrics import metrics_body  # noqa: E402
 from worldstream.engine.core.api import CapacityError, EngineAPI, SessionClosedError  # noqa: E402
 from worldstream.streaming import messages as m  # noqa: E402
-from worldstream.streaming.limits import Limits  # noqa: E402
+from worldstream.streaming.limits import ClientBuckets, Limits  # noqa: E402
 from worldstream.streaming.sessions import (  # noqa: E402
     BadTokenError,
     SessionManager,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -86,3 +87,32 @@ class RateLimiter:
             self._tokens -= 1.0
             return True
         return False
+
+
+class ClientBuckets:
+    """A token bucket per client address: ``burst`` events, then ``per_s`` a second. Counts
+    failed authentications (then 429 to the requests that fail) and session creations.
+    Remembers the ``max_clients`` most recent addresses (an attacker rotating addresses cannot
+    grow it without bound)."""
+
+    def __init__(self, per_s: float, burst: int, max_clients: int = 4096,
+                 clock: Callable[[], float] = time.monotonic):
+        self._per_s, self._burst, self._max, self._clock = per_s, burst, max_clients, clock
+        self._buckets: OrderedDict[str, RateLimiter] = OrderedDict()
+
+    def _bucket(self, client: str) -> RateLimiter:
+        bucket = self._buckets.pop(client, None) or RateLimiter(self._per_s, self._burst,
+                                                                self._clock)
+        self._buckets[client] = bucket
+        while len(self._buckets) > self._max:
+            self._buckets.popitem(last=False)
+        return bucket
+
+    def empty(self, client: str) -> bool:
+        """Whether ``client`` has no event left (peeks: takes nothing)."""
+        bucket = self._buckets.get(client)
+        return bucket is not None and bucket.tokens() < 1.0
+
+    def take(self, client: str) -> None:
+        """Count one event of ``client``."""
+        self._bucket(client).allow()

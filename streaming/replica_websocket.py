@@ -33,8 +33,7 @@ from starlette.applications import Starlette
 from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket
 
-from worldstream.app.access import ClientBuckets
-from worldstream.streaming.limits import Limits
+from worldstream.streaming.limits import ClientBuckets, Limits
 from worldstream.streaming.sessions import BadTokenError, SessionManager, UnknownSessionError
 from worldstream.streaming.websocket import refusal, serve_websocket
 
