@@ -7,6 +7,7 @@ besides the code (``frame_version``).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,8 @@ class GameKeys:
     size: int
     action_meanings: tuple[str, ...]
     keymap: keymaps.KeyMap
+    #: the state if it is live, else ValueError (each backend checks its own state type)
+    _live: Callable[[Any], Any]
 
     @property
     def wire_keys(self) -> tuple[str, ...]:
@@ -74,9 +77,6 @@ class GameKeys:
         changes."""
         self._live(state)
         raise ValueError(f"the game {self.env_id} has no text prompt; steer it with its keys")
-
-    def _live(self, state: Any) -> Any:
-        raise NotImplementedError  # each backend checks its own state type
 
     def frame_version(self, **extra: Any) -> str:
         """What decides this backend's frames besides the code: env, size, key map, package
