@@ -30,6 +30,9 @@ _PROMPTS = {
 
 _HEAD = ('<link rel="stylesheet" href="/ws-static/play.css">'
          '<script src="/ws-static/play.js" defer></script>'
+         '<script src="/ws-static/transports.js" defer></script>'
+         '<script src="/ws-static/present.js" defer></script>'
+         '<script src="/ws-static/hud.js" defer></script>'
          '<script src="/ws-static/reconnect.js" defer></script>'
          '<script src="/ws-static/ws_media.js" defer></script>'
          '<script src="/ws-static/latency_lab.js" defer></script>'

@@ -1,6 +1,7 @@
-// worldstream playground page: owns the <video>, the transports (WebRTC, falling back to a
-// WebSocket), key capture, steering controls and the latency HUD. Wire protocol:
-// /work/shared/PROTOCOL.md + streaming/PROTOCOL_EXTENSIONS.md. Per-frame and per-key traffic
+// worldstream playground page: the page state (window.worldstream), server messages, key
+// capture, steering controls and the session's start and restart; its parts are the
+// transports (transports.js), frame matching (present.js) and the latency HUD (hud.js). Wire
+// protocol: /work/shared/PROTOCOL.md + streaming/PROTOCOL_EXTENSIONS.md. Per-frame and per-key traffic
 // never goes through Gradio.
 (() => {
   "use strict";
@@ -11,10 +12,6 @@
     KeyA: "left", ArrowLeft: "left", KeyD: "right", ArrowRight: "right",
   };
   const MAX_HELD_KEYS = 4;          // keys one action message may hold (PROTOCOL_EXTENSIONS)
-  const WEBRTC_TIMEOUT_MS = 6000;   // no frame presented by then: fall back to the WebSocket
-  const WS_CREDITS = 2;             // frames requested ahead over the WebSocket
-  const SAMPLES = 100;              // rolling window of latency samples
-  const CHART_POINTS = 120;
 
   const $ = (id) => document.getElementById(id);
   const S = {                       // page state, readable by tests as window.worldstream
@@ -40,11 +37,6 @@
     const el = $("ws-log");
     el.textContent = text;
     el.classList.toggle("ws-error", !!isError);
-  };
-  const pct = (values, p) => {
-    if (!values.length) return null;
-    const sorted = [...values].sort((a, b) => a - b);
-    return sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))];
   };
   const push = (arr, v, n) => { arr.push(v); if (arr.length > n) arr.shift(); };
   const setBadge = (text, kind) => {
@@ -73,7 +65,7 @@
         S.frames.set(msg.rtp_ts, msg);
         push(S.stageHist, { ...(msg.stages_ms || {}), send_queue: msg.queue_ms }, 30);
         if (S.frames.size > 600) S.frames.delete(S.frames.keys().next().value);
-        presentedEarly(msg);
+        S.presentedEarly(msg);
         break;
       case "stats":
         S.genMs = msg.gen_ms;
@@ -150,152 +142,6 @@
     }
   }
 
-  // ------------------------------------------------------------------ presentation + latency
-  // A frame was shown at `shownAt` (performance.now() clock). The first frame conditioned on a
-  // newer action gives one action-to-photon sample: shownAt - the time the action was sent.
-  // md: the requestVideoFrameCallback metadata (WebRTC only)
-  function onPresented(meta, shownAt, md) {
-    push(S.presented, shownAt, 60);
-    emit("presented", meta, shownAt, md);
-    if (meta.action_seq > S.lastActionSeq) {
-      S.lastActionSeq = meta.action_seq;
-      const sentAt = S.sentAt.get(meta.action_seq) ?? meta.action_t;
-      if (sentAt != null) push(S.a2p, shownAt - sentAt, SAMPLES);
-    }
-  }
-
-  // the value of `map` at RTP timestamp `pts` or one tick either side
-  const nearKey = (map, pts) => map.get(pts) ?? map.get((pts + 1) >>> 0)
-    ?? map.get((pts - 1) >>> 0);
-
-  // A `frame` message whose video frame was already presented: that presentation counts now
-  // (the data channel is ordered, so such frames still reach onPresented in stream order).
-  function presentedEarly(msg) {
-    const early = nearKey(S.shownEarly, msg.rtp_ts);
-    if (!early) return;
-    S.shownEarly.delete(early.pts);
-    S.misses = 0;
-    onPresented(msg, early.shownAt, early.md);
-  }
-
-  // WebRTC: match each presented frame to its `frame` message by RTP timestamp. aiortc adds a
-  // random origin to the RTP clock (RFC 3550); the first frame presented is pts 0 (the stream's
-  // first keyframe; the callback is registered before any frame arrives), which gives the
-  // origin; a run of misses recalibrates.
-  function onVideoFrame(now, md) {
-    S.lastFrameAt = now;
-    if (S.onFirstFrame) { S.onFirstFrame(); S.onFirstFrame = null; }
-    if (S.pc && md.rtpTimestamp !== undefined) {
-      if (S.rtpOrigin === null) {
-        // first frame: pts 0; after a run of misses: the newest frame message received
-        const pts = S.frames.size && S.recalibrating ? Math.max(...S.frames.keys()) : 0;
-        S.rtpOrigin = (md.rtpTimestamp - pts) >>> 0;
-      }
-      // NOTE: Chromium's rtpTimestamp has been through microseconds and lands a tick (11 us)
-      // below the frame's RTP timestamp on every third frame at 15 fps; matching exactly
-      // skipped those frames (the HUD showed 5-10 fps of 15 received) and counted an
-      // action's photon on a later frame (+67-133 ms)
-      const pts = (md.rtpTimestamp - S.rtpOrigin) >>> 0;
-      const meta = nearKey(S.frames, pts);
-      if (meta) {
-        S.misses = 0;
-        onPresented(meta, md.expectedDisplayTime || now, md);
-      } else {
-        // on a loaded machine the video can outrun its `frame` message (RTP vs the data
-        // channel): keep the photon time until the message arrives (presentedEarly)
-        S.shownEarly.set(pts, { pts, shownAt: md.expectedDisplayTime || now, md });
-        if (S.shownEarly.size > 60) S.shownEarly.delete(S.shownEarly.keys().next().value);
-        if (++S.misses > 30) {
-          S.rtpOrigin = null;
-          S.recalibrating = true;
-          S.misses = 0;
-          S.shownEarly.clear();
-        }
-      }
-    }
-    S.rvfc = $("ws-video").requestVideoFrameCallback(onVideoFrame);
-  }
-
-  // ------------------------------------------------------------------ HUD
-  // the designed budget (server stats) beside the measured p50 of each stage of recent frames
-  function budgetText(b) {
-    const keys = [...new Set(S.stageHist.flatMap((s) => Object.keys(s)))];
-    const stage = (k) => pct(S.stageHist.map((s) => s[k]).filter((v) => v != null), 50);
-    const measured = keys.filter((k) => stage(k) != null)
-      .map((k) => `${k} ${stage(k).toFixed(0)}`).join(" · ");
-    if (!b) return `latency budget: ${measured || "–"}`;
-    return `latency budget: wait ${b.wait_ms.toFixed(0)} + planned chunk ${b.plan_ms.toFixed(0)}`
-      + ` ms at ${b.fps} fps (measured p50: ${measured || "–"}; after delivery: cache fill`
-      + ` ${b.after_delivery_ms.toFixed(0)})`;
-  }
-
-  function updateHud() {
-    const p = S.presented;
-    const fps = p.length > 1 ? (1000 * (p.length - 1)) / (p[p.length - 1] - p[0]) : 0;
-    $("hud-fps").textContent = fps ? fps.toFixed(1) : "–";
-    $("hud-gen").textContent = S.genMs != null ? S.genMs.toFixed(1) : "–";
-    const p50 = pct(S.a2p, 50), p95 = pct(S.a2p, 95);
-    $("hud-a2p").textContent = p50 != null ? `${p50.toFixed(0)} / ${p95.toFixed(0)}` : "–";
-    $("hud-jb").textContent = S.transport === "websocket" ? "n/a"
-      : S.jitterMs != null ? S.jitterMs.toFixed(0) : "–";
-    $("hud-drop").textContent = String(S.dropped ?? 0);
-    const b = S.budget;
-    if (b) {
-      $("hud-mode").textContent = `${b.mode || "custom"} · ${b.chunk_frames} / ${b.steps}`;
-      $("hud-floor").textContent = b.floor_ms.toFixed(0);
-      if (b.mode) $("ws-mode").value = b.mode;
-    }
-    $("hud-budget").textContent = budgetText(b);
-    push(S.chart, { a2p: p50, jb: S.jitterMs, fps }, CHART_POINTS);
-    drawChart();
-  }
-
-  function drawChart() {
-    const c = $("hud-chart"), g = c.getContext("2d");
-    const w = c.width, h = c.height;
-    g.clearRect(0, 0, w, h);
-    const series = [["a2p", "#f59e0b", "a2p p50 ms"], ["jb", "#38bdf8", "jitter buf ms"]];
-    const top = Math.max(50, ...S.chart.flatMap((d) => [d.a2p || 0, d.jb || 0])) * 1.15;
-    g.strokeStyle = "#334155"; g.fillStyle = "#94a3b8"; g.font = "10px sans-serif";
-    for (const frac of [0.5, 1]) {
-      const y = h - frac * (h - 12);
-      g.beginPath(); g.moveTo(0, y); g.lineTo(w, y); g.stroke();
-      g.fillText(`${Math.round(top * frac)} ms`, 2, y + 10);
-    }
-    series.forEach(([key, colour, label], i) => {
-      g.strokeStyle = colour; g.lineWidth = 1.5; g.beginPath();
-      let started = false;
-      S.chart.forEach((d, x) => {
-        if (d[key] == null) return;
-        const px = (x / (CHART_POINTS - 1)) * w, py = h - (d[key] / top) * (h - 12);
-        if (started) g.lineTo(px, py); else { g.moveTo(px, py); started = true; }
-      });
-      g.stroke();
-      g.fillStyle = colour; g.fillText(label, w - 190 + i * 95, 10);
-    });
-  }
-
-  async function pollStats() {
-    if (S.transport === "webrtc" && S.pc) {
-      const report = await S.pc.getStats();
-      report.forEach((s) => {
-        if (s.type !== "inbound-rtp" || s.kind !== "video") return;
-        const last = S.jbLast;
-        if (last && s.jitterBufferEmittedCount > last.count) {
-          S.jitterMs = (1000 * (s.jitterBufferDelay - last.delay))
-            / (s.jitterBufferEmittedCount - last.count);
-        }
-        S.jbLast = { delay: s.jitterBufferDelay, count: s.jitterBufferEmittedCount };
-        if (s.codecId && report.get(s.codecId)) {
-          const codec = report.get(s.codecId).mimeType.split("/")[1];
-          setBadge(`WebRTC · ${codec}`, "webrtc");
-        }
-      });
-    }
-    send({ type: "ping", seq: nextSeq(), t: performance.now() });
-    updateHud();
-  }
-
   // ------------------------------------------------------------------ keys
   // cause: the key event behind the change, {key, down, t: event time}, when there is one
   function sendKeys(cause) {
@@ -348,146 +194,6 @@
     if (S.held.size) { S.held.clear(); sendKeys(); }
   }
 
-  // ------------------------------------------------------------------ transports
-  async function api(method, path, body) {
-    const headers = { "Content-Type": "application/json" };
-    // a session's token; before one exists, the server key of an exposed server (?key=)
-    const key = S.session ? S.session.token : new URLSearchParams(location.search).get("key");
-    if (key) headers.Authorization = `Bearer ${key}`;
-    const r = await fetch(path, { method, headers, body: body && JSON.stringify(body) });
-    const data = r.status === 204 ? null : await r.json();
-    if (!r.ok) {
-      const err = new Error(`${r.status}: ${data.error}${data.field ? ` (${data.field})` : ""}`);
-      err.status = r.status;
-      err.retryAfter = data.retry_after_s ?? (parseFloat(r.headers.get("Retry-After")) || undefined);
-      throw err;
-    }
-    return data;
-  }
-
-  function waitIce(pc) {
-    if (pc.iceGatheringState === "complete") return Promise.resolve();
-    return new Promise((resolve) => {
-      const done = () => { if (pc.iceGatheringState === "complete") resolve(); };
-      pc.addEventListener("icegatheringstatechange", done);
-      setTimeout(resolve, 2000);
-    });
-  }
-
-  // One peer connection to the session, current at once (S.pc; its data channel becomes S.dc
-  // when it opens): its messages feed onServerMessage, its track plays in the one <video>.
-  // Resolves once its first frame is presented; rejects, closed, when the offer is refused
-  // (err.status, err.retryAfter), the connection fails or no frame comes within timeoutMs.
-  // startWebRTC makes the first; reconnect.js (S.connectPeer) the next after a failover.
-  async function connectPeer(timeoutMs) {
-    const pc = new RTCPeerConnection({ iceServers: [] });
-    S.pc = pc;
-    pc.addTransceiver("video", { direction: "recvonly" });
-    const dc = pc.createDataChannel("control", { ordered: true });
-    dc.onmessage = (e) => {
-      if (S.pc !== pc) return;  // a replaced connection's
-      S.lastMessageAt = performance.now();
-      const msg = JSON.parse(e.data);
-      // a hidden tab presents no frame: its frame messages say the video flows
-      if (msg.type === "frame" && document.hidden && S.onFirstFrame) {
-        S.onFirstFrame(); S.onFirstFrame = null;
-      }
-      onServerMessage(msg);
-    };
-    dc.onopen = () => { if (S.pc === pc) { S.dc = dc; sendKeys(); } };
-    const video = $("ws-video");
-    let timer;
-    const playing = new Promise((resolve, reject) => {
-      pc.ontrack = (e) => {
-        // show each frame as soon as it is decoded: the server already paces the frames,
-        // a jitter buffer on top only adds delay (WebRTC: RTCRtpReceiver.jitterBufferTarget;
-        // playoutDelayHint is Chrome's older name)
-        if ("jitterBufferTarget" in e.receiver) e.receiver.jitterBufferTarget = 0;
-        if ("playoutDelayHint" in e.receiver) e.receiver.playoutDelayHint = 0;
-        S.onFirstFrame = resolve;
-        // one callback chain per <video>, whichever connection's track it shows
-        if (S.rvfc !== null) video.cancelVideoFrameCallback(S.rvfc);
-        S.rvfc = video.requestVideoFrameCallback(onVideoFrame);
-        video.srcObject = e.streams[0] || new MediaStream([e.track]);
-        video.play().catch(() => {});
-      };
-      pc.onconnectionstatechange = () => {
-        if (pc.connectionState === "failed") reject(new Error("WebRTC connection failed"));
-      };
-      timer = setTimeout(() => reject(new Error("no WebRTC frame in time")), timeoutMs);
-      pc.cancel = () => reject(new Error("connection cancelled"));  // dropPeer: unwind now
-    });
-    playing.catch(() => {});  // awaited below unless the offer fails first
-    try {
-      await pc.setLocalDescription(await pc.createOffer());
-      await waitIce(pc);
-      if (S.pc !== pc) throw new Error("connection cancelled");  // no offer for a dropped one
-      const answer = await api("POST", `/api/sessions/${S.session.session_id}/offer`,
-        { sdp: pc.localDescription.sdp, type: "offer" });
-      await pc.setRemoteDescription(answer);
-      await playing;
-    } catch (err) {
-      pc.close();
-      if (S.pc === pc) Object.assign(S, { pc: null, dc: null, onFirstFrame: null });
-      throw err;
-    } finally {
-      clearTimeout(timer);
-    }
-    return pc;
-  }
-  S.connectPeer = connectPeer;
-  S.api = api;
-
-  async function startWebRTC() {
-    await connectPeer(WEBRTC_TIMEOUT_MS);
-    S.transport = "webrtc";
-    setBadge("WebRTC", "webrtc");
-  }
-
-  // url: where the session's WebSocket is served (ws_media.js: its replica's host); default
-  // this server's route
-  function startWebSocket(url) {
-    return new Promise((resolve, reject) => {
-      const proto = location.protocol === "https:" ? "wss" : "ws";
-      if (!S.session) { reject(new Error("no session to connect to")); return; }
-      const { session_id, token } = S.session;
-      const base = url || `${proto}://${location.host}/api/sessions/${session_id}/ws`;
-      const ws = new WebSocket(`${base}?token=${encodeURIComponent(token)}`);
-      ws.binaryType = "arraybuffer";
-      S.ws = ws;
-      const canvas = $("ws-canvas"), g = canvas.getContext("2d");
-      ws.onopen = () => {
-        S.transport = "websocket";
-        $("ws-video").classList.add("ws-hidden");
-        canvas.classList.remove("ws-hidden");
-        setBadge("WebSocket (fallback)", "websocket");
-        for (let i = 0; i < WS_CREDITS; i++) ws.send('{"type":"next"}');
-        sendKeys();
-        resolve();
-      };
-      ws.onerror = () => reject(new Error("WebSocket failed"));
-      ws.onclose = () => { if (S.ws === ws) setBadge("disconnected", "off"); };
-      ws.onmessage = async (e) => {
-        S.lastMessageAt = performance.now();  // ws_media.js's watchdog
-        if (typeof e.data === "string") { onServerMessage(JSON.parse(e.data)); return; }
-        const view = new DataView(e.data);
-        const size = view.getUint32(0);
-        const meta = JSON.parse(new TextDecoder().decode(new Uint8Array(e.data, 4, size)));
-        meta.received_at = performance.now();
-        const bitmap = await createImageBitmap(new Blob([new Uint8Array(e.data, 4 + size)],
-          { type: "image/jpeg" }));
-        if (canvas.width !== bitmap.width) { canvas.width = bitmap.width; canvas.height = bitmap.height; }
-        requestAnimationFrame((now) => {
-          g.drawImage(bitmap, 0, 0);
-          onPresented(meta, now);
-          if (ws.readyState === WebSocket.OPEN) ws.send('{"type":"next"}');
-        });
-      };
-    });
-  }
-
-  S.startWebSocket = startWebSocket;
-
   // the peer connection closed and what matched its frames (RTP origin, frame messages,
   // stats) reset; the HUD's counters (fps, action-to-photon, dropped, chart) are kept:
   // reconnect.js calls it before it offers again
@@ -499,6 +205,8 @@
     S.shownEarly.clear();
   }
   S.dropPeer = dropPeer;
+  S.onServerMessage = onServerMessage;  // transports.js feeds it
+  S.sendKeys = sendKeys;
 
   function teardown() {
     dropPeer();
@@ -531,7 +239,7 @@
       while (!S.session) {
         live();
         try {
-          S.session = await api("POST", "/api/sessions",
+          S.session = await S.api("POST", "/api/sessions",
             { prompt, seed: Number.isFinite(seed) ? seed : undefined });
         } catch (err) {
           if (err.status !== 503) throw err;
@@ -544,17 +252,17 @@
       const pref = $("ws-transport").value;
       if (pref !== "websocket") {
         try {
-          await startWebRTC();
+          await S.startWebRTC();
         } catch (err) {
           if (pref === "webrtc" || run.cancelled) throw err;
           log(`WebRTC unavailable (${err.message}); using the WebSocket fallback`);
           teardown();
-          await (S.openWebSocket || startWebSocket)();
+          await (S.openWebSocket || S.startWebSocket)();
         }
       } else {
-        await (S.openWebSocket || startWebSocket)();
+        await (S.openWebSocket || S.startWebSocket)();
       }
-      if (!S.statsTimer) S.statsTimer = setInterval(pollStats, 1000);
+      if (!S.statsTimer) S.statsTimer = setInterval(S.pollStats, 1000);
     } catch (err) {
       if (run.cancelled) return;  // the restart that cancelled it goes on
       setBadge("error", "off");
@@ -572,7 +280,7 @@
     if (old) old.closed = true;  // closed by the user: never re-offered (reconnect.js)
     teardown();
     S.session = old;
-    if (old) await api("DELETE", `/api/sessions/${old.session_id}`).catch(() => {});
+    if (old) await S.api("DELETE", `/api/sessions/${old.session_id}`).catch(() => {});
     S.session = null;
     $("ws-download").classList.add("ws-disabled");
     $("ws-previews").replaceChildren();
