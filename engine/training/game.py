@@ -2,7 +2,9 @@
 
 Records play when no dataset is given, fits the palette, then trains ``GameUNet`` on
 cross-entropy over palette colours with changed pixels weighted (``change_weight``; undone at
-decoding), partly on its own predictions: each step predicts ``unroll`` frames in a row, each
+decoding) and a per-frame latent inferred from the true next frame (a conditional VAE: the KL
+to ``N(0, I)`` joins the loss; play draws the latent from that prior), partly on its own
+predictions: each step predicts ``unroll`` frames in a row, each
 from the context that holds the previous predictions (argmax, no gradient through it), so the
 model learns to continue from its own frames (DIAMOND, Self-Forcing). Resumable (checkpoint
 every ``checkpoint_every`` steps), EMA weights, tqdm.
@@ -64,6 +66,16 @@ class GameTrainConfig:
     """Palette size cap."""
     change_weight: float = 10.0
     """Loss weight of pixels that differ from the last context frame."""
+    latent_dim: int = 16
+    """Per-frame latent width (0: a deterministic model that never commits to an uncertain
+    change: a serve, an enemy's step)."""
+    kl_weight: float = 1.0
+    """Weight of the latent's KL (nats per frame) against the weighted cross-entropy summed
+    over pixels."""
+    kl_free: float = 0.5
+    """Free bits: a batch's mean KL below this many nats per frame costs nothing, so the
+    latent is not shut before the network has learnt what it could carry (a rare serve is
+    worth a few nats once every few dozen frames)."""
     corrupt: float = 0.05
     """Context corruption: half the clips get up to this share of their context pixels
     replaced by pixels from elsewhere in the same frame, so the model learns to repair what
@@ -104,23 +116,33 @@ def corrupt_context(context: torch.Tensor, rate: float, gen: torch.Generator) ->
 
 
 def _clip_loss(unet: GameUNet, frames: torch.Tensor, actions: torch.Tensor,
-               cfg: GameTrainConfig, gen: torch.Generator) -> torch.Tensor:
-    """Mean weighted cross-entropy over the ``unroll`` predicted frames of a clip batch."""
+               cfg: GameTrainConfig, gen: torch.Generator) -> tuple[torch.Tensor, float]:
+    """Mean weighted cross-entropy (plus the latent's KL) over the ``unroll`` predicted frames
+    of a clip batch, and the KL in nats per frame (how much the latent carries)."""
     c = cfg.context
     context = frames[:, :c]
     if cfg.corrupt > 0:
         context = corrupt_context(context, cfg.corrupt, gen)
     total = frames.new_zeros((), dtype=torch.float32)
+    kl_nats = 0.0
     for k in range(cfg.unroll):
         target = frames[:, c + k]
-        logits = unet(context, actions[:, k:k + c]).float()
+        z, kl = None, 0.0
+        if cfg.latent_dim:
+            mu, logvar = unet.posterior(target, context[:, -1])
+            eps = torch.randn(mu.shape, generator=gen).to(mu.device)
+            z = mu + eps * (0.5 * logvar).exp()
+            kl = 0.5 * (mu.square() + logvar.exp() - 1 - logvar).sum()
+            kl_nats += kl.item() / len(mu) / cfg.unroll
+            kl = torch.clamp(kl, min=cfg.kl_free * len(mu))
+        logits = unet(context, actions[:, k:k + c], z).float()
         weight = 1.0 + (cfg.change_weight - 1.0) * (target != context[:, -1]).float()
         loss = F.cross_entropy(logits, target, reduction="none")
-        total = total + (loss * weight).sum() / weight.sum()
+        total = total + ((loss * weight).sum() + cfg.kl_weight * kl) / weight.sum()
         with torch.no_grad():
             guess = logits.argmax(1)
         context = torch.cat([context[:, 1:], guess[:, None]], 1)
-    return total / cfg.unroll
+    return total / cfg.unroll, kl_nats
 
 
 def prepare_data(cfg: GameTrainConfig) -> tuple[dict, dataset.Episodes]:
@@ -151,7 +173,8 @@ def train(cfg: GameTrainConfig, progress: bool = True) -> GameWorld:
                           np.random.default_rng(cfg.seed))
     device = torch.device(cfg.device)
     unet = GameUNet(num_colours=len(palette), num_actions=len(meanings), context=cfg.context,
-                    channels=tuple(cfg.channels), size=cfg.size).to(device)
+                    channels=tuple(cfg.channels), size=cfg.size,
+                    latent_dim=cfg.latent_dim).to(device)
     ema = GameUNet.from_config(unet.config).to(device)
     ema.load_state_dict(unet.state_dict())
     opt = torch.optim.AdamW(unet.parameters(), lr=cfg.lr, weight_decay=0.01)
@@ -174,12 +197,13 @@ def train(cfg: GameTrainConfig, progress: bool = True) -> GameWorld:
         bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, disable=not progress,
                    desc=f"train {cfg.env}")
         t0 = time.perf_counter()
+        kls: list[float] = []
         for step in bar:
             for group in opt.param_groups:
                 group["lr"] = _lr(step, cfg)
             frames, actions = sampler.sample(cfg.batch)
             with autocast(device):
-                loss = _clip_loss(unet, frames.to(device), actions.to(device), cfg, gen)
+                loss, kl = _clip_loss(unet, frames.to(device), actions.to(device), cfg, gen)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(unet.parameters(), 1.0)
@@ -190,7 +214,8 @@ def train(cfg: GameTrainConfig, progress: bool = True) -> GameWorld:
                 for pe, p in zip(ema.parameters(), unet.parameters(), strict=True):
                     pe.lerp_(p, 1 - decay)
             log.append(loss.item())
-            bar.set_postfix(loss=f"{np.mean(log[-50:]):.4f}")
+            kls.append(kl)
+            bar.set_postfix(loss=f"{np.mean(log[-50:]):.4f}", kl=f"{np.mean(kls[-50:]):.2f}")
             if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
                 save_checkpoint(ckpt_path, unet=unet.state_dict(), ema=ema.state_dict(),
                                 opt=opt.state_dict(), palette=palette.colours, step=step + 1,

@@ -5,6 +5,12 @@ context frames the same way); the actions of the context and of the predicted fr
 every residual block through adaptive group norm (a scale and shift per channel). The logits
 start from the last frame copied (a learned gain on its one-hot), so the network spends its
 capacity on what changes.
+
+With ``latent_dim > 0`` a latent ``z`` joins the actions in that conditioning: what the frames
+and actions leave open (a serve's moment and place, an enemy's step) is drawn once per frame
+from ``z ~ N(0, I)``, so the whole frame commits to one outcome instead of each pixel keeping
+its most likely colour (a conditional VAE: ``posterior`` infers ``z`` from the true next frame
+in training only).
 """
 
 from __future__ import annotations
@@ -39,26 +45,47 @@ class _Block(nn.Module):
         return self.skip(x) + h
 
 
+class _Posterior(nn.Module):
+    """``q(z | next frame, last frame)``: the two frames' colour embeddings stacked, three
+    stride-2 convs to ``size / 8`` squared, a linear map to ``(mu, logvar)`` ``(B, latent)``
+    each (the flatten keeps where things changed)."""
+
+    def __init__(self, colour_dim: int, latent_dim: int, size: int):
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Conv2d(2 * colour_dim, 32, 3, stride=2, padding=1), nn.SiLU(),
+            nn.Conv2d(32, 64, 3, stride=2, padding=1), nn.SiLU(),
+            nn.Conv2d(64, 32, 3, stride=2, padding=1), nn.SiLU(), nn.Flatten(),
+            nn.Linear(32 * ((size + 7) // 8) ** 2, 2 * latent_dim))
+
+    def forward(self, pair: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        mu, logvar = self.net(pair).float().chunk(2, dim=1)
+        return mu, logvar.clamp(-8.0, 4.0)
+
+
 class GameUNet(ModelMixin, ConfigMixin):
     """Args (saved in ``config.json``):
         num_colours: palette size K. num_actions: the env's action count.
         context: context frames (and context actions). channels: widths per resolution
         (each level halves the frame). colour_dim: embedding width of a palette colour.
-        action_dim: embedding width of an action.
-    ``forward(frames, actions) -> logits``: frames ``(B, context, H, W)`` long palette indices
+        action_dim: embedding width of an action. latent_dim: width of the per-frame latent
+        ``z`` (0: none, the network is deterministic). size: frame size (pixels).
+    ``forward(frames, actions, z=None) -> logits``: frames ``(B, context, H, W)`` long palette indices
     (oldest first), actions ``(B, context)`` long (the action after each context frame; the
-    last one leads to the predicted frame) -> ``(B, K, H, W)`` float logits.
+    last one leads to the predicted frame), ``z`` ``(B, latent_dim)`` float (None: zeros,
+    the prior's mean) -> ``(B, K, H, W)`` float logits. ``posterior(next_frame, last_frame)``:
+    ``(mu, logvar)`` of ``z`` from two ``(B, H, W)`` long frames (training).
     """
 
     @register_to_config
     def __init__(self, num_colours: int = 16, num_actions: int = 4, context: int = 4,
                  channels: tuple[int, ...] = (32, 64, 96), colour_dim: int = 8,
-                 action_dim: int = 32, size: int = 64):
+                 action_dim: int = 32, size: int = 64, latent_dim: int = 0):
         super().__init__()
         self.colour = nn.Embedding(num_colours, colour_dim)
         self.action = nn.Embedding(num_actions, action_dim)
         cond = 2 * action_dim
-        self.cond = nn.Sequential(nn.Linear(context * action_dim, cond), nn.SiLU(),
+        self.cond = nn.Sequential(nn.Linear(context * action_dim + latent_dim, cond), nn.SiLU(),
                                   nn.Linear(cond, cond))
         self.stem = nn.Conv2d(context * colour_dim, channels[0], 3, padding=1)
         self.down = nn.ModuleList()
@@ -77,11 +104,25 @@ class GameUNet(ModelMixin, ConfigMixin):
         self.copy_gain = nn.Parameter(torch.tensor(4.0))
         nn.init.zeros_(self.out.weight)
         nn.init.zeros_(self.out.bias)
+        self.posterior_net = _Posterior(colour_dim, latent_dim, size) if latent_dim else None
 
-    def forward(self, frames: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+    def posterior(self, next_frame: torch.Tensor,
+                  last_frame: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.posterior_net is None:
+            raise ValueError("this network has no latent (latent_dim=0)")
+        pair = torch.cat([self.colour(next_frame), self.colour(last_frame)], -1)
+        return self.posterior_net(pair.permute(0, 3, 1, 2))
+
+    def forward(self, frames: torch.Tensor, actions: torch.Tensor,
+                z: torch.Tensor | None = None) -> torch.Tensor:
         b, t, h, w = frames.shape
         x = self.colour(frames).permute(0, 1, 4, 2, 3).reshape(b, -1, h, w)
-        c = self.cond(self.action(actions).reshape(b, -1))
+        cond = self.action(actions).reshape(b, -1)
+        if self.config.latent_dim:
+            if z is None:
+                z = cond.new_zeros(b, self.config.latent_dim)
+            cond = torch.cat([cond, z.to(cond.dtype)], 1)
+        c = self.cond(cond)
         x = self.stem(x)
         skips = []
         for block, pool in zip(self.down, self.pool, strict=True):
