@@ -22,28 +22,9 @@ import pytest
 from tests.fixtures.browser import CHROMIUM, CHROMIUM_ARGS
 from tests.fixtures.engine import wait_for
 from worldstream.bench.cluster.viewers import Viewer
-from worldstream.bench.e2e_server import LocalServer
-from worldstream.engine.core.config import EngineConfig
-from worldstream.streaming.limits import Limits
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    from worldstream.engine.cluster.router import RayEngine
-    from worldstream.streaming.replica_media import MediaReplica
-
-    engine = RayEngine("emulated", replicas=2, threads=None, monitor_period_s=0.5,
-                       hang_after_s=2.0, replica_cls=MediaReplica,
-                       config=EngineConfig(max_sessions=4, fps=16, mode="responsive")).start()
-    server = LocalServer(engine, Limits(max_sessions=8, creations_per_s=50),
-                         ui=True).__enter__()
-    yield engine, server
-    server.__exit__(None, None, None)
-    engine.stop()
-    assert not ray.is_initialized()
 
 
 def _replica_of(engine, session_id: str) -> dict:
@@ -90,8 +71,8 @@ def _gap_after(arrivals: list[float], t: float) -> float:
     return after[0] - (before[-1] if before else t)
 
 
-def test_media_leaves_from_the_replica_and_no_frame_crosses_the_front_end(cluster):
-    engine, server = cluster
+def test_media_leaves_from_the_replica_and_no_frame_crosses_the_front_end(media_cluster):
+    engine, server = media_cluster
     seen = {}
 
     def check(viewer: Viewer) -> None:
@@ -112,8 +93,8 @@ def test_media_leaves_from_the_replica_and_no_frame_crosses_the_front_end(cluste
     assert rate > 12 and viewer.reconnects == [] and viewer.result["errors"] == []
 
 
-def test_a_killed_replica_moves_the_session_its_media_and_its_recording(cluster):
-    engine, server = cluster
+def test_a_killed_replica_moves_the_session_its_media_and_its_recording(media_cluster):
+    engine, server = media_cluster
     killed: dict = {}
 
     def kill(viewer: Viewer) -> None:
@@ -133,12 +114,12 @@ def test_a_killed_replica_moves_the_session_its_media_and_its_recording(cluster)
     assert sid  # the same session id throughout: the viewer never made another
 
 
-def test_frame_indices_number_on_when_the_replica_sending_the_media_dies(cluster):
+def test_frame_indices_number_on_when_the_replica_sending_the_media_dies(media_cluster):
     """PROTOCOL_EXTENSIONS ("recovered"): frame indices number on across a failover, also
     when the frames leave from the replicas (whose frames the front end never sees): the new
     replica's first index is past the last one the client saw, none comes twice, and the jump
     is no more than the frames the failover lost."""
-    engine, server = cluster
+    engine, server = media_cluster
     killed: dict = {}
 
     def kill(viewer: Viewer) -> None:
@@ -159,8 +140,8 @@ def test_frame_indices_number_on_when_the_replica_sending_the_media_dies(cluster
     assert after[0] - before[-1] <= 16 * (gap_s + 1.0), (before[-1], after[0], gap_s)
 
 
-def test_a_hung_replica_is_failed_over_after_its_deadline(cluster, caplog):
-    engine, server = cluster
+def test_a_hung_replica_is_failed_over_after_its_deadline(media_cluster, caplog):
+    engine, server = media_cluster
     stopped: dict = {}
 
     def freeze(viewer: Viewer) -> None:
@@ -182,7 +163,7 @@ def test_a_hung_replica_is_failed_over_after_its_deadline(cluster, caplog):
             pass
 
 
-def test_a_front_end_started_beside_live_replicas_says_so(cluster, caplog):
+def test_a_front_end_started_beside_live_replicas_says_so(media_cluster, caplog):
     from worldstream.engine.cluster.router import RayEngine
 
     with caplog.at_level(logging.WARNING, logger="worldstream.engine.cluster"):
@@ -209,13 +190,13 @@ RESUMED = """(t) => window.worldstream.recovered.length >= 1
 
 @pytest.mark.browser
 @pytest.mark.skipif(not CHROMIUM.exists(), reason=f"no Chromium at {CHROMIUM}")
-def test_the_page_offers_again_when_its_replica_dies_and_plays_on(cluster):
+def test_the_page_offers_again_when_its_replica_dies_and_plays_on(media_cluster):
     """The page's own recovery (app/static/reconnect.js): its replica SIGKILLed, the video
     resumes on the same element within seconds, ``recovered`` seen, the HUD's counters kept;
     the session then deleted elsewhere, the page's offer gets 404 and it offers no more."""
     from playwright.sync_api import sync_playwright
 
-    engine, server = cluster
+    engine, server = media_cluster
     assert wait_for(lambda: sum(r["alive"] for r in engine.metrics()["replicas"]) >= 2, 120)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)

@@ -20,28 +20,10 @@ import pytest
 import websockets
 
 from tests.fixtures.browser import CHROMIUM, CHROMIUM_ARGS
-from worldstream.bench.e2e_server import LocalServer
-from worldstream.engine.core.config import EngineConfig
-from worldstream.streaming.limits import Limits
 from worldstream.streaming.websocket import unpack_frame
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    from worldstream.engine.cluster.router import RayEngine
-    from worldstream.streaming.replica_media import MediaReplica
-
-    engine = RayEngine("emulated", replicas=2, threads=None, monitor_period_s=0.5,
-                       hang_after_s=2.0, replica_cls=MediaReplica,
-                       config=EngineConfig(max_sessions=4, fps=16, mode="responsive")).start()
-    server = LocalServer(engine, Limits(max_sessions=8, creations_per_s=50),
-                         ui=True).__enter__()
-    yield engine, server
-    server.__exit__(None, None, None)
-    engine.stop()
 
 
 async def _session(http: httpx.AsyncClient) -> tuple[str, str, dict]:
@@ -89,8 +71,8 @@ async def _refused(url: str, **kwargs) -> int:
     return refused.value.response.status_code
 
 
-def test_the_replica_serves_the_websocket_and_the_front_end_route_still_works(cluster):
-    engine, server = cluster
+def test_the_replica_serves_the_websocket_and_the_front_end_route_still_works(media_cluster):
+    engine, server = media_cluster
 
     async def run() -> None:
         async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
@@ -125,8 +107,8 @@ def test_the_replica_serves_the_websocket_and_the_front_end_route_still_works(cl
     asyncio.run(run())
 
 
-def test_a_killed_replica_s_websocket_reconnects_to_the_new_one_and_is_told(cluster):
-    engine, server = cluster
+def test_a_killed_replica_s_websocket_reconnects_to_the_new_one_and_is_told(media_cluster):
+    engine, server = media_cluster
 
     async def run() -> None:
         async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
@@ -176,14 +158,14 @@ def _wait(page, predicate: str, arg) -> None:
 
 @pytest.mark.browser
 @pytest.mark.skipif(not CHROMIUM.exists(), reason=f"no Chromium at {CHROMIUM}")
-def test_the_page_uses_the_replica_s_websocket_falls_back_and_recovers(cluster):
+def test_the_page_uses_the_replica_s_websocket_falls_back_and_recovers(media_cluster):
     """The page (app/static/ws_media.js), WebSocket chosen: its frames come from the replica's
     URL; that URL refused (a client that reaches only the front end), from the front end's
     route; its replica SIGKILLed, it reconnects to the new replica's URL and sees
     ``recovered``."""
     from playwright.sync_api import sync_playwright
 
-    engine, server = cluster
+    engine, server = media_cluster
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:
