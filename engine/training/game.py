@@ -3,7 +3,7 @@
 Records play when no dataset is given, fits the palette, then trains ``GameUNet`` on
 cross-entropy over palette colours with changed pixels weighted (``change_weight``; undone at
 decoding) and a per-frame latent inferred from the true next frame (a conditional VAE: the KL
-to ``N(0, I)`` joins the loss; play draws the latent from that prior), partly on its own
+to ``N(0, I)`` joins the loss; play feeds the prior's mean), partly on its own
 predictions: each step predicts ``unroll`` frames in a row, each
 from the context that holds the previous predictions (argmax, no gradient through it), so the
 model learns to continue from its own frames (DIAMOND, Self-Forcing). Resumable (checkpoint
@@ -67,8 +67,8 @@ class GameTrainConfig:
     change_weight: float = 10.0
     """Loss weight of pixels that differ from the last context frame."""
     latent_dim: int = 16
-    """Per-frame latent width (0: a deterministic model that never commits to an uncertain
-    change: a serve, an enemy's step)."""
+    """Per-frame latent width (0: none). Training only: it takes what the past cannot settle
+    (a serve, an enemy's step), so the network is not pulled towards freezing the frame."""
     kl_weight: float = 1.0
     """Weight of the latent's KL (nats per frame) against the weighted cross-entropy summed
     over pixels."""

@@ -66,8 +66,11 @@ def write_card(folder: Path) -> Path:
         f"`worldstream train --env {world['env']} --out DIR` — {cfg['steps']} steps of "
         f"{cfg['batch']} clips, {cfg['unroll']} frames predicted in a row from the model's own "
         f"previous predictions, changed pixels weighted ×{cfg['change_weight']:g}, context "
-        f"corruption up to {cfg.get('corrupt', 0):.0%} of pixels in half the clips, AdamW "
-        f"{cfg['lr']:g}, EMA {cfg['ema']}; {training['train_seconds'] / 60:.0f} min of "
+        f"corruption up to {cfg.get('corrupt', 0):.0%} of pixels in half the clips, "
+        + (f"a {cfg['latent_dim']}-dim latent per frame inferred from the true frame (KL "
+           f"×{cfg['kl_weight']:g}, {cfg['kl_free']:g} free nats; play feeds its prior mean), "
+           if cfg.get("latent_dim") else "")
+        + f"AdamW {cfg['lr']:g}, EMA {cfg['ema']}; {training['train_seconds'] / 60:.0f} min of "
         f"training on {cfg['device']} ({cfg['threads']} threads)"
         + (f"; {training['weights']}." if training.get("weights") else "."),
         "",

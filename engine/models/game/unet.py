@@ -6,11 +6,10 @@ every residual block through adaptive group norm (a scale and shift per channel)
 start from the last frame copied (a learned gain on its one-hot), so the network spends its
 capacity on what changes.
 
-With ``latent_dim > 0`` a latent ``z`` joins the actions in that conditioning: what the frames
-and actions leave open (a serve's moment and place, an enemy's step) is drawn once per frame
-from ``z ~ N(0, I)``, so the whole frame commits to one outcome instead of each pixel keeping
-its most likely colour (a conditional VAE: ``posterior`` infers ``z`` from the true next frame
-in training only).
+With ``latent_dim > 0`` a latent ``z`` joins the actions in that conditioning (a conditional
+VAE): in training ``posterior`` infers it from the true next frame, so what the frames and
+actions leave open (a serve's moment, an enemy's step) is explained by ``z`` instead of pulling
+every prediction towards "nothing changes"; play feeds the prior's mean, ``z = 0``.
 """
 
 from __future__ import annotations
@@ -70,11 +69,12 @@ class GameUNet(ModelMixin, ConfigMixin):
         (each level halves the frame). colour_dim: embedding width of a palette colour.
         action_dim: embedding width of an action. latent_dim: width of the per-frame latent
         ``z`` (0: none, the network is deterministic). size: frame size (pixels).
-    ``forward(frames, actions, z=None) -> logits``: frames ``(B, context, H, W)`` long palette indices
-    (oldest first), actions ``(B, context)`` long (the action after each context frame; the
-    last one leads to the predicted frame), ``z`` ``(B, latent_dim)`` float (None: zeros,
-    the prior's mean) -> ``(B, K, H, W)`` float logits. ``posterior(next_frame, last_frame)``:
-    ``(mu, logvar)`` of ``z`` from two ``(B, H, W)`` long frames (training).
+    ``forward(frames, actions, z=None) -> logits``: frames ``(B, context, H, W)`` long palette
+    indices (oldest first), actions ``(B, context)`` long (the action after each context
+    frame; the last one leads to the predicted frame), ``z`` ``(B, latent_dim)`` float (None:
+    zeros, the prior's mean, as in play) -> ``(B, K, H, W)`` float logits.
+    ``posterior(next_frame, last_frame)``: ``(mu, logvar)`` of ``z`` from two ``(B, H, W)``
+    long frames (training).
     """
 
     @register_to_config

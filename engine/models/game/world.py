@@ -42,35 +42,20 @@ class GameWorld:
     def context(self) -> int:
         return int(self.unet.config.context)
 
-    @property
-    def latent_dim(self) -> int:
-        """Width of the per-frame latent (0: a deterministic world)."""
-        return int(self.unet.config.get("latent_dim", 0))
-
-    def latent(self, seed: int, step: int) -> torch.Tensor:
-        """The latent of frame ``step`` of a session of ``seed``: ``(latent_dim,)`` float32
-        ~ N(0, I), a pure function of the two (exact replay, forks and save points need no
-        generator state); numpy's generator, so it is the same on every machine."""
-        rng = np.random.default_rng([int(seed), int(step)])
-        return torch.from_numpy(rng.standard_normal(self.latent_dim).astype(np.float32))
-
-    def logits(self, frames: torch.Tensor, actions: torch.Tensor,
-               z: torch.Tensor | None = None) -> torch.Tensor:
+    def logits(self, frames: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
         """Calibrated logits ``(B, K, H, W)``: the network's, less ``log(change_weight)`` on
         every colour that differs from the last frame's (weighted cross-entropy learns odds
-        multiplied by that weight). ``z`` ``(B, latent_dim)``: the frames' latents (None:
-        zeros)."""
-        logits = self.unet(frames, actions, z).float()
+        multiplied by that weight)."""
+        logits = self.unet(frames, actions).float()
         if self.change_weight != 1.0:
             last = torch.nn.functional.one_hot(frames[:, -1], len(self.palette))
             logits = logits - math.log(self.change_weight) * (1 - last.permute(0, 3, 1, 2))
         return logits
 
     @torch.no_grad()
-    def next_frame(self, frames: torch.Tensor, actions: torch.Tensor,
-                   z: torch.Tensor | None = None) -> torch.Tensor:
-        """The most likely next frame given ``z``: ``(B, H, W)`` long palette indices."""
-        return self.logits(frames, actions, z).argmax(1)
+    def next_frame(self, frames: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        """The most likely next frame ``(B, H, W)`` long palette indices."""
+        return self.logits(frames, actions).argmax(1)
 
     def save(self, folder: str | Path) -> None:
         """Write the folder; the weights as bf16 (half the bytes; the CPU computes in bf16
