@@ -19,10 +19,8 @@
   const SILENCE_MS = 600;
   const MAX_OFFERS = 20;          // per recovery: a move answers 503 for about a second
   const FRAME_TIMEOUT_MS = 4000;  // a new connection with no frame by then: offer again
-  const ENDED = new Set([400, 401, 403, 404]);  // the session (or its token) is no more
 
   let badSince = null, busy = false;
-  const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
   // why the current connection is taken for gone, or null
   function stopped(S, now) {
@@ -61,35 +59,15 @@
     S.log(`media stopped (${why}): reconnecting…`);
     S.dropPeer();  // late messages of the old connection must not pass for the new one's
     try {
-      while (live() && attempt.offers < MAX_OFFERS) {
-        attempt.offers++;
-        try {
-          const pc = await S.connectPeer(FRAME_TIMEOUT_MS);
-          if (!live()) { if (S.pc === pc) S.dropPeer(); return; }
-          attempt.ok = true;
-          attempt.ms = performance.now() - t0;
-          S.setBadge("WebRTC", "webrtc");  // the stats poll names the codec again
-          const moved = S.recovered.length > since ? " (the session moved: recovered)" : "";
-          S.log(`reconnected in ${(attempt.ms / 1000).toFixed(1)} s${moved}`);
-          return;
-        } catch (err) {
-          if (ENDED.has(err.status)) {
-            S.ended = true;
-            S.setBadge("session ended", "off");
-            S.log(`the session has ended (${err.message}); press Restart`, true);
-            return;
-          }
-          attempt.last = String(err.message || err);
-          S.setBadge(`reconnecting… (${attempt.offers})`, "reconnecting");
-          // 503: the session is being moved; 429: its old peer is still counted
-          await sleep(err.retryAfter ? 1000 * err.retryAfter : 500);
-        }
-      }
-      if (live()) {
-        S.transport = null;  // the watchdog stops here: Restart starts afresh
-        S.setBadge("disconnected", "off");
-        S.log(`could not reconnect (${attempt.last}); press Restart`, true);
-      }
+      await S.reconnectLoop(attempt, "offers", MAX_OFFERS, live, async () => {
+        const pc = await S.connectPeer(FRAME_TIMEOUT_MS);
+        if (!live()) { if (S.pc === pc) S.dropPeer(); return; }
+        attempt.ok = true;
+        attempt.ms = performance.now() - t0;
+        S.setBadge("WebRTC", "webrtc");  // the stats poll names the codec again
+        const moved = S.recovered.length > since ? " (the session moved: recovered)" : "";
+        S.log(`reconnected in ${(attempt.ms / 1000).toFixed(1)} s${moved}`);
+      });
     } finally {
       busy = false;
     }

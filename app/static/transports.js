@@ -146,6 +146,38 @@
     });
   }
 
+  // A recovery's loop, shared by reconnect.js (WebRTC) and ws_media.js (WebSocket): calls
+  // `tryOnce` until it resolves, the session is no longer `live()` or `max` tries are spent
+  // (attempt[count] counts them, attempt.last keeps the last error). A refused session (400,
+  // 401, 403, 404) ends the page's session; 503 (being moved) and 429 wait as the server says.
+  const ENDED = new Set([400, 401, 403, 404]);
+  const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+  async function reconnectLoop(attempt, count, max, live, tryOnce) {
+    while (live() && attempt[count] < max) {
+      attempt[count]++;
+      try {
+        await tryOnce();
+        return;
+      } catch (err) {
+        if (ENDED.has(err.status)) {
+          S.ended = true;
+          S.setBadge("session ended", "off");
+          S.log(`the session has ended (${err.message}); press Restart`, true);
+          return;
+        }
+        attempt.last = String(err.message || err);
+        S.setBadge(`reconnecting… (${attempt[count]})`, "reconnecting");
+        await sleep(err.retryAfter ? 1000 * err.retryAfter : 500);
+      }
+    }
+    if (live()) {
+      S.transport = null;  // the watchdogs stop here: Restart starts afresh
+      S.setBadge("disconnected", "off");
+      S.log(`could not reconnect (${attempt.last}); press Restart`, true);
+    }
+  }
+
+  S.reconnectLoop = reconnectLoop;
   S.startWebSocket = startWebSocket;
   S.startWebRTC = startWebRTC;
 })();

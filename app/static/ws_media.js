@@ -22,7 +22,6 @@
   const ENDED = new Set([400, 401, 403, 404]);  // the session (or its token) is no more
 
   let busy = false;
-  const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
   // the current WebSocket closed and forgotten (its late messages must not count)
   function dropWs(S) {
@@ -90,31 +89,12 @@
     S.log(`WebSocket stopped (${why}): reconnecting…`);
     dropWs(S);
     try {
-      while (live() && attempt.tries < MAX_TRIES) {
-        attempt.tries++;
-        try {
-          await open(true);
-          if (!live()) { dropWs(S); return; }
-          Object.assign(attempt, { ok: true, ms: performance.now() - t0, to: S.wsFrom });
-          S.log(`reconnected in ${(attempt.ms / 1000).toFixed(1)} s`);
-          return;
-        } catch (err) {
-          if (ENDED.has(err.status)) {
-            S.ended = true;
-            S.setBadge("session ended", "off");
-            S.log(`the session has ended (${err.message}); press Restart`, true);
-            return;
-          }
-          attempt.last = String(err.message || err);
-          S.setBadge(`reconnecting… (${attempt.tries})`, "reconnecting");
-          await sleep(err.retryAfter ? 1000 * err.retryAfter : 500);
-        }
-      }
-      if (live()) {
-        S.transport = null;
-        S.setBadge("disconnected", "off");
-        S.log(`could not reconnect (${attempt.last}); press Restart`, true);
-      }
+      await S.reconnectLoop(attempt, "tries", MAX_TRIES, live, async () => {
+        await open(true);
+        if (!live()) { dropWs(S); return; }
+        Object.assign(attempt, { ok: true, ms: performance.now() - t0, to: S.wsFrom });
+        S.log(`reconnected in ${(attempt.ms / 1000).toFixed(1)} s`);
+      });
     } finally {
       busy = false;
     }
