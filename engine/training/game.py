@@ -67,8 +67,11 @@ class GameTrainConfig:
     change_weight: float = 10.0
     """Loss weight of pixels that differ from the last context frame."""
     latent_dim: int = 16
-    """Per-frame latent width (0: none). Training only: it takes what the past cannot settle
-    (a serve, an enemy's step), so the network is not pulled towards freezing the frame."""
+    """Per-frame latent width (0: none): it takes what the past cannot settle (a serve, an
+    enemy's step), so the network is not pulled towards freezing the frame."""
+    latent_prior: bool = True
+    """Train a prior over the latent beside the posterior and draw from it at play (False:
+    N(0, I), and play feeds its mean)."""
     kl_weight: float = 1.0
     """Weight of the latent's KL (nats per frame) against the weighted cross-entropy summed
     over pixels."""
@@ -115,6 +118,14 @@ def corrupt_context(context: torch.Tensor, rate: float, gen: torch.Generator) ->
     return torch.where(mask, shuffled, context)
 
 
+def gaussian_kl(mu: torch.Tensor, logvar: torch.Tensor, mu_p: torch.Tensor,
+                logvar_p: torch.Tensor) -> torch.Tensor:
+    """KL(N(mu, e^logvar) || N(mu_p, e^logvar_p)) per dimension, in nats; the prior's terms
+    get gradients too, so a learned prior moves towards what the posterior infers."""
+    return 0.5 * (logvar_p - logvar + (logvar.exp() + (mu - mu_p).square()) / logvar_p.exp()
+                  - 1)
+
+
 def _clip_loss(unet: GameUNet, frames: torch.Tensor, actions: torch.Tensor,
                cfg: GameTrainConfig, gen: torch.Generator) -> tuple[torch.Tensor, float]:
     """Mean weighted cross-entropy (plus the latent's KL) over the ``unroll`` predicted frames
@@ -132,7 +143,7 @@ def _clip_loss(unet: GameUNet, frames: torch.Tensor, actions: torch.Tensor,
             mu, logvar = unet.posterior(target, context[:, -1])
             eps = torch.randn(mu.shape, generator=gen).to(mu.device)
             z = mu + eps * (0.5 * logvar).exp()
-            kl = 0.5 * (mu.square() + logvar.exp() - 1 - logvar).sum()
+            kl = gaussian_kl(mu, logvar, *unet.prior(context, actions[:, k:k + c])).sum()
             kl_nats += kl.item() / len(mu) / cfg.unroll
             kl = torch.clamp(kl, min=cfg.kl_free * len(mu))
         logits = unet(context, actions[:, k:k + c], z).float()
@@ -174,7 +185,8 @@ def train(cfg: GameTrainConfig, progress: bool = True) -> GameWorld:
     device = torch.device(cfg.device)
     unet = GameUNet(num_colours=len(palette), num_actions=len(meanings), context=cfg.context,
                     channels=tuple(cfg.channels), size=cfg.size,
-                    latent_dim=cfg.latent_dim).to(device)
+                    latent_dim=cfg.latent_dim,
+                    latent_prior=cfg.latent_prior and cfg.latent_dim > 0).to(device)
     ema = GameUNet.from_config(unet.config).to(device)
     ema.load_state_dict(unet.state_dict())
     opt = torch.optim.AdamW(unet.parameters(), lr=cfg.lr, weight_decay=0.01)

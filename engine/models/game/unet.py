@@ -9,7 +9,10 @@ capacity on what changes.
 With ``latent_dim > 0`` a latent ``z`` joins the actions in that conditioning (a conditional
 VAE): in training ``posterior`` infers it from the true next frame, so what the frames and
 actions leave open (a serve's moment, an enemy's step) is explained by ``z`` instead of pulling
-every prediction towards "nothing changes"; play feeds the prior's mean, ``z = 0``.
+every prediction towards "nothing changes". With ``latent_prior`` a learned prior
+``p(z | context, actions)`` is trained beside the posterior (SVG-LP, SV2P) and play draws ``z``
+from it, so a world commits to one outcome of those the past leaves open; without it the prior
+is N(0, I) and play feeds its mean, ``z = 0``.
 """
 
 from __future__ import annotations
@@ -62,6 +65,28 @@ class _Posterior(nn.Module):
         return mu, logvar.clamp(-8.0, 4.0)
 
 
+class _Prior(nn.Module):
+    """``p(z | context frames, actions)``: the stacked context embeddings through three
+    stride-2 convs to ``size / 8`` squared, flattened beside the action vector, an MLP to
+    ``(mu, logvar)`` ``(B, latent)`` each."""
+
+    def __init__(self, in_channels: int, cond: int, latent_dim: int, size: int):
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Conv2d(in_channels, 32, 3, stride=2, padding=1), nn.SiLU(),
+            nn.Conv2d(32, 64, 3, stride=2, padding=1), nn.SiLU(),
+            nn.Conv2d(64, 32, 3, stride=2, padding=1), nn.SiLU(), nn.Flatten())
+        self.head = nn.Sequential(nn.Linear(32 * ((size + 7) // 8) ** 2 + cond, 128), nn.SiLU(),
+                                  nn.Linear(128, 2 * latent_dim))
+        # starts as N(0, I): the posterior's first KL is the standard VAE's
+        nn.init.zeros_(self.head[-1].weight)
+        nn.init.zeros_(self.head[-1].bias)
+
+    def forward(self, x: torch.Tensor, cond: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        mu, logvar = self.head(torch.cat([self.net(x), cond], 1)).float().chunk(2, dim=1)
+        return mu, logvar.clamp(-8.0, 4.0)
+
+
 class GameUNet(ModelMixin, ConfigMixin):
     """Args (saved in ``config.json``):
         num_colours: palette size K. num_actions: the env's action count.
@@ -69,18 +94,21 @@ class GameUNet(ModelMixin, ConfigMixin):
         (each level halves the frame). colour_dim: embedding width of a palette colour.
         action_dim: embedding width of an action. latent_dim: width of the per-frame latent
         ``z`` (0: none, the network is deterministic). size: frame size (pixels).
+        latent_prior: a learned prior over ``z`` (False: N(0, I)).
     ``forward(frames, actions, z=None) -> logits``: frames ``(B, context, H, W)`` long palette
     indices (oldest first), actions ``(B, context)`` long (the action after each context
     frame; the last one leads to the predicted frame), ``z`` ``(B, latent_dim)`` float (None:
     zeros, the prior's mean, as in play) -> ``(B, K, H, W)`` float logits.
     ``posterior(next_frame, last_frame)``: ``(mu, logvar)`` of ``z`` from two ``(B, H, W)``
-    long frames (training).
+    long frames (training). ``prior(frames, actions)``: ``(mu, logvar)`` of ``z`` before the
+    next frame is seen (zeros for the N(0, I) prior).
     """
 
     @register_to_config
     def __init__(self, num_colours: int = 16, num_actions: int = 4, context: int = 4,
                  channels: tuple[int, ...] = (32, 64, 96), colour_dim: int = 8,
-                 action_dim: int = 32, size: int = 64, latent_dim: int = 0):
+                 action_dim: int = 32, size: int = 64, latent_dim: int = 0,
+                 latent_prior: bool = False):
         super().__init__()
         self.colour = nn.Embedding(num_colours, colour_dim)
         self.action = nn.Embedding(num_actions, action_dim)
@@ -105,6 +133,8 @@ class GameUNet(ModelMixin, ConfigMixin):
         nn.init.zeros_(self.out.weight)
         nn.init.zeros_(self.out.bias)
         self.posterior_net = _Posterior(colour_dim, latent_dim, size) if latent_dim else None
+        self.prior_net = (_Prior(context * colour_dim, context * action_dim, latent_dim, size)
+                          if latent_dim and latent_prior else None)
 
     def posterior(self, next_frame: torch.Tensor,
                   last_frame: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -113,11 +143,25 @@ class GameUNet(ModelMixin, ConfigMixin):
         pair = torch.cat([self.colour(next_frame), self.colour(last_frame)], -1)
         return self.posterior_net(pair.permute(0, 3, 1, 2))
 
-    def forward(self, frames: torch.Tensor, actions: torch.Tensor,
-                z: torch.Tensor | None = None) -> torch.Tensor:
+    def _inputs(self, frames: torch.Tensor,
+                actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         b, t, h, w = frames.shape
         x = self.colour(frames).permute(0, 1, 4, 2, 3).reshape(b, -1, h, w)
-        cond = self.action(actions).reshape(b, -1)
+        return x, self.action(actions).reshape(b, -1)
+
+    def prior(self, frames: torch.Tensor,
+              actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.config.latent_dim:
+            raise ValueError("this network has no latent (latent_dim=0)")
+        if self.prior_net is None:
+            zeros = torch.zeros(len(frames), self.config.latent_dim, device=frames.device)
+            return zeros, zeros.clone()
+        return self.prior_net(*self._inputs(frames, actions))
+
+    def forward(self, frames: torch.Tensor, actions: torch.Tensor,
+                z: torch.Tensor | None = None) -> torch.Tensor:
+        b = len(frames)
+        x, cond = self._inputs(frames, actions)
         if self.config.latent_dim:
             if z is None:
                 z = cond.new_zeros(b, self.config.latent_dim)

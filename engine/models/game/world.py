@@ -42,20 +42,44 @@ class GameWorld:
     def context(self) -> int:
         return int(self.unet.config.context)
 
-    def logits(self, frames: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+    @property
+    def samples(self) -> bool:
+        """Whether play draws each frame's latent from a learned prior (else the world is a
+        function of its context and actions: ``z`` at the N(0, I) prior's mean, or none)."""
+        return bool(self.unet.config.get("latent_dim", 0)
+                    and self.unet.config.get("latent_prior", False))
+
+    def noise(self, seed: int, step: int) -> torch.Tensor:
+        """The standard normal draw behind frame ``step`` of a session of ``seed``:
+        ``(latent_dim,)`` float32, a pure function of the two (replay, forks and save points
+        need no generator state); numpy's generator, the same on every machine."""
+        rng = np.random.default_rng([int(seed), int(step)])
+        return torch.from_numpy(rng.standard_normal(int(self.unet.config.latent_dim))
+                                .astype(np.float32))
+
+    def logits(self, frames: torch.Tensor, actions: torch.Tensor,
+               noise: torch.Tensor | None = None) -> torch.Tensor:
         """Calibrated logits ``(B, K, H, W)``: the network's, less ``log(change_weight)`` on
         every colour that differs from the last frame's (weighted cross-entropy learns odds
-        multiplied by that weight)."""
-        logits = self.unet(frames, actions).float()
+        multiplied by that weight). ``noise`` ``(B, latent_dim)`` standard normal: where the
+        world ``samples``, ``z = mu + sigma * noise`` from the learned prior; ignored
+        otherwise (None: the prior's mean)."""
+        z = None
+        if self.samples:
+            mu, logvar = self.unet.prior(frames, actions)
+            z = mu if noise is None else mu + noise.to(mu) * (0.5 * logvar).exp()
+        logits = self.unet(frames, actions, z).float()
         if self.change_weight != 1.0:
             last = torch.nn.functional.one_hot(frames[:, -1], len(self.palette))
             logits = logits - math.log(self.change_weight) * (1 - last.permute(0, 3, 1, 2))
         return logits
 
     @torch.no_grad()
-    def next_frame(self, frames: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
-        """The most likely next frame ``(B, H, W)`` long palette indices."""
-        return self.logits(frames, actions).argmax(1)
+    def next_frame(self, frames: torch.Tensor, actions: torch.Tensor,
+                   noise: torch.Tensor | None = None) -> torch.Tensor:
+        """The most likely next frame given the latent ``noise`` picks (see ``logits``):
+        ``(B, H, W)`` long palette indices."""
+        return self.logits(frames, actions, noise).argmax(1)
 
     def save(self, folder: str | Path) -> None:
         """Write the folder; the weights as bf16 (half the bytes; the CPU computes in bf16
