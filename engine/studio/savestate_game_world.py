@@ -3,9 +3,10 @@ before each chunk of the rewind history.
 
 Arrays per context ``P`` (``now``, ``history.0`` ... oldest first): ``P.frames``
 ``(context, S, S)`` uint8 palette indices (oldest first) and ``P.actions`` ``(context - 1,)``
-int32 (the action after each frame but the last). Scalars: the session seed and the history
-length. The weights and palette are not in the file: ``savepoint.model_version`` hashes them,
-so a save made with other weights is refused before this module reads it.
+int32 (the action after each frame but the last), ``P.step`` ``(1,)`` int64 (frames generated
+so far: with the seed it picks each frame's latent; 0 when absent). Scalars: the session seed
+and the history length. The weights and palette are not in the file: ``savepoint.model_version`` hashes
+them, so a save made with other weights is refused before this module reads it.
 """
 
 from __future__ import annotations
@@ -20,11 +21,12 @@ from worldstream.engine.studio.savepoint import SavepointError
 def export_game_world(state: Any) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """``(arrays, scalars)`` of a :class:`~engine.backends.game_world.WorldState`."""
     arrays: dict[str, np.ndarray] = {}
-    contexts = [("now", state.frames, state.actions)]
-    contexts += [(f"history.{i}", f, a) for i, (f, a) in enumerate(state.history)]
-    for prefix, frames, actions in contexts:
+    contexts = [("now", state.frames, state.actions, state.step)]
+    contexts += [(f"history.{i}", *entry) for i, entry in enumerate(state.history)]
+    for prefix, frames, actions, step in contexts:
         arrays[f"{prefix}.frames"] = np.ascontiguousarray(frames, dtype=np.uint8)
         arrays[f"{prefix}.actions"] = np.asarray(actions, dtype=np.int32)
+        arrays[f"{prefix}.step"] = np.asarray([step], dtype=np.int64)
     return arrays, {"seed": int(state.seed), "history": len(state.history)}
 
 
@@ -37,13 +39,21 @@ def import_game_world(backend: Any, arrays: dict[str, np.ndarray],
         raise SavepointError(f"the save point's seed and history length are {seed!r} and "
                              f"{count!r}; ints >= 0 expected")
     try:
-        contexts = [(arrays[f"{p}.frames"], arrays[f"{p}.actions"])
+        contexts = [(arrays[f"{p}.frames"], arrays[f"{p}.actions"], _step(arrays, p))
                     for p in ["now", *(f"history.{i}" for i in range(count))]]
-        return backend.state_from(seed, *contexts[0], contexts[1:])
+        return backend.state_from(seed, *contexts[0][:2], contexts[1:], step=contexts[0][2])
     except KeyError as err:
         raise SavepointError(f"the save point lacks the array {err.args[0]!r}") from None
     except ValueError as err:
         raise SavepointError(f"the save point's state does not fit this model: {err}") from None
+
+
+def _step(arrays: dict[str, np.ndarray], prefix: str) -> int:
+    step = np.asarray(arrays.get(f"{prefix}.step", np.zeros(1, np.int64)))
+    if step.shape != (1,) or not np.issubdtype(step.dtype, np.integer) or step[0] < 0:
+        raise SavepointError(f"the save point's {prefix}.step is {step!r}; one int >= 0 "
+                             "expected")
+    return int(step[0])
 
 
 def _count(value: Any) -> TypeGuard[int]:
