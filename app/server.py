@@ -40,6 +40,9 @@ from worldstream.streaming.webrtc import (  # noqa: E402
 from worldstream.streaming.websocket import serve_websocket  # noqa: E402
 
 STATIC_DIR = Path(__file__).parent / "static"
+#: the session prompt of a world that takes no text (a game), where the request gives none:
+#: what its page sends, so input logs and replays read the same either way
+NO_TEXT_PROMPT = "play"
 
 
 class ApiError(Exception):
@@ -196,10 +199,11 @@ def create_app(engine: EngineAPI, limits: Limits | None = None, *, ui: bool = Tr
         if creations.empty(client):  # a create/DELETE loop would cost every stream its model
             raise ApiError(429, f"more than {limits.creations_per_s:g} new sessions/s",
                            headers={"Retry-After": "1"})
+        prompt = _session_prompt(body.prompt, getattr(engine, "world", "landscape"))
         creations.take(client)
         try:
             # off the event loop: the engine may encode the prompt, a replica may be remote
-            session = await asyncio.to_thread(manager.create, body.prompt, seed=body.seed,
+            session = await asyncio.to_thread(manager.create, prompt, seed=body.seed,
                                               fps=body.fps, client=client)
         except CapacityError as err:
             raise ApiError(503, str(err), retry_after_s=err.retry_after_s,
@@ -210,7 +214,8 @@ def create_app(engine: EngineAPI, limits: Limits | None = None, *, ui: bool = Tr
         info = session.info
         configure_vp8_bitrate(vp8_bitrate(info.width, info.height, info.fps))
         return m.SessionCreated(session_id=info.session_id, token=session.token,
-                                width=info.width, height=info.height, fps=info.fps).model_dump()
+                                width=info.width, height=info.height, fps=info.fps,
+                                pixel_art=info.pixel_art).model_dump()
 
     @app.post("/api/sessions/{session_id}/offer")
     async def offer(session_id: str, request: Request) -> dict[str, str]:
@@ -324,3 +329,14 @@ def create_app(engine: EngineAPI, limits: Limits | None = None, *, ui: bool = Tr
         page_only(app)  # of the UI framework's routes, only what the page loads
         mount_ui(app, engine.model_name, getattr(engine, "world", "landscape"))
     return app
+
+
+def _session_prompt(prompt: str, world: str) -> str:
+    """The prompt a new session starts with: ``prompt``, or for a world that takes no text
+    (``world == "game"``) :data:`NO_TEXT_PROMPT` when it is blank or absent. ApiError 400
+    (field ``prompt``) for a blank prompt of a text world."""
+    if prompt.strip():
+        return prompt
+    if world == "game":
+        return NO_TEXT_PROMPT
+    raise ApiError(400, "prompt must be a non-empty string (this world takes text)", "prompt")

@@ -20,7 +20,7 @@ from worldstream.engine.core.limits import (
     DIRECTION_KEYS,
     MAX_ATTENTION_CHARS,
     MAX_FORK_BRANCHES,  # noqa: F401  # the wire's bounds, read as messages.MAX_*
-    MAX_PROMPT_CHARS,  # noqa: F401
+    MAX_PROMPT_CHARS,
 )
 from worldstream.engine.worlds.avatar.actions import EXPRESSIONS
 
@@ -340,11 +340,12 @@ class EventMessage(BaseModel):
 
 # ---------------------------------------------------------------- HTTP bodies
 class CreateSessionRequest(_Strict):
-    prompt: fields.PromptText
+    """``prompt``: the world's text; "" or absent for a world that takes none (a game), which
+    the server checks (a text world answers 400 ``field: "prompt"``)."""
+
+    prompt: str = Field(default="", max_length=MAX_PROMPT_CHARS)
     seed: int | None = Field(default=None, ge=0, lt=2**31)
     fps: int | None = Field(default=None, ge=1, le=60)
-
-    _prompt_not_blank = field_validator("prompt")(_not_blank)
 
 
 class OfferRequest(_Strict):
@@ -358,6 +359,9 @@ class SessionCreated(BaseModel):
     width: int
     height: int
     fps: int
+    #: extension: the world's frames are pixel art (sent scaled up by an integer factor with
+    #: nearest neighbour; a page draws them with ``image-rendering: pixelated``)
+    pixel_art: bool = False
 
 
 def parse_body(model: type[BaseModel], raw: bytes) -> Any:

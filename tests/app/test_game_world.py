@@ -80,6 +80,20 @@ def test_a_game_session_over_the_websocket(tmp_path):
                 _receive_until(ws, lambda msg: msg["type"] == "frame" and msg["action_seq"] == 2)
 
 
+def test_a_game_session_needs_no_prompt(tmp_path, fake_engine):
+    backend = GameEnvBackend(env=SHORT, size=16)
+    with Engine(backend, play_config(max_sessions=4)) as engine:
+        with TestClient(create_app(engine, ui=False, recording_dir=tmp_path)) as c:
+            for body in ({"prompt": ""}, {}, {"seed": 3}, {"prompt": " "}):
+                r = c.post("/api/sessions", json=body)
+                assert r.status_code == 201, (body, r.json())
+    # a world that takes text still needs one
+    with TestClient(create_app(fake_engine, ui=False, recording_dir=tmp_path)) as c:
+        for body in ({"prompt": ""}, {}, {"prompt": "  "}):
+            r = c.post("/api/sessions", json=body)
+            assert (r.status_code, r.json()["field"]) == (400, "prompt"), body
+
+
 def test_the_game_page_has_controls_and_no_prompt():
     from worldstream.app.ui import _player_html
 

@@ -191,11 +191,13 @@ def test_arbitrary_text_is_accepted_or_rejected_cleanly(raw):
 def test_body_create_session():
     body = m.parse_body(m.CreateSessionRequest, b'{"prompt":"snow","seed":3}')
     assert (body.prompt, body.seed, body.fps) == ("snow", 3, None)
+    # no prompt: "" (a world that takes none accepts it; the server checks the world)
+    assert m.parse_body(m.CreateSessionRequest, b'{"seed":1}').prompt == ""
 
 
 @pytest.mark.parametrize("raw, code, field", [
     (b"{", "malformed", "body"),
-    (b'{"seed":1}', "missing", "prompt"),
+    (b'{"prompt":"' + b"a" * 401 + b'"}', "string_too_long", "prompt"),
     (b'{"prompt":"a","seed":-2}', "greater_than_equal", "seed"),
     (b'{"prompt":"a","fps":0}', "greater_than_equal", "fps"),
     (b'{"prompt":"a","seed":"3"}', "int_type", "seed"),
