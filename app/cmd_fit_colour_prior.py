@@ -6,22 +6,25 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from worldstream.app import train_out
 from worldstream.engine.models.builtin.colour_prior import FILENAME
 
 
 def register(sub) -> None:
     p = sub.add_parser("fit-colour-prior",
                        help="fit the built-in landscape's colour prior on simulated walks")
-    p.add_argument("--out", type=Path, default=None,
-                   help=f"where the prior is written (default: assets/builtin/{FILENAME})")
+    p.add_argument("--out", type=Path, default=Path("runs", "landscape", FILENAME),
+                   help=f"where the prior is written (default: runs/landscape/{FILENAME}, "
+                        "beside train-world's default model; never the shipped assets/ "
+                        "without --force)")
+    train_out.add_force(p)
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    from worldstream.engine.models.builtin.loading import BUILTIN_DIR
     from worldstream.engine.training.colour_prior import fit_shipped_prior
 
-    args.out = args.out or BUILTIN_DIR / FILENAME
+    train_out.check_out(args.out, args.force)
     prior = fit_shipped_prior()
     prior.save(args.out)
     print(json.dumps({"out": str(args.out), "view_weight": prior.view_weight,

@@ -7,7 +7,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from worldstream.app import settings_cli
+from worldstream.app import settings_cli, train_out
 
 
 def register(sub) -> None:
@@ -17,7 +17,9 @@ def register(sub) -> None:
                    "VizdoomBasic-v1, CrafterReward-v1) or module:factory")
     p.add_argument("--out", type=Path, required=True,
                    help="the world's folder (weights, config, model card; checkpoint.pt while "
-                        "training: the same command resumes)")
+                        "training: the same command resumes); never the shipped assets/ "
+                        "without --force")
+    train_out.add_force(p)
     p.add_argument("--data", type=Path, default=None,
                    help="a recording (`worldstream record`); default: record into OUT/data")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
@@ -39,12 +41,14 @@ def run(args) -> int:
 
         if not torch.cuda.is_available():
             raise ValueError("--device cuda: no CUDA device here")
+    train_out.check_out(args.out, args.force)
     from worldstream.engine.training.game import train
     from worldstream.engine.training.game_card import write_card
     from worldstream.engine.worlds.game.env import GameEnv
 
     GameEnv(args.env, size=cfg.size).close()  # a bad id is one line before anything is written
     train(cfg)
+    train_out.portable_record(Path(cfg.out))
     write_card(Path(cfg.out))
     print(json.dumps(json.loads((Path(cfg.out) / "training.json").read_text())))
     return 0

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from worldstream.app import settings_cli
+from worldstream.app import settings_cli, train_out
 from worldstream.engine.worlds.catalog import WORLDS, world
 
 
@@ -17,9 +17,12 @@ def register(sub) -> None:
     p.add_argument("--data", type=Path, default=None,
                    help="dataset folder, recorded if missing (default: the world's)")
     p.add_argument("--out", type=Path, default=None,
-                   help="where the weights and their train_config.json go (default: the "
-                        "world's assets vae/)")
-    p.add_argument("--run-dir", type=Path, default=Path("runs/ae"), help="checkpoints (resume)")
+                   help="where the weights and their train_config.json go (default: "
+                        "runs/WORLD/vae under the working folder; never the shipped assets/ "
+                        "without --force)")
+    p.add_argument("--run-dir", type=Path, default=None,
+                   help="checkpoints (resume; default: runs/WORLD/ae)")
+    train_out.add_force(p)
     p.add_argument("--max-minutes", type=float, default=None, help="stop this call after N min")
     settings_cli.add_arguments(p)
     p.set_defaults(func=run)
@@ -37,9 +40,10 @@ def run(args) -> int:
 
     from worldstream.engine.training.train_ae import train_ae
 
+    out = train_out.check_out(args.out or Path("runs", args.world, "vae"), args.force)
+    run_dir = args.run_dir or Path("runs", args.world, "ae")
     spec = world(args.world)
     shards, heldout = spec.ensure_dataset(args.data)
-    result = train_ae(shards, heldout, args.out or spec.assets / "vae", args.run_dir, cfg,
-                      max_minutes=args.max_minutes)
+    result = train_ae(shards, heldout, out, run_dir, cfg, max_minutes=args.max_minutes)
     print(json.dumps(result))
     return 0

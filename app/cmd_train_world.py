@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from worldstream.app import settings_cli
+from worldstream.app import settings_cli, train_out
 
 
 def register(sub) -> None:
@@ -25,10 +25,15 @@ def register(sub) -> None:
                    help="the trained autoencoder whose latents the model learns (default: the "
                         "world's assets vae/)")
     p.add_argument("--out", type=Path, default=None,
-                   help="where the trained model and its train_config.json go (default: the "
-                        "world's assets transformer/)")
-    p.add_argument("--run-dir", type=Path, default=Path("runs/world"),
-                   help="checkpoints, logs and latent caches (a run resumes from here)")
+                   help="where the trained model and its train_config.json go (default: "
+                        "runs/WORLD/transformer under the working folder; never the shipped "
+                        "assets/ without --force). Its parent becomes a model folder for "
+                        "`play --world WORLD --model-path PARENT` (the autoencoder and the "
+                        "world's stream settings copied in where it has none)")
+    p.add_argument("--run-dir", type=Path, default=None,
+                   help="checkpoints, logs and latent caches (a run resumes from here; "
+                        "default: runs/WORLD/world)")
+    train_out.add_force(p)
     p.add_argument("--max-minutes", type=float, default=None, help="stop this call after N min")
     p.set_defaults(func=run)
 
@@ -66,21 +71,25 @@ def run(args) -> int:
     from worldstream.engine.worlds.catalog import world
 
     spec = world(cfg.world)
+    out = train_out.check_out(args.out or Path("runs", spec.name, "transformer"), args.force)
+    run_dir = args.run_dir or Path("runs", spec.name, "world")
     skip_source, pose_path = model_inputs(cfg)
     shards, _ = spec.ensure_dataset(args.data)
-    ae = load_autoencoder(args.vae or spec.assets / "vae")
-    out = args.out or spec.assets / "transformer"
-    data = encode_shards(ae, shards, cfg.chunk_frames, cache=args.run_dir / "latents.pt",
+    vae = args.vae or spec.assets / "vae"
+    ae = load_autoencoder(vae)
+    if out.resolve().parent != spec.assets.resolve():
+        train_out.complete_model_folder(out.parent, vae, spec.assets)
+    data = encode_shards(ae, shards, cfg.chunk_frames, cache=run_dir / "latents.pt",
                          prompts=spec.prompts, view_box=spec.view_box)
     if skip_source == "warped":  # the same frames' memory pictures, warped to their poses
         # NOTE: a second pass over the shards (the reconstructions the warp reads are encoded
         # again); once per run directory, then read from its cache
         warped = encode_shards(ae, shards, cfg.chunk_frames,
-                               cache=args.run_dir / "latents_warped.pt", prompts=spec.prompts,
+                               cache=run_dir / "latents_warped.pt", prompts=spec.prompts,
                                view_box=spec.view_box, base_warp=pose_path)
         data.skip = warped.base
     settings = _stream_settings(spec.name) if cfg.p_onpolicy > 0 else None
-    result = train_world(cfg, data, out, args.run_dir, max_minutes=args.max_minutes, ae=ae,
+    result = train_world(cfg, data, out, run_dir, max_minutes=args.max_minutes, ae=ae,
                          shard_dirs=shards, settings=settings)
     print(json.dumps(result))
     return 0

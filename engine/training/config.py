@@ -184,9 +184,10 @@ class AEConfig(_RunSettings):
     seed: int = 0
     """Seed of the initialisation and the batch order."""
     decoder_only: bool = False
-    """Tune only the decoder of the weights already in the output folder (latents stay valid)."""
+    """Tune only the decoder (latents stay valid) of ``init_from``'s weights, else of those
+    already in the output folder."""
     init_from: str | None = None
-    """Saved autoencoder folder a fresh run warm-starts from (None: a new autoencoder)."""
+    """Saved autoencoder folder a fresh run starts from (None: a new autoencoder)."""
     loss: str = "l1+mse"
     """Reconstruction loss: "l1+mse" or "mse" (the objective PSNR measures)."""
     ema_decay: float | None = None
@@ -206,5 +207,3 @@ class AEConfig(_RunSettings):
         need(self.loss in AE_LOSSES, "loss", f"one of {AE_LOSSES}")
         need(self.ema_decay is None or 0.0 < self.ema_decay < 1.0, "ema_decay",
              "None or in (0, 1)")
-        need(self.init_from is None or not self.decoder_only, "init_from",
-             "None with decoder_only (that run starts from the output folder's weights)")

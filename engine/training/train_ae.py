@@ -74,9 +74,10 @@ def train_ae(
     ``max_minutes`` of wall time in this call. ``cfg`` is written as ``train_config.json``
     beside the weights each time they are saved.
 
-    ``decoder_only``: start from the weights in ``out_dir`` and tune only the decoder, so the
-    latents a world model was trained on stay valid (GameNGen tuned its decoder the same way).
-    ``init_from``: warm-start a fresh run from a saved autoencoder (another world's).
+    ``decoder_only``: start from the weights in ``init_from`` (else those in ``out_dir``) and
+    tune only the decoder, so the latents a world model was trained on stay valid (GameNGen
+    tuned its decoder the same way); ``out_dir`` holds the start's weights until a step beats
+    them. ``init_from``: warm-start a fresh run from a saved autoencoder (another world's).
     ``ema_decay``: keep an EMA of the trained weights and evaluate and save those.
     """
     cfg = AEConfig() if cfg is None else cfg
@@ -86,7 +87,7 @@ def train_ae(
     if cfg.decoder_only:
         from worldstream.engine.models.builtin.loading import load_autoencoder
 
-        ae = load_autoencoder(out_dir).to(device).train()
+        ae = load_autoencoder(Path(cfg.init_from or out_dir)).to(device).train()
         ae.encoder.requires_grad_(False)
         params = list(ae.decoder.parameters())
     else:
@@ -114,6 +115,9 @@ def train_ae(
     held = np.asarray(load_shard(heldout_dir)["frames"][:, ::8].reshape(-1, 128, 128, 3))
     if cfg.decoder_only and step == 0:
         best = heldout_psnr(ae, held, device)  # only save what beats the starting weights
+        if cfg.init_from is not None:  # out holds the best so far from the start: these
+            ae.save_pretrained(out_dir)
+            cfg.write(out_dir)
     bar = tqdm(total=steps, initial=step, desc="train-ae", unit="step")
     t0 = time.perf_counter()
     while step < steps:

@@ -2,6 +2,7 @@
 sampler against an oracle."""
 
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -170,8 +171,7 @@ def test_ae_config_keeps_the_recipe_defaults_and_refuses_bad_settings_naming_the
             cfg.ema_decay, cfg.eval_every) == (2400, 16, 1e-3, 0, False, None, "l1+mse", None,
                                                250)
     for changes, field in (({"steps": 0}, "steps"), ({"batch": 0}, "batch"), ({"lr": 0.0}, "lr"),
-                           ({"loss": "l2"}, "loss"), ({"ema_decay": 1.0}, "ema_decay"),
-                           ({"decoder_only": True, "init_from": "x"}, "init_from")):
+                           ({"loss": "l2"}, "loss"), ({"ema_decay": 1.0}, "ema_decay")):
         with pytest.raises(ValueError, match=f"AEConfig.{field} must be"):
             AEConfig(**changes)
 
@@ -202,8 +202,35 @@ def test_train_ae_cli_passes_set_overrides_to_the_config(tmp_path, monkeypatch, 
     assert cli.main(argv) == 0
     assert seen["cfg"] == AEConfig(decoder_only=True, steps=3000, batch=32, lr=2e-4,
                                    loss="mse", ema_decay=0.999)
-    assert (seen["out"], seen["max_minutes"]) == (tmp_path / "assets" / "vae", 5.0)
+    # the default --out is under the working folder, never the shipped assets/
+    assert (seen["out"], seen["max_minutes"]) == (Path("runs/landscape/vae"), 5.0)
     assert cli.main(["train-ae"]) == 0 and seen["cfg"] == AEConfig()
+
+
+@pytest.mark.parametrize("argv", [["train-ae"], ["train-world"], ["fit-colour-prior"],
+                                  ["train", "--env", "ALE/Pong-v5"]])
+def test_training_into_the_shipped_assets_needs_force(argv, capsys):
+    """Nothing a user runs replaces what shipped: an --out inside assets/ is one line, exit 2,
+    before any work (the checks run before data, models or envs are touched)."""
+    from worldstream.app import cli
+    from worldstream.engine.worlds.catalog import ASSETS
+
+    out = {"train-ae": ASSETS / "builtin" / "vae",
+           "train-world": ASSETS / "builtin" / "transformer",
+           "fit-colour-prior": ASSETS / "builtin" / "colour_prior.json",
+           "train": ASSETS / "pong"}[argv[0]]
+    before = sorted(p.name for p in out.parent.iterdir())
+    assert cli.main([*argv, "--out", str(out)]) == 2
+    assert "inside the shipped assets/" in capsys.readouterr().err
+    assert sorted(p.name for p in out.parent.iterdir()) == before
+
+
+def test_force_lets_an_out_inside_assets_through():
+    from worldstream.app.train_out import check_out
+    from worldstream.engine.worlds.catalog import ASSETS
+
+    assert check_out(ASSETS / "pong", force=True) == ASSETS / "pong"
+    assert check_out(Path("runs/pong"), force=False) == Path("runs/pong")
 
 
 @pytest.mark.parametrize("sets,named", [(["bogus=1"], "'bogus'"), (["steps=0"], "steps"),
@@ -298,6 +325,13 @@ def test_decoder_only_ema_run_keeps_the_encoder_resumes_and_writes_its_config(tm
     # the settings of the call that saved the weights, beside them (the decoder beat the start's)
     written = AEConfig.read(tmp_path / "vae" / "train_config.json")
     assert written in (cfg, dataclasses.replace(cfg, steps=2))
+    # from init_from into a fresh folder: the start's encoder, the start saved until beaten
+    cfg = AEConfig(steps=1, batch=2, decoder_only=True, init_from=str(tmp_path / "vae"),
+                   eval_every=1)
+    train_ae([shard], held, tmp_path / "tuned", tmp_path / "run2", cfg)
+    tuned = load_autoencoder(tmp_path / "tuned")
+    for a, b in zip(tuned.encoder.parameters(), start.encoder.parameters()):
+        assert torch.equal(a, b)
 
 
 def test_shards_recorded_in_worker_processes_equal_those_recorded_in_one(tmp_path):
