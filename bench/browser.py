@@ -33,12 +33,14 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-f
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 KEYS = ["ArrowLeft", "ArrowRight", "ArrowUp", "ArrowDown"]
 # the browser's own counts of the video it got (WebRTC ``inbound-rtp``): frames received,
-# decoded, dropped before display, and its fps estimate
+# decoded, dropped before display, its fps estimate, the bytes of video payload and the size
+# of the decoded frames
 RECEIVER_STATS = """async () => {
   const out = {};
   (await window.worldstream.pc.getStats()).forEach((s) => {
     if (s.type === "inbound-rtp" && s.kind === "video") {
-      for (const k of ["framesReceived", "framesDecoded", "framesDropped", "framesPerSecond"]) {
+      for (const k of ["framesReceived", "framesDecoded", "framesDropped", "framesPerSecond",
+                       "bytesReceived", "frameWidth", "frameHeight"]) {
         out[k] = s[k];
       }
     }
@@ -79,9 +81,11 @@ class GamePlayServer(PlayServer):
 
 
 def run(url: str, mode: str, seconds: float, seed: int = 0,
-        keys: list[str] | None = None) -> dict:
+        keys: list[str] | None = None, screenshot: str | None = None) -> dict:
     """Press ``keys`` (browser codes; default the arrows) in the page at ``url``; the HUD's
-    figures, the receiver's counts and the engine's view of the session."""
+    figures, the receiver's counts, the video's bandwidth over the pressing (bytes/s of RTP
+    payload, ``video_bytes_per_s``) and the engine's view of the session. ``screenshot``: a
+    PNG of the page saved there at the end."""
     from playwright.sync_api import sync_playwright
 
     keys = keys or KEYS
@@ -97,7 +101,9 @@ def run(url: str, mode: str, seconds: float, seed: int = 0,
             if mode != "responsive":
                 page.select_option("#ws-mode", mode)
             page.wait_for_timeout(2000)
-            end = time.monotonic() + seconds
+            start_bytes = page.evaluate(RECEIVER_STATS).get("bytesReceived")
+            start = time.monotonic()
+            end = start + seconds
             presses = 0
             while time.monotonic() < end:
                 key = rng.choice(keys)
@@ -110,11 +116,18 @@ def run(url: str, mode: str, seconds: float, seed: int = 0,
             hud = {name: page.inner_text(f"#{name}") for name in ("hud-fps", "hud-mode", "hud-jb")
                    if page.query_selector(f"#{name}")}
             receiver = page.evaluate(RECEIVER_STATS)
+            elapsed = time.monotonic() - start
+            if screenshot:
+                page.screenshot(path=screenshot)
             server = _server_view(url, page.evaluate("window.worldstream.session.token"))
         finally:
             browser.close()
+    video_bytes_per_s = None
+    if start_bytes is not None and receiver.get("bytesReceived") is not None:
+        video_bytes_per_s = round((receiver["bytesReceived"] - start_bytes) / elapsed)
     return {"a2p_p50_ms": a2p[0] if a2p else None, "a2p_p95_ms": a2p[1] if len(a2p) > 1 else None,
-            "key_events": presses, "hud": hud, "receiver": receiver, "server": server}
+            "video_bytes_per_s": video_bytes_per_s, "key_events": presses, "hud": hud,
+            "receiver": receiver, "server": server}
 
 
 def _server_view(url: str, token: str) -> dict:
@@ -147,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--threads", type=int, default=1, help="torch threads of the server")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--screenshot", default=None, metavar="PNG",
+                        help="save a PNG of the page at the end")
     args = parser.parse_args(argv)
     if not CHROMIUM.exists():
         raise SystemExit(f"no Chromium at {CHROMIUM} (apt-get install chromium)")
@@ -162,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         server_cm = PlayServer(args.model, max_sessions=1, threads=args.threads)
     with server_cm as server:
         keys = game_keys(server.url) if args.env is not None else None
-        got = run(server.url, args.mode, args.seconds, keys=keys)
+        got = run(server.url, args.mode, args.seconds, keys=keys, screenshot=args.screenshot)
     payload = results.stamp_payload("browser", {
         "hardware": hardware_info(),
         "settings": {"model": args.model, "env": args.env, "model_path": args.model_path,
@@ -170,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
                      "keys": keys or KEYS, "load_before": load_before}, **got}, argv)
     md = ("# Action-to-photon in the browser (the page's HUD)\n\n" + context_md(payload)
           + f"\nHUD action-to-photon p50 / p95: **{got['a2p_p50_ms']} / {got['a2p_p95_ms']} ms** "
-            f"over {got['key_events']} key events; HUD: {got['hud']}; the engine's view: "
+            f"over {got['key_events']} key events; video {got['video_bytes_per_s']} bytes/s; "
+            f"HUD: {got['hud']}; the engine's view: "
             f"{got['server']}; the browser's receiver: {got['receiver']}.\n")
     folder = results.save("browser" if args.env is None else "browser_game", payload, md, {})
     print(f"[browser] {got}", file=sys.stderr)

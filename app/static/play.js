@@ -249,6 +249,8 @@
       }
       live();
       $("ws-status").textContent = `${S.session.width}×${S.session.height} @ ${S.session.fps} fps`;
+      // a pixel-art world (a game) is drawn with hard pixel edges; others smoothly
+      $("ws-stage").classList.toggle("ws-pixel-art", Boolean(S.session.pixel_art));
       const pref = $("ws-transport").value;
       if (pref !== "websocket") {
         try {

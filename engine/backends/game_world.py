@@ -115,6 +115,8 @@ class GameWorldBackend(GameKeys):
     """
 
     world = "game"
+    #: its frames are a game's palette pixels: sent scaled up with nearest neighbour
+    pixel_art = True
     #: any chunk size the engine allows: frames are predicted one by one
     supported_chunk_frames = (1, 2, 3, 4)
 

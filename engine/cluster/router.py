@@ -207,7 +207,8 @@ class RayEngine:
         finally:
             with self._lock:
                 rep.pending -= 1
-        public = SessionInfo(info.session_id, info.width, info.height, info.fps)
+        public = SessionInfo(info.session_id, info.width, info.height, info.fps,
+                             pixel_art=info.pixel_art)
         journal = Journal(prompt, seed, info.fps, self._journal_frames)
         with self._lock:
             self._sessions[info.session_id] = RoutedSession(

@@ -137,10 +137,17 @@ class Event:
 
 @dataclass(frozen=True)
 class SessionInfo:
+    """A session's public figures. ``width``/``height``: the frames the backend makes (the
+    video a transport sends may be larger: see ``pixel_art``). ``pixel_art``: the backend's
+    frames are pixel art (a game's palette pixels): transports scale them up by an integer
+    factor with nearest neighbour before encoding (``streaming.frames.video_scale``) and the
+    page draws them with ``image-rendering: pixelated``."""
+
     session_id: str
     width: int
     height: int
     fps: int
+    pixel_art: bool = False
 
 
 class FrameSlot:

@@ -65,6 +65,9 @@ class WorldBackend(Protocol):
 
     # optional: ``action_space`` (``engine.core.action_space.ActionSpace``): the backend's
     # jobs then carry per-frame ``controls`` (held keys multi-hot, mouse motion)
+    # optional: ``pixel_art`` (bool, default False): its frames are pixel art (hard-edged
+    # palette pixels, e.g. a game's): sessions say so (``SessionInfo.pixel_art``) and the
+    # transports scale them up with nearest neighbour before encoding
 
     def key_action(self, keys: frozenset[str]) -> int:
         """This model's action id for held direction keys (``engine.core.limits

@@ -70,6 +70,8 @@ class Engine:
         self.model_name = backend.name
         #: the world the backend streams (optional backend attribute; the page adapts to it)
         self.world = getattr(backend, "world", "landscape")
+        #: its frames are pixel art (optional backend attribute; ``SessionInfo.pixel_art``)
+        self.pixel_art = bool(getattr(backend, "pixel_art", False))
         #: a game's own key names (None: ``limits.DIRECTION_KEYS``) and the page's key map
         self.wire_keys, self.controls = (getattr(backend, a, None) for a in ("wire_keys",
                                                                              "controls"))
@@ -177,7 +179,8 @@ class Engine:
                                       steps=session.steps, fps=fps)
             self._sessions[session.session_id] = session
         self._commands.put(("create", session, history))
-        return SessionInfo(session.session_id, self.backend.width, self.backend.height, fps)
+        return SessionInfo(session.session_id, self.backend.width, self.backend.height, fps,
+                           pixel_art=self.pixel_art)
 
     def _session(self, session_id: str) -> Session:
         session = self._sessions.get(session_id)
