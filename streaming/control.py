@@ -29,6 +29,7 @@ class ControlChannel:
 
     def __init__(self, manager: SessionManager, session: StreamSession, send: Send):
         self.manager, self.session, self._send = manager, session, send
+        self._events: queue.Queue | None = None  # the session's events, once pumped
 
     async def handle_text(self, raw: str | bytes) -> Any | None:
         """Process one client message. Returns the validated message when the transport must
@@ -110,7 +111,7 @@ class ControlChannel:
         ``depth()`` gives the transport's (slot depth, dropped frames). Runs until cancelled
         or, at once, when the session has closed."""
         try:
-            events = self.manager.engine.events(self.session.session_id)
+            events = self._events = self.manager.engine.events(self.session.session_id)
         except SessionClosedError:
             return
         next_stats = time.monotonic() + period_s
@@ -126,6 +127,23 @@ class ControlChannel:
                 next_stats += period_s
                 await self._send(self.stats_message(*depth()))
             await asyncio.sleep(poll_s)
+
+    async def flush_until_closed(self, timeout_s: float, poll_s: float = 0.02) -> None:
+        """Forward the session's remaining events until its ``closed`` event has gone out or
+        ``timeout_s`` passed (the engine emits ``closed`` on its own thread, just after the
+        close that ends the transport)."""
+        events, deadline = self._events, time.monotonic() + timeout_s
+        while events is not None:
+            try:
+                event = events.get_nowait()
+            except queue.Empty:
+                if time.monotonic() >= deadline:
+                    return
+                await asyncio.sleep(poll_s)
+                continue
+            await self._send(event_message(event))
+            if event.kind == "closed":
+                return
 
 
 def event_message(event: Event) -> dict[str, Any]:

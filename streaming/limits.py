@@ -50,6 +50,9 @@ class Limits:
     """That bucket's size."""
     websockets_per_session: int = 2
     """Open WebSocket connections a session may hold (more: 429)."""
+    websockets_per_client: int | None = None
+    """Open WebSocket connections one client address may hold over all its sessions, those
+    still closing included (more: 429; None: ``max_sessions * websockets_per_session``)."""
 
     def __post_init__(self) -> None:
         for name in ("max_sessions", "message_burst", "frame_log_frames",
@@ -57,14 +60,22 @@ class Limits:
                      "websockets_per_session"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.sessions_per_client is not None and self.sessions_per_client < 1:
-            raise ValueError(f"sessions_per_client must be >= 1 or None, "
-                             f"got {self.sessions_per_client}")
+        for name in ("sessions_per_client", "websockets_per_client"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1 or None, got {getattr(self, name)}")
         for name in ("messages_per_s", "idle_timeout_s", "detached_grace_s", "recording_keep_s",
                      "offer_connect_timeout_s", "auth_failures_per_s", "retry_after_s",
                      "creations_per_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+
+
+def websockets_per_client(limits: Limits) -> int:
+    """The WebSocket connections one client address may hold (``Limits.websockets_per_client``
+    or its default)."""
+    if limits.websockets_per_client is not None:
+        return limits.websockets_per_client
+    return limits.max_sessions * limits.websockets_per_session
 
 
 class RateLimiter:

@@ -318,6 +318,9 @@ class MediaReplica(EngineReplica):
 
     def close_session(self, session_id: str) -> None:
         if self._media is not None:
+            # the engine's own ``closed`` would reach the local copy of its events only with
+            # a pull, after the session is forgotten here: the transports' last message
+            self.post_event(session_id, "closed", {})
             self._media.close(session_id)
         super().close_session(session_id)
 

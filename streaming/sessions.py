@@ -18,7 +18,7 @@ from typing import Any
 
 from worldstream.engine.core.api import CapacityError, EngineAPI, SessionClosedError, SessionInfo
 from worldstream.streaming.framelog import FrameLog
-from worldstream.streaming.limits import Limits, RateLimiter
+from worldstream.streaming.limits import Limits, RateLimiter, websockets_per_client
 from worldstream.streaming.recording import Recorder
 from worldstream.streaming.telemetry import StreamTelemetry
 
@@ -133,6 +133,7 @@ class SessionManager:
         self._sessions: dict[str, StreamSession] = {}
         self._kept: dict[str, _KeptRecording] = {}
         self._creating: list[str | None] = []  # clients of creations under way
+        self._websockets: dict[str, int] = {}  # open WebSocket connections per client address
         self._lock = threading.Lock()
 
     @property
@@ -194,6 +195,21 @@ class SessionManager:
     def remove_closer(self, session: StreamSession, closer: Callable[[], Any]) -> None:
         with self._lock, contextlib.suppress(ValueError):
             session.closers.remove(closer)
+
+    def open_websocket(self, client: str) -> bool:
+        """Count a WebSocket of ``client`` (its address) opening; False (nothing counted) when
+        the address holds ``websockets_per_client`` already. :meth:`close_websocket` undoes."""
+        with self._lock:
+            if self._websockets.get(client, 0) >= websockets_per_client(self.limits):
+                return False
+            self._websockets[client] = self._websockets.get(client, 0) + 1
+            return True
+
+    def close_websocket(self, client: str) -> None:
+        with self._lock:
+            left = self._websockets.pop(client, 0) - 1
+            if left > 0:
+                self._websockets[client] = left
 
     def attach(self, session: StreamSession) -> None:
         """A transport of ``session`` opened: generation runs while at least one is open.

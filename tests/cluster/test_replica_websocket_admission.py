@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 
 import pytest
 import websockets
@@ -93,3 +94,30 @@ def test_frames_leaving_here_number_on_from_the_front_end_s_offset(replica):
         if reported.get(info.session_id, 0) > indices[1]:
             break
     assert reported[info.session_id] > indices[1]
+
+
+def test_a_closed_session_s_socket_here_closes_without_credit(replica):
+    """Issue 64, item 5: the front end's DELETE reaches the replica as ``close_session``; a
+    client holding no ``next`` credit on the replica's WebSocket still gets the protocol's
+    close within 2 s, after the ``closed`` event."""
+    from worldstream.streaming.websocket import SESSION_ENDED_CODE, SESSION_ENDED_REASON
+
+    info = replica.create_session("a meadow", 1, 16)
+    url = replica.media_websocket(info.session_id, "pub", "secret", ())["url"]
+
+    async def run() -> tuple[float, list[dict], tuple]:
+        texts = []
+        async with websockets.connect(f"{url}?token=secret") as ws:
+            await asyncio.sleep(1.2)  # served: a stats message or two, no frame asked for
+            start = time.monotonic()
+            await asyncio.to_thread(replica.close_session, info.session_id)
+            with contextlib.suppress(websockets.ConnectionClosed):
+                while True:
+                    message = await asyncio.wait_for(ws.recv(), 2.0)
+                    texts.append(json.loads(message))
+            return time.monotonic() - start, texts, (ws.close_code, ws.close_reason)
+
+    seconds, texts, close = asyncio.run(run())
+    assert seconds < 2.0 and close == (SESSION_ENDED_CODE, SESSION_ENDED_REASON)
+    assert {"type": "event", "kind": "closed"} in texts
+    assert not replica._media.sessions.sessions()  # nothing of it left here
