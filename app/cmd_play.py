@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 
 from worldstream.app import game_args, settings_cli
 
@@ -126,13 +127,34 @@ def _ray_engine(args: argparse.Namespace, name: str, model_kwargs: dict):
         from worldstream.streaming.limits import Limits
         from worldstream.streaming.replica_media import MediaReplica
 
+        # NOTE: a Ray started here (no --ray-address) listens on loopback only
+        # (engine.cluster.pool.init_ray): the replicas' media listen where the page is served
+        media_host = None if args.ray_address is not None else media_bind_address(args.host)
         extra = {"replica_cls": MediaReplica,
-                 "replica_kwargs": {"limits": Limits(max_sessions=args.max_sessions)}}
+                 "replica_kwargs": {"limits": Limits(max_sessions=args.max_sessions),
+                                    "media_host": media_host}}
     return RayEngine(name, replicas=low, min_replicas=low, max_replicas=high,
                      address=args.ray_address,
                      config=play_config(args.max_sessions, args.mode), model_kwargs=model_kwargs,
                      replica_cpus=args.replica_resources[0],
                      replica_gpus=args.replica_resources[1], **extra).start()
+
+
+def media_bind_address(host: str) -> str:
+    """Where the media of replicas on this host listen for a front end bound to ``host``: the
+    same address (``localhost``: 127.0.0.1); for a wildcard (``0.0.0.0``, ``::``) the
+    address this host reaches the network by, which clients can be sent to."""
+    if host == "localhost":
+        return "127.0.0.1"
+    if host not in ("0.0.0.0", "::", ""):
+        return host.strip("[]")
+    family = socket.AF_INET6 if host == "::" else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        try:  # no packet is sent: the route's source address is the answer
+            probe.connect(("2001:db8::1" if family == socket.AF_INET6 else "192.0.2.1", 9))
+            return probe.getsockname()[0]
+        except OSError:  # no route: only this machine can reach it anyway
+            return "::1" if family == socket.AF_INET6 else "127.0.0.1"
 
 
 def media_from(args: argparse.Namespace) -> str:

@@ -267,12 +267,16 @@ class MediaReplica(EngineReplica):
     """An :class:`~engine.cluster.replica.EngineReplica` whose sessions' media leave from its
     own host (``RayEngine(replica_cls=MediaReplica)``). Frames go to the front end only when
     it asks (``forward_frames``). ``limits``: the per-session limits of its transports (peer
-    connections, message rates), as the front end's."""
+    connections, message rates), as the front end's. ``media_host``: the address its media
+    (WebRTC, the WebSocket fallback) listen on: the front end's bind address in a cluster of
+    this host alone; None: this host's address in the Ray cluster."""
 
     def __init__(self, model: str, config: EngineConfig, model_kwargs: dict | None = None,
-                 threads: int | None = None, limits: Limits | None = None):
+                 threads: int | None = None, limits: Limits | None = None,
+                 media_host: str | None = None):
         super().__init__(model, config, model_kwargs, threads, forward_all=False)
         self._limits = limits or Limits()
+        self._media_host = media_host
         self._media: MediaServer | None = None
         self._media_lock = threading.Lock()
 
@@ -309,7 +313,8 @@ class MediaReplica(EngineReplica):
     def _media_server(self) -> MediaServer:
         with self._media_lock:  # started on the first ask: aiortc loads only if used
             if self._media is None:
-                self._media = MediaServer(self, self._limits, self.describe()["address"])
+                self._media = MediaServer(self, self._limits,
+                                          self._media_host or self.describe()["address"])
             return self._media
 
     def _stamped(self) -> dict[str, int]:

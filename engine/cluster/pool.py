@@ -4,12 +4,13 @@ until it serves, polling their metrics, and stopping them (how many there should
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from typing import Any
 
 from worldstream.engine.cluster.placement import Replica, place
@@ -24,6 +25,8 @@ NAMESPACE = "worldstream"
 DEATH_INFO_WAIT_MS = 100
 #: how long a Ray address may take to accept a TCP connection before it is reported dead, s
 CONNECT_TIMEOUT_S = 5.0
+#: the node address of a Ray started here: its head, raylet and workers listen on loopback only
+LOCAL_NODE_ADDRESS = "127.0.0.1"
 
 
 def check_address(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
@@ -42,16 +45,67 @@ def check_address(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
             "(`ray start --head`) or pass the right --ray-address") from None
 
 
+def _is_loopback_host(host: str) -> bool:
+    host = host.strip("[]")
+    return host == "localhost" or host == "::1" or host.startswith("127.")
+
+
+def require_token_auth(address: str, environ: MutableMapping[str, str] = os.environ
+                       ) -> None:
+    """Joining the Ray cluster at ``address`` (``HOST:PORT``) on another host: turn Ray's token
+    authentication on (``RAY_AUTH_MODE=token`` when unset; Ray then reads the shared token
+    from ``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``). ConnectionError
+    when it was turned off: without it anyone who reaches the cluster's ports runs code in
+    it. A loopback address, ``auto`` and ``ray://`` are left to Ray."""
+    if address == "auto" or "://" in address:
+        return
+    host = address.rpartition(":")[0] or address
+    if _is_loopback_host(host):
+        return
+    mode = environ.setdefault("RAY_AUTH_MODE", "token")
+    if mode.lower() != "token":
+        raise ConnectionError(
+            f"joining the Ray cluster at {address} needs Ray's token authentication, but "
+            f"RAY_AUTH_MODE={mode}: set RAY_AUTH_MODE=token and the cluster's token "
+            "(RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH) here and on every host")
+    with contextlib.suppress(ImportError, AttributeError):
+        from ray._raylet import Config
+
+        Config.initialize("")  # Ray caches its settings: read RAY_AUTH_MODE again
+
+
+@contextlib.contextmanager
+def _loopback_node():
+    """While it is held, Ray keeps a loopback node address as it is.
+
+    NOTE: Ray's C++ servers (GCS, raylet, each worker's) listen on every interface unless the
+    node's address is 127.0.0.1, and ``ray.init`` replaces a loopback ``_node_ip_address``
+    with the machine's network address (``services.resolve_ip_for_localhost``), except where
+    Ray clusters are off (macOS, Windows: ``ray_constants.ENABLE_RAY_CLUSTER``). A Ray
+    started by the front end only ever has this host's replicas: it turns that off for the
+    start, so every listener of the cluster is on loopback (issue 64)."""
+    from ray._private import ray_constants
+
+    before = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = before
+
+
 def init_ray(address: str | None, max_replicas: int, resources: dict[str, float]) -> bool:
-    """Join ``address`` (None: start a local Ray) unless Ray is up already; True when this
-    call started it (the caller then shuts it down). ConnectionError when ``address`` does
-    not answer (:func:`check_address`)."""
+    """Join ``address`` (None: start a local Ray, listening on loopback only) unless Ray is up
+    already; True when this call started it (the caller then shuts it down).
+    ConnectionError when ``address`` does not answer (:func:`check_address`) or would be
+    joined without token authentication (:func:`require_token_auth`)."""
     import ray
 
     if ray.is_initialized():
         return False
     if address is not None:
         check_address(address)
+        require_token_auth(address)
     # NOTE: a call to an actor whose connection closes waits this long for the cluster to
     # say why before it fails (Ray's default 1 s). When a whole host goes, nobody says: its
     # raylet is gone too, and the head learns only after missed health checks (~15 s). The
@@ -69,7 +123,15 @@ def init_ray(address: str | None, max_replicas: int, resources: dict[str, float]
         # daemons responsive; a replica is a real-time server and starves at nice 15 beside
         # busy processes. A cluster started elsewhere needs RAY_worker_niceness=0.
         kwargs["_system_config"] = {"worker_niceness": 0}
-    ray.init(address=address, **kwargs)
+        kwargs["_node_ip_address"] = LOCAL_NODE_ADDRESS
+        with _loopback_node():
+            ray.init(**kwargs)
+        return True
+    try:
+        ray.init(address=address, **kwargs)
+    except ray.exceptions.AuthenticationError as err:  # no token, or not the cluster's
+        raise ConnectionError(f"the Ray cluster at {address} refused this front end: "
+                              f"{' '.join(str(err).split())}") from None
     return True
 
 

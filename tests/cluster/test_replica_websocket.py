@@ -9,10 +9,14 @@ URL does not connect. A local Ray with two emulated replicas, started and stoppe
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ipaddress
 import json
 import os
 import signal
+import socket
 import time
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
@@ -105,6 +109,82 @@ def test_the_replica_serves_the_websocket_and_the_front_end_route_still_works(me
             await http.delete(f"/api/sessions/{sid}", headers=auth)
 
     asyncio.run(run())
+
+
+def _tcp_listeners(root_pid: int) -> list[tuple[str, int, str]]:
+    """``(address, port, process name)`` of every listening TCP socket of ``root_pid`` and its
+    descendants (here: the front end, Ray's head, raylet and workers), from ``/proc``."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        with contextlib.suppress(OSError):
+            if entry.isdigit():
+                stat = Path(f"/proc/{entry}/stat").read_text()
+                children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(
+                    int(entry))
+    tree, todo = set(), [root_pid]
+    while todo:
+        tree.add(pid := todo.pop())
+        todo += children.get(pid, [])
+    listening = {}
+    for table, family in (("tcp", socket.AF_INET), ("tcp6", socket.AF_INET6)):
+        for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A":  # LISTEN
+                ip, port = fields[1].split(":")
+                raw = bytes.fromhex(ip)  # 32-bit words in host (little-endian) order
+                raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+                listening[int(fields[9])] = (socket.inet_ntop(family, raw), int(port, 16))
+    found = []
+    for pid in tree:
+        with contextlib.suppress(OSError):
+            name = Path(f"/proc/{pid}/comm").read_text().strip()
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                    if link.startswith("socket:[") and int(link[8:-1]) in listening:
+                        found.append((*listening[int(link[8:-1])], name))
+    return found
+
+
+def _loopback(address: str) -> bool:
+    return ipaddress.ip_address(address.removeprefix("::ffff:")).is_loopback
+
+
+def test_a_local_cluster_listens_on_loopback_and_deleted_sessions_close_here(media_cluster):
+    """Issue 64: a Ray started by the front end (its head, raylet, workers) and the replicas'
+    WebSocket servers listen on loopback only; a DELETE at the front end closes the session's
+    socket on its replica within 2 s, with the protocol's close, for a client holding no
+    ``next`` credit."""
+    from worldstream.streaming.websocket import SESSION_ENDED_CODE, SESSION_ENDED_REASON
+
+    _, server = media_cluster
+
+    async def run() -> tuple[list, float, tuple]:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+            opened = []
+            for _ in range(2):  # two sessions: most often one on each replica
+                sid, token, auth = await _session(http)
+                url = await _ws_url(http, sid, token)
+                opened.append((auth, sid, await websockets.connect(f"{url}?token={token}")))
+            listeners = _tcp_listeners(os.getpid())
+            await asyncio.sleep(1.2)  # served: stats, no frame asked for
+            auth, sid, ws = opened[0]
+            start = time.monotonic()
+            await http.delete(f"/api/sessions/{sid}", headers=auth)
+            with contextlib.suppress(websockets.ConnectionClosed):
+                while True:
+                    await asyncio.wait_for(ws.recv(), 2.0)
+            seconds = time.monotonic() - start
+            auth, sid, ws = opened[1]
+            await ws.close()
+            await http.delete(f"/api/sessions/{sid}", headers=auth)
+            return listeners, seconds, (opened[0][2].close_code, opened[0][2].close_reason)
+
+    listeners, seconds, close = asyncio.run(run())
+    names = {name for _, _, name in listeners}
+    assert {"gcs_server", "raylet"} <= names and len(listeners) >= 6, listeners
+    assert [x for x in listeners if not _loopback(x[0])] == []
+    assert seconds < 2.0 and close == (SESSION_ENDED_CODE, SESSION_ENDED_REASON)
 
 
 def test_a_killed_replica_s_websocket_reconnects_to_the_new_one_and_is_told(media_cluster):
