@@ -23,7 +23,8 @@ def _within(lo: float | None, hi: float | None):
     return lambda v, e: (lo is None or v >= lo) and (hi is None or v <= hi)
 
 
-#: (label, eval key, its ground-truth twin's key, goal text, predicate(value, eval))
+#: (label, eval key, the bracket's key(s): the copy-last baseline and/or the ground-truth twin,
+#: goal text, predicate(value, eval))
 GOALS = [
     ("changed-pixel PSNR, teacher-forced (dB)", "changed_psnr_db", "copylast_changed_psnr_db",
      ">= 30", _within(30, None)),
@@ -39,6 +40,15 @@ GOALS = [
      "<= 0.02", _within(None, 0.02)),
     ("free-play change rate vs the env's (x)", "change_rate_ratio", "gt_change_rate_ratio",
      "0.5-2", _within(0.5, 2.0)),
+    # the object table (issue 67): the game's moving objects, engine.evaluation.game_objects
+    ("object recall at 4 frames", "object_recall_4",
+     ("copylast_object_recall_4", "gt_object_recall_4"), ">= 0.8", _within(0.8, None)),
+    ("object precision at 4 frames", "object_precision_4",
+     ("copylast_object_precision_4", "gt_object_precision_4"), ">= 0.6", _within(0.6, None)),
+    ("free-play moving objects per frame vs the env's (x)", "objects_ratio", "gt_objects_ratio",
+     "0.67-1.5", _within(0.67, 1.5)),
+    ("free-play births per 100 frames vs the env's (x)", "births_ratio", "gt_births_ratio",
+     "0.67-1.5", _within(0.67, 1.5)),
 ]
 
 
@@ -62,13 +72,15 @@ def load_games(assets: Path = ASSETS, measured: Path = MEASURED) -> dict[str, di
     return games
 
 
-def _cell(ev: dict, key: str, twin: str, ok) -> str:
+def _cell(ev: dict, key: str, twin: str | tuple[str, ...], ok) -> str:
     value = ev.get(key)
     if value is None:
         return "—"
     mark = "" if ok(value, ev) else " **miss**"
     digits = 1 if "psnr" in key else 3
-    return f"{fmt(float(value), digits)} ({fmt(ev.get(twin), 1)}){mark}"
+    twins = (twin,) if isinstance(twin, str) else twin
+    bracket = " / ".join(fmt(ev.get(t), 1 if len(twins) == 1 else 2) for t in twins)
+    return f"{fmt(float(value), digits)} ({bracket}){mark}"
 
 
 def _train_cell(training: dict) -> str:
@@ -82,8 +94,8 @@ def _train_cell(training: dict) -> str:
 
 def render_games(games: dict[str, dict]) -> str:
     """The Markdown section: one column per game, one row per goal; each cell is the model's
-    value with, in brackets, the copy-last-frame baseline (PSNR rows) or the ground-truth
-    twin (the env against itself)."""
+    value with, in brackets, the copy-last-frame baseline (PSNR rows), the ground-truth twin
+    (the env against itself), or both (object rows: copy-last / twin)."""
     if not games:
         return ""
     names = list(games)
@@ -96,6 +108,9 @@ def render_games(games: dict[str, dict]) -> str:
     return "\n".join([
         "## Game worlds (`worldstream eval`)", "",
         "Held-out episodes, streaming defaults. In brackets: the copy-last-frame baseline "
-        "(PSNR rows) or the env against itself (its ground-truth twin, which shows the metric "
-        "is sound: 99 dB, 1.0, 0). Goals from the game-world issue. " + envs + ".", "",
+        "(PSNR rows), the env against itself (its ground-truth twin, which shows the metric "
+        "is sound: 99 dB, 1.0, 0), or both (object rows: copy-last / twin). A moving object is "
+        "a connected set of changed pixels of one palette colour; recall / precision: found "
+        "within 2 px in the other's frame; a birth: an object where nothing moved the frame "
+        "before. Goals from the game-world issues. " + envs + ".", "",
         table(["measure", "goal", *names], rows)])

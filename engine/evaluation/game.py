@@ -1,7 +1,10 @@
 """``worldstream eval --env ID``: a trained game world against the game, on held-out play.
 
 Each figure comes with its ground-truth twin (the env scored against itself, so the metric is
-shown sound) and, for PSNR, the copy-last baseline (hold the last true frame).
+shown sound) and, for PSNR and the object recall / precision, the copy-last baseline (hold the
+last true frame). The object table (``game_objects``) judges the game's moving objects, not
+pixels: are they where the game has them in rollouts, and does free play move and spawn as
+many as the game does.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import numpy as np
 import torch
 
 from worldstream.engine.evaluation import game_metrics as gm
+from worldstream.engine.evaluation import game_objects as go
 from worldstream.engine.evaluation.game_episodes import held_out
 from worldstream.engine.models.game.world import GameWorld
 from worldstream.engine.training.common import cpu_has_fast_bf16
@@ -28,6 +32,8 @@ class GameEvalConfig:
     """Frames per held-out episode."""
     horizons: tuple[int, ...] = (16, 64)
     """Free-rollout horizons (frames)."""
+    object_horizons: tuple[int, ...] = (1, 4, 16)
+    """Rollout frames the object recall / precision is measured at."""
     effect_states: int = 24
     """States the action effect is measured from."""
     free_play: int = 3000
@@ -61,16 +67,21 @@ class _Model:
                                              enabled=cpu_has_fast_bf16()):
             return self.world.next_frame(context, actions, noise)
 
-    def rollout(self, context: torch.Tensor, actions: torch.Tensor, steps: int,
-                shared: bool = False) -> np.ndarray:
-        """``context`` ``(B, c, H, W)``, ``actions`` ``(B, c - 1 + steps)`` -> RGB frames
-        ``(B, steps, H, W, 3)`` uint8."""
+    def rollout_indices(self, context: torch.Tensor, actions: torch.Tensor, steps: int,
+                        shared: bool = False) -> np.ndarray:
+        """``context`` ``(B, c, H, W)``, ``actions`` ``(B, c - 1 + steps)`` -> palette indices
+        ``(B, steps, H, W)``."""
         out = []
         for k in range(steps):
             nxt = self.step(context, actions[:, k:k + self.c], shared)
             out.append(nxt)
             context = torch.cat([context[:, 1:], nxt[:, None]], 1)
-        return self.world.palette.decode(torch.stack(out, 1).numpy())
+        return torch.stack(out, 1).numpy()
+
+    def rollout(self, context: torch.Tensor, actions: torch.Tensor, steps: int,
+                shared: bool = False) -> np.ndarray:
+        """As ``rollout_indices``, as RGB frames ``(B, steps, H, W, 3)`` uint8."""
+        return self.world.palette.decode(self.rollout_indices(context, actions, steps, shared))
 
 
 def _teacher_forced(model: _Model, trajs) -> dict:
@@ -95,9 +106,9 @@ def _teacher_forced(model: _Model, trajs) -> dict:
             "gt_changed_psnr_db": gm.changed_psnr(truth, truth, prev)}
 
 
-def _rollouts(model: _Model, trajs, horizons) -> dict:
-    c, h = model.c, max(horizons)
-    ctx, acts, truth, last = [], [], [], []
+def _rollouts(model: _Model, trajs, horizons, object_horizons=()) -> dict:
+    c, h = model.c, max((*horizons, *object_horizons))
+    ctx, acts, truth, last, index = [], [], [], [], []
     for tr in trajs:
         idx = model.encode(tr.frames)
         for s in range(c - 1, len(tr.frames) - h, 40):
@@ -105,11 +116,18 @@ def _rollouts(model: _Model, trajs, horizons) -> dict:
             acts.append(torch.from_numpy(tr.actions[s - c + 1:s + h]))
             truth.append(tr.frames[s + 1:s + h + 1])
             last.append(tr.frames[s])
+            # the frame before the last (copy-last's own objects), the last, the truth
+            index.append(idx[[max(s - 1, 0), *range(s, s + h + 1)]].numpy())
     if not ctx:
         return {}
-    pred = model.rollout(torch.stack(ctx), torch.stack(acts), h)
+    pred_index = model.rollout_indices(torch.stack(ctx), torch.stack(acts), h)
+    pred = model.world.palette.decode(pred_index)
     truth_a, last_a = np.stack(truth), np.stack(last)
     out = {"rollout_starts": len(ctx)}
+    if object_horizons:
+        index_a = np.stack(index)
+        out |= go.rollout_table(index_a[:, 0], index_a[:, 1], index_a[:, 2:], pred_index,
+                                object_horizons)
     for k in horizons:
         out[f"rollout_psnr_db_{k}"] = gm.pooled_psnr(pred[:, k - 1], truth_a[:, k - 1])
         out[f"copylast_psnr_db_{k}"] = gm.pooled_psnr(last_a, truth_a[:, k - 1])
@@ -156,18 +174,22 @@ def _action_effect(model: _Model, game: GameEnv, cfg: GameEvalConfig) -> dict:
 
 def _free_play(model: _Model, game: GameEnv, cfg: GameEvalConfig, trajs):
     """Model and env under the same held keys (changing every 20-40 frames) from one
-    held-out start; the env resets where its episode ends, the model plays on."""
+    held-out start; the env resets where its episode ends, the model plays on. The game's
+    moving objects and births leave out the transitions into a reset (not play: the whole
+    screen changes); the change rate counts every transition."""
     c = model.c
     rng = np.random.default_rng([cfg.seed, 99])
     policy = HeldKeyPolicy(game.action_meanings, rng, min_hold=20, max_hold=40)
     start = held_out(game, 200, c, seed=cfg.seed)
     env = [*start.frames]
     actions = [*start.actions.tolist()]
+    resets = []  # frames the env was reset to: no transition of play leads there
     for _ in range(cfg.free_play):
         actions.append(policy())
         env.append(game.step(actions[-1]))
         if game.done:
             env[-1] = game.reset(int(rng.integers(0, 1 << 30)))
+            resets.append(len(env) - 1)
     acts = torch.tensor(actions, dtype=torch.int64)[None]
     model_frames = np.concatenate([start.frames, model.rollout(
         model.encode(start.frames[:c])[None], acts, cfg.free_play)[0]])
@@ -176,12 +198,27 @@ def _free_play(model: _Model, game: GameEnv, cfg: GameEvalConfig, trajs):
         [model.world.palette.colours, env_frames.reshape(-1, 3),
          *(t.frames.reshape(-1, 3) for t in trajs)]), axis=0)
     env_rate = gm.change_rate(env_frames)
-    return {"off_palette_share": gm.off_palette_share(model_frames, colours),
-            "gt_off_palette_share": gm.off_palette_share(env_frames, colours),
-            "change_rate": gm.change_rate(model_frames), "gt_change_rate": env_rate,
-            "change_rate_ratio": gm.change_rate(model_frames) / max(env_rate, 1e-9),
-            "gt_change_rate_ratio": env_rate / max(env_rate, 1e-9)}, \
-        (model_frames, env_frames)
+    judged = np.ones(len(env_frames) - 1, bool)
+    judged[np.asarray(resets, np.int64) - 1] = False
+    palette = model.world.palette
+    mine = go.play_figures(palette.encode(model_frames))
+    theirs = go.play_figures(palette.encode(env_frames), judged)
+    out = {"off_palette_share": gm.off_palette_share(model_frames, colours),
+           "gt_off_palette_share": gm.off_palette_share(env_frames, colours),
+           "change_rate": gm.change_rate(model_frames), "gt_change_rate": env_rate,
+           "change_rate_ratio": gm.change_rate(model_frames) / max(env_rate, 1e-9),
+           "gt_change_rate_ratio": env_rate / max(env_rate, 1e-9)}
+    for key, ratio in (("objects_per_frame", "objects_ratio"),
+                       ("births_per_100", "births_ratio")):
+        out |= {key: mine[key], f"gt_{key}": theirs[key],
+                ratio: _ratio(mine[key], theirs[key]),
+                f"gt_{ratio}": _ratio(theirs[key], theirs[key])}
+    return out, (model_frames, env_frames)
+
+
+def _ratio(value: float, game: float) -> float:
+    """``value / game``; ``nan`` where the game has none to compare with."""
+    return value / game if game > 0 else float("nan")
 
 
 def evaluate(world: GameWorld, cfg: GameEvalConfig | None = None
@@ -193,7 +230,7 @@ def evaluate(world: GameWorld, cfg: GameEvalConfig | None = None
     trajs = [held_out(game, i, cfg.length, seed=cfg.seed) for i in range(cfg.episodes)]
     result = {"env": world.env_id, "held_out_episodes": cfg.episodes}
     result |= _teacher_forced(model, trajs)
-    result |= _rollouts(model, trajs, cfg.horizons)
+    result |= _rollouts(model, trajs, cfg.horizons, cfg.object_horizons)
     result |= _action_effect(model, game, cfg)
     play, frames = _free_play(model, game, cfg, trajs)
     result |= play

@@ -1,4 +1,5 @@
-"""The side-by-side sheet of a game world: its free play over the game's, same keys."""
+"""The side-by-side sheet of a game world: its free play over the game's, same keys, each
+frame's moving objects (``game_objects``) outlined in a colour the frame does not show."""
 
 from __future__ import annotations
 
@@ -10,12 +11,35 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from worldstream.engine.evaluation import game_objects as go  # noqa: E402
+from worldstream.engine.worlds.game.frames import colour_codes  # noqa: E402
+
+#: outline colours to pick from: the one farthest from every colour of the frame
+_OUTLINE_COLOURS = np.array([[255, 0, 255], [0, 255, 255], [255, 255, 0], [255, 255, 255],
+                             [0, 0, 0]], np.uint8)
+
+
+def outline_objects(prev: np.ndarray, cur: np.ndarray) -> np.ndarray:
+    """``cur`` (``(H, W, 3)`` uint8) with a 1-px outline around each moving object of
+    ``prev -> cur``, in the colour of ``_OUTLINE_COLOURS`` farthest from every colour of
+    ``cur``."""
+    _, index = np.unique(colour_codes(np.stack([prev, cur])), return_inverse=True)
+    index = index.reshape(2, *cur.shape[:2])
+    objects = go.moving_objects(index[:1], index[1:])
+    ring = go.outline(objects.labels)[0]
+    shown = np.unique(cur.reshape(-1, 3), axis=0).astype(np.int32)
+    dist = ((_OUTLINE_COLOURS[:, None].astype(np.int32) - shown[None]) ** 2).sum(-1).min(1)
+    out = cur.copy()
+    out[ring] = _OUTLINE_COLOURS[dist.argmax()]
+    return out
+
 
 def save_game_sheet(model: np.ndarray, env: np.ndarray, out: str | Path, title: str,
                     start: int = 0, frames: int = 240, columns: int = 9,
                     moments: int = 3) -> Path:
     """Rows of (model, game) frame pairs: ``moments`` stretches of ``frames`` frames spread
-    over the free play, ``columns`` frames each. ``model``/``env``: ``(T, H, W, 3)`` uint8."""
+    over the free play, ``columns`` frames each, moving objects outlined (against each clip's
+    frame before). ``model``/``env``: ``(T, H, W, 3)`` uint8."""
     span = len(model) - start
     firsts = [start + int(i * max(span - frames, 0) / max(moments - 1, 1))
               for i in range(moments)]
@@ -27,7 +51,8 @@ def save_game_sheet(model: np.ndarray, env: np.ndarray, out: str | Path, title: 
         for col, t in enumerate(picks):
             for row, (clip, name) in enumerate(((model, "model"), (env, "game"))):
                 ax = axes[2 * m + row][col]
-                ax.imshow(clip[t], interpolation="nearest")
+                shown = clip[t] if t == 0 else outline_objects(clip[t - 1], clip[t])
+                ax.imshow(shown, interpolation="nearest")
                 ax.set_xticks([])
                 ax.set_yticks([])
                 if col == 0:
