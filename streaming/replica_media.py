@@ -216,6 +216,7 @@ class MediaServer:
         self.ids = PublicIds(replica)
         self.sessions = ReplicaSessions(self.ids, limits, replica)
         self._size = (backend.width, backend.height)
+        self._pixel_art = bool(getattr(replica.engine, "pixel_art", False))
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="replica-media",
                                         daemon=True)
@@ -223,6 +224,9 @@ class MediaServer:
         self.webrtc = WebRTCTransport(self.sessions)
         self._limits, self._address = limits, address
         self._websocket: Any = None  # started on the first ask: most viewers use WebRTC
+
+    def _info(self, public_id: str, fps: int) -> SessionInfo:
+        return SessionInfo(public_id, *self._size, fps, pixel_art=self._pixel_art)
 
     def websocket_url(self, remote_id: str, public_id: str, token: str,
                       origins: tuple[str, ...], fps: int, index_offset: int = 0) -> str:
@@ -233,15 +237,14 @@ class MediaServer:
         if self._websocket is None:
             self._websocket = ReplicaWebSocketServer(self.sessions, self._limits,
                                                      self._address, self.loop)
-        self.sessions.adopt(public_id, remote_id, SessionInfo(public_id, *self._size, fps),
-                            index_offset)
+        self.sessions.adopt(public_id, remote_id, self._info(public_id, fps), index_offset)
         return self._websocket.admit(public_id, token, origins)
 
     def answer(self, remote_id: str, public_id: str, sdp: str, fps: int,
                index_offset: int = 0) -> Any:
         """The answer to ``sdp`` for the session; raises as ``WebRTCTransport.answer``."""
-        info = SessionInfo(public_id, *self._size, fps)
-        session = self.sessions.adopt(public_id, remote_id, info, index_offset)
+        session = self.sessions.adopt(public_id, remote_id, self._info(public_id, fps),
+                                      index_offset)
         return asyncio.run_coroutine_threadsafe(self.webrtc.answer(session, sdp),
                                                 self.loop).result(ANSWER_TIMEOUT_S)
 

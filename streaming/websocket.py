@@ -10,13 +10,14 @@ import json
 import struct
 from typing import Any
 
+import numpy as np
 from starlette.responses import JSONResponse
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from worldstream.engine.core.api import SessionClosedError
 from worldstream.streaming import messages as m
 from worldstream.streaming.control import ControlChannel
-from worldstream.streaming.frames import encode_jpeg
+from worldstream.streaming.frames import encode_jpeg, upscale_nearest, video_scale
 from worldstream.streaming.limits import websockets_per_client
 from worldstream.streaming.pacing import Pacer, SlotClosedError
 from worldstream.streaming.sessions import SessionManager, StreamSession
@@ -52,6 +53,17 @@ def unpack_frame(data: bytes) -> tuple[dict[str, Any], bytes]:
     return json.loads(data[4:4 + size]), data[4 + size:]
 
 
+def _encode(rgb: np.ndarray, scale: int) -> bytes:
+    """A frame's JPEG; a pixel-art world's (``scale`` > 1) scaled up with nearest neighbour
+    first, with full chroma.
+
+    NOTE: measured on a Breakout frame at 4x: 4:2:0 (the decoder's smoothed chroma) left brick
+    edges off by up to 70 levels, 4:4:4 by 25 (8.6 KB a frame instead of 6.2 KB)."""
+    if scale == 1:
+        return encode_jpeg(rgb, JPEG_QUALITY)
+    return encode_jpeg(upscale_nearest(rgb, scale), JPEG_QUALITY, full_chroma=True)
+
+
 class WebSocketConnection:
     """Serves one WebSocket for ``session`` until the client leaves or the session closes.
 
@@ -71,6 +83,8 @@ class WebSocketConnection:
         self._credits = asyncio.Semaphore(0)
         self._banked = 0
         self.control = ControlChannel(manager, session, self._send_json)
+        info = session.info
+        self._scale = video_scale(info.width, info.height, info.pixel_art)
         self.slot = manager.engine.subscribe(session.session_id, WS_SLOT_FRAMES)
         self._loop = asyncio.get_running_loop()
         try:
@@ -96,7 +110,7 @@ class WebSocketConnection:
             self._banked -= 1
             frame, pts = await pacer.next()
             header = self.control.frame_message(frame, pts)
-            jpeg = await asyncio.to_thread(encode_jpeg, frame.rgb, JPEG_QUALITY)
+            jpeg = await asyncio.to_thread(_encode, frame.rgb, self._scale)
             async with self._send_lock:
                 await self.ws.send_bytes(pack_frame(header, jpeg))
 
