@@ -7,16 +7,20 @@ File format (JSON)::
                 {"frame": 120, "prompt": "a sandy desert"},
                 {"frame": 150, "keys": []}]}
 
-``frame`` is the stream frame index at which the event is sent (at ``frame / fps`` seconds of
-playback); ``keys`` is the full set of held keys from then on (empty = idle: the directions, or
-a game world's own keys such as ``fire``); ``prompt`` switches the scene prompt. An event has
-``keys`` or ``prompt`` (or both).
+``frame`` is the stream frame index from which the event holds: it takes effect from the
+chunk holding that frame, however fast the machine generates (:class:`ScriptPlayer`); ``keys``
+is the full set of held keys from then on (empty = idle: the directions, or a game world's own
+keys such as ``fire``); ``prompt`` switches the scene prompt. An event has ``keys`` or
+``prompt`` (or both).
 """
 
 from __future__ import annotations
 
 import json
+import time
+from collections import deque
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -69,6 +73,55 @@ class ActionScript(BaseModel):
                 k += 1
             actions.append(keys_to_action(keys))
         return actions, prompts
+
+
+class ScriptPlayer:
+    """Plays ``script`` in one engine session by frame index, not by clock: the engine calls
+    :meth:`play_due` on its own thread before generating each stream chunk of the session, and
+    every event due by the last frame of that chunk is applied there, through the engine's
+    command path (checked and logged to the session's input log like a client's command).
+    Attach it with ``engine.call(session_id, player.attach)`` before the engine starts, so that
+    it is in place before the first chunk.
+
+    NOTE: events sent on the wall clock (``frame / fps`` seconds after the first frame) landed
+    on whichever chunk was being generated when they arrived: under load the same script took
+    its keys at other frames (frame 8's at frame 4 on one run, at 10 on the next), and the two
+    videos parted there for good (issue 66).
+    """
+
+    def __init__(self, engine: Any, script: ActionScript):
+        from worldstream.engine.core.api import ActionCommand, PromptCommand
+
+        self.engine = engine
+        self.events: deque = deque()
+        seq = 0
+        for e in sorted(script.events, key=lambda e: e.frame):
+            if e.keys is not None:
+                seq += 1
+                self.events.append((e.frame, ActionCommand(seq, 0.0, frozenset(e.keys))))
+            if e.prompt is not None:
+                seq += 1
+                self.events.append((e.frame, PromptCommand(seq, 0.0, e.prompt)))
+
+    def attach(self, session: Any) -> None:
+        """Make this the session's script (engine thread, ``Engine.call``)."""
+        session.script = self if self.events else None
+
+    def play_due(self, session: Any) -> None:
+        """Apply every event due by the last frame of the session's next chunk (engine
+        thread); a refused one ends the script with an error event. Detaches itself after the
+        last event."""
+        last = session.frame_index + session.chunk_frames - 1
+        while self.events and self.events[0][0] <= last:
+            frame, command = self.events.popleft()
+            try:
+                self.engine.commands.apply(session, command, time.perf_counter_ns())
+            except Exception as exc:  # InvalidCommand (names its field), a backend failure
+                self.events.clear()
+                session.emit("error", code="script", field=getattr(exc, "field", "script"),
+                             message=f"action script, frame {frame}: {exc}")
+        if not self.events:
+            session.script = None
 
 
 def game_script(wire_keys: tuple[str, ...] | list[str], frames: int) -> ActionScript:

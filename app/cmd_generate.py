@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from worldstream.app import game_args, settings_cli
-from worldstream.app.action_script import game_script, load_action_script
+from worldstream.app.action_script import ScriptPlayer, game_script, load_action_script
 
 DEFAULT_PROMPTS = (
     "a green meadow with ponds",
@@ -85,7 +85,6 @@ def _game_scripts(args, wire_keys: tuple[str, ...]) -> list:
 
 
 def run(args) -> int:
-    from worldstream.engine.core.api import ActionCommand, PromptCommand
     from worldstream.engine.core.config import EngineConfig
     from worldstream.engine.core.engine import Engine
     from worldstream.engine.core.registry import env_of, load_backend
@@ -153,8 +152,18 @@ def run(args) -> int:
     )
     outs = _outputs(args.out, args.sessions)
     summary = []
-    with Engine(backend, config) as engine:
-        sids, counters, recorders = [], [], []
+    prepare = getattr(backend, "prepare_prompt", None)
+    if prepare is not None:  # the scripts' prompts encoded here, not on the engine thread
+        for text in {e.prompt for s in scripts for e in s.events if e.prompt is not None}:
+            prepare(text)
+    # NOTE: the sessions are made, subscribed and given their scripts before the engine thread
+    # starts (its first drain takes all of it before any chunk): no frame is generated before
+    # the recorder listens or before the script holds frame 0's keys. The script plays by frame
+    # index on the engine thread (ScriptPlayer), so a busy machine changes when frames come,
+    # never which (issue 66)
+    engine = Engine(backend, config)
+    try:
+        sids, counters, recorders, attached = [], [], [], []
         for i in range(args.sessions):
             info = engine.create_session(
                 prompts[i % len(prompts)], seed=args.seed + i, fps=args.fps
@@ -169,21 +178,14 @@ def run(args) -> int:
                 ).start()
             )
             counters.append(engine.subscribe(info.session_id, args.frames + 64))
-        pending = [list(s.events) for s in scripts]
+            attached.append(engine.call(info.session_id, ScriptPlayer(engine, scripts[i]).attach))
+        engine.start()
+        for future in attached:
+            future.result()
         got = [[] for _ in sids]
-        t0 = None  # the script's clock starts with the first frame (after model warm-up)
-        seq = 0
+        t0 = None  # the wall clock starts with the first frame (after model warm-up)
         while any(len(g) < args.frames for g in got):
-            now = 0.0 if t0 is None else time.perf_counter() - t0
             for i, sid in enumerate(sids):
-                while pending[i] and pending[i][0].frame / args.fps <= now:
-                    e = pending[i].pop(0)
-                    seq += 1
-                    t_ms = time.time() * 1e3
-                    if e.keys is not None:
-                        engine.submit(sid, ActionCommand(seq, t_ms, frozenset(e.keys)))
-                    if e.prompt is not None:
-                        engine.submit(sid, PromptCommand(seq, t_ms, e.prompt))
                 while len(got[i]) < args.frames and (f := counters[i].get_nowait()) is not None:
                     got[i].append(f)
                     if t0 is None:
@@ -210,6 +212,8 @@ def run(args) -> int:
                     "ms_per_chunk": round(sum(gen_ms) / max(len(gen_ms), 1), 1),
                 }
             )
+    finally:
+        engine.stop()
     print(
         json.dumps(
             {
