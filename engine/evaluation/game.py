@@ -191,8 +191,11 @@ def _free_play(model: _Model, game: GameEnv, cfg: GameEvalConfig, trajs):
             env[-1] = game.reset(int(rng.integers(0, 1 << 30)))
             resets.append(len(env) - 1)
     acts = torch.tensor(actions, dtype=torch.int64)[None]
-    model_frames = np.concatenate([start.frames, model.rollout(
-        model.encode(start.frames[:c])[None], acts, cfg.free_play)[0]])
+    palette = model.world.palette
+    played = model.rollout_indices(model.encode(start.frames[:c])[None], acts,
+                                   cfg.free_play)[0]
+    model_frames = np.concatenate([start.frames, palette.decode(played)])
+    model_index = np.concatenate([palette.encode(start.frames), played])
     env_frames = np.stack(env)
     colours = np.unique(np.concatenate(
         [model.world.palette.colours, env_frames.reshape(-1, 3),
@@ -200,8 +203,7 @@ def _free_play(model: _Model, game: GameEnv, cfg: GameEvalConfig, trajs):
     env_rate = gm.change_rate(env_frames)
     judged = np.ones(len(env_frames) - 1, bool)
     judged[np.asarray(resets, np.int64) - 1] = False
-    palette = model.world.palette
-    mine = go.play_figures(palette.encode(model_frames))
+    mine = go.play_figures(model_index)
     theirs = go.play_figures(palette.encode(env_frames), judged)
     out = {"off_palette_share": gm.off_palette_share(model_frames, colours),
            "gt_off_palette_share": gm.off_palette_share(env_frames, colours),
