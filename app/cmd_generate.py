@@ -52,7 +52,9 @@ def register(sub) -> None:
                         "else sim; a replay uses its log's)")
     game_args.add_arguments(p)
     p.add_argument("--replay", type=Path, default=None,
-                   help="play this input log (a session's export) instead: the same frames")
+                   help="play this input log (a session's export) instead: the same frames "
+                        "(a log is data: a game it names as module:factory is played only "
+                        "when --env names the same)")
     p.add_argument("--state", type=Path, default=None,
                    help="with --replay: the save point the logged session was loaded from")
     p.add_argument("--story", type=Path, default=None,

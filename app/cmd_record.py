@@ -16,14 +16,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "actions, or module:factory) into a folder of shards, played by a "
                     "human-like policy (held keys, pauses, the start action) in parallel "
                     "processes; or turn the input log of a browser session of `play --env ID` "
-                    "into the same format (--from-log). The folder appears only when complete.")
-    source = parser.add_mutually_exclusive_group(required=True)
+                    "into the same format (--from-log). The folder appears only when complete. "
+                    "A log is data: a game it names as module:factory is imported only when "
+                    "--env names the same.")
+    source = parser.add_mutually_exclusive_group()
     source.add_argument("--env", default=None, metavar="ID",
-                        help="the game: a Gymnasium id (ALE/Pong-v5) or module:factory")
+                        help="the game: a Gymnasium id (ALE/Pong-v5) or module:factory (your "
+                             "own code: taken only from the command line, never from a log)")
     source.add_argument("--world", choices=_game_worlds(), default=None,
                         help="a named game world (its env)")
-    source.add_argument("--from-log", type=Path, default=None, metavar="LOG",
-                        help="an input log exported from a session of `play --env ID`")
+    parser.add_argument("--from-log", type=Path, default=None, metavar="LOG",
+                        help="an input log exported from a session of `play --env ID` (with "
+                             "--env ID: the log must be of that game)")
     parser.add_argument("--out", type=Path, required=True,
                         help="the dataset folder (new or empty)")
     parser.add_argument("--frames", type=int, default=20_000,
@@ -63,9 +67,14 @@ def _from_log(args: argparse.Namespace) -> dict:
         savepoint = args.state.read_bytes()
     if args.keymap is not None and not args.keymap.is_file():
         raise FileNotFoundError(f"key map not found: {args.keymap}")
+    model = None  # the game the command line named, if any: the log's must be the same
+    if args.env is not None or args.world is not None:
+        from worldstream.engine.core.registry import GAME_WORLDS, env_backend_id
+
+        model = env_backend_id(args.env if args.env is not None else GAME_WORLDS[args.world])
     return dataset_from_log(args.from_log.read_bytes(), args.out, name=str(args.from_log),
                             keymap=args.keymap, savepoint=savepoint,
-                            shard_frames=args.shard_frames)
+                            shard_frames=args.shard_frames, model=model)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -73,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
     nothing written) for a bad env, argument or a non-empty --out."""
     if args.from_log is not None:
         meta = _from_log(args)
+    elif args.env is None and args.world is None:
+        raise ValueError("record needs --env ID, --world NAME or --from-log LOG")
     else:
         from worldstream.engine.core.registry import GAME_WORLDS
         from worldstream.engine.worlds.game.record import record

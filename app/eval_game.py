@@ -15,6 +15,7 @@ GAME_WORLDS = {"pong": ("ALE/Pong-v5", Path("assets/pong")),
 def run_game_eval(args) -> dict:
     """The metrics of the game world the arguments name; writes the sheet and, with
     ``--card``, ``eval.json`` and the model card into the world's folder."""
+    from worldstream.engine.core.registry import is_factory_env
     from worldstream.engine.evaluation.game import GameEvalConfig, evaluate
     from worldstream.engine.evaluation.game_sheet import save_game_sheet
     from worldstream.engine.models.game.world import load_world
@@ -26,6 +27,9 @@ def run_game_eval(args) -> dict:
     if folder is None:
         raise ValueError("--env needs --model-path DIR (a folder from `worldstream train`)")
     world = load_world(folder, env_id=env_id)
+    if env_id is None and is_factory_env(world.env_id):  # a folder is data, like a log
+        raise ValueError(f"{folder} is a world of {world.env_id!r}, a module:factory: name it "
+                         f"yourself with --env {world.env_id}")
     cfg = GameEvalConfig()
     if args.quick:
         cfg = dataclasses.replace(cfg, episodes=3, effect_states=8, free_play=600)

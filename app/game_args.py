@@ -21,7 +21,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--env", default=None, metavar="ID",
                         help="play a Gymnasium game as the world: an id with image "
                              "observations and discrete actions (ALE/Pong-v5, "
-                             "ALE/Breakout-v5, ...) or module:factory; the model defaults to "
+                             "ALE/Breakout-v5, ...) or module:factory (your own code, "
+                             "imported: taken only from the command line, never from an "
+                             "input log or save file); the model defaults to "
                              "sim, the game itself, or to builtin, its learned world, with "
                              "--model-path DIR (a folder of `worldstream train`)")
     parser.add_argument("--keymap", type=Path, default=None, metavar="FILE",

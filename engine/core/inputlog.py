@@ -33,6 +33,7 @@ from worldstream.engine.core.api import (
 )
 from worldstream.engine.core.limits import (
     MAX_ATTENTION_CHARS,
+    MAX_SEED,
     check_json,
 )
 
@@ -183,7 +184,7 @@ class StepsEvent(_Event):
 class ForkEvent(_Event):
     kind: Literal["fork"]
     k: fields.ForkBranches
-    fork_id: int = Field(ge=0)
+    fork_id: int = Field(ge=0, le=MAX_SEED)
 
 
 class PreviewEvent(_Event):
@@ -208,7 +209,7 @@ class CutEvent(_Event):
 
     kind: Literal["cut"]
     prompt: fields.PromptText
-    seed: int = Field(ge=0)
+    seed: int = Field(ge=0, le=MAX_SEED)
 
 
 LogEvent = Annotated[
@@ -233,13 +234,13 @@ class ReplayLog(BaseModel):
     model: str
     model_version: str
     start: LogStart
-    seed: int = Field(ge=0)
+    seed: int = Field(ge=0, le=MAX_SEED)
     prompt: fields.PromptText
     chunk_frames: fields.ChunkFrames
     steps: fields.Steps
     fps: int = Field(ge=1, le=240)
     chunks: int = Field(ge=0, le=1_000_000)
-    frames: int = Field(ge=0)
+    frames: int = Field(ge=0, le=MAX_SEED)
     events: list[LogEvent]
 
 

@@ -37,6 +37,9 @@ MAX_SAY_CHARS = 200
 #: the largest pointer delta of one ``action`` message, CSS pixels per axis (a page sends its
 #: motion every few tens of ms: a fast flick is a few hundred pixels; more is a bad value)
 MAX_POINTER_DELTA = 2048.0
+#: the largest seed, frame index and fork counter a file (save point, input log) may hold: an
+#: int64 (numpy and torch generators take it)
+MAX_SEED = 2**63 - 1
 
 
 def check_prompt(text: object, name: str = "prompt") -> str:

@@ -73,6 +73,30 @@ def env_of(name: str) -> str | None:
     return env if family in _ENV_BACKENDS and env else None
 
 
+def is_factory_env(env: str) -> bool:
+    """Whether a game's env id names a module to import: ``module:factory`` (or Gymnasium's
+    own ``module:Env-v0``), not a registered id (``ALE/Pong-v5``, from installed packages)."""
+    return ":" in env
+
+
+def model_of_file(model: object, named: str | None, name: str) -> str:
+    """The model to load for a file (an input log, a save point) naming ``model``, checked as a
+    string against ``named``, the backend the command line started (None: nothing named).
+    Files travel between people: a game given as ``module:factory`` imports and calls code,
+    so a file may name one only when the command line named the same (``--env
+    MODULE:FACTORY``). ValueError (one line, naming ``name``) otherwise; nothing is imported."""
+    if not isinstance(model, str) or not model.strip() or len(model) > 300 or \
+            not model.isprintable():
+        raise ValueError(f"{name}: model: expected a model id, got {str(model)[:80]!r}")
+    if named is not None and model != named:
+        raise ValueError(f"{name} was made with model {model!r}, not {named!r}")
+    env = env_of(model)
+    if named is None and env is not None and is_factory_env(env):
+        raise ValueError(f"{name} names the game {env!r}, a module:factory: a file never "
+                         f"imports code; name it yourself with --env {env}")
+    return model
+
+
 def backend_id(world: str, model: str) -> str:
     """The backend that plays ``world`` with model family ``model``; ValueError listing the
     pairs there are."""

@@ -51,10 +51,15 @@ def test_generate_plays_the_learned_world_and_replays_its_log(folder, tmp_path, 
     path = tmp_path / "session.log.json"
     path.write_text(json.dumps(log))
     replayed = tmp_path / "replay.mp4"
+    # the log names a module:factory game: it plays only when the command line names it too
     assert main(["generate", "--replay", str(path), "--model-path", str(folder), "--out",
-                 str(replayed)]) == 0
+                 str(replayed)]) == 2
+    assert "a file never imports code" in capsys.readouterr().err
+    assert main(["generate", "--replay", str(path), "--env", TINY, "--model-path",
+                 str(folder), "--out", str(replayed)]) == 0
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["frames"] == len(original)
-    assert main(["generate", "--replay", str(path), "--out", str(replayed)]) == 2
+    assert main(["generate", "--replay", str(path), "--env", TINY, "--model", "builtin",
+                 "--out", str(replayed)]) == 2
     assert "needs --model-path DIR" in capsys.readouterr().err
 
 

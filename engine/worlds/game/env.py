@@ -9,6 +9,7 @@ of its seed and actions are the default (ALE: no sticky actions, a fixed frame s
 from __future__ import annotations
 
 import copy
+import functools
 import importlib
 import sys
 from dataclasses import dataclass
@@ -24,6 +25,9 @@ DETERMINISTIC: dict[str, dict[str, Any]] = {
     "ALE/": {"repeat_action_probability": 0.0, "frameskip": 4, "full_action_space": False},
     "Vizdoom": {"frame_skip": 4},
 }
+#: the longest episode (actions) of a game that sets no limit of its own: ALE's cap of 108,000
+#: frames, the longest any shipped game plays
+MAX_EPISODE_ACTIONS = 108_000
 #: observation dict keys that hold the screen, in the order they are looked for
 _IMAGE_KEYS = ("pixels", "screen", "image", "rgb", "observation")
 
@@ -97,13 +101,19 @@ def _one_line(what: Any) -> str:
 
 
 def _from_factory(env_id: str) -> Any:
-    """The env of ``module:factory``. The id may come from a file (an input log names its
-    model): only a module path and a name are accepted, never Python's own modules, and only a
-    factory defined in the module's package is called (not ``os.fork`` re-exported by it)."""
+    """The env of ``module:factory``, named on the command line (files never name one:
+    ``registry.model_of_file``). Only a module path and a name are accepted, never Python's
+    own modules, a ``__main__`` or private module (importing ``numpy.f2py.__main__`` runs
+    f2py's command line) or a private name, and only a factory defined in the module's package
+    is called (not ``os.fork`` re-exported by it); what it returns must be an env."""
     module_name, _, factory = env_id.partition(":")
     if not (factory.isidentifier() and all(p.isidentifier() for p in module_name.split("."))):
         raise GameEnvError(f"env {env_id!r}: expected module:factory (a dotted module path and "
                            "the name of a function or class in it)")
+    private = next((p for p in (*module_name.split("."), factory) if p.startswith("_")), None)
+    if private is not None:
+        raise GameEnvError(f"env {env_id!r}: {private} is a private or __main__ name (importing "
+                           "it may run a program); expected module:factory of your own env")
     top = module_name.split(".")[0]
     if top in sys.stdlib_module_names or top in sys.builtin_module_names:
         raise GameEnvError(f"env {env_id!r}: {top} is part of Python, not an env's module; "
@@ -241,6 +251,8 @@ class GameEnv:
             raise ValueError(f"action must be an int in [0, {self.num_actions}), got {action!r}")
         if self.frame is None:
             raise RuntimeError("reset the game before stepping it")
+        if len(self.actions) >= self.max_episode_steps:
+            self.done = True  # no episode is longer (a save point holds no more actions)
         if self.done:
             return self.frame
         obs, _, terminated, truncated, _ = self.env.step(int(action))
@@ -261,6 +273,28 @@ class GameEnv:
     def native_state(self) -> bool:
         """Whether snapshots hold the emulator's own state (ALE), not only seed and actions."""
         return self._ale is not None
+
+    @property
+    def copyable(self) -> bool:
+        """Whether snapshots hold a copy of the env (pure Python: crafter), restored at once."""
+        return self._copyable()
+
+    @functools.cached_property
+    def max_episode_steps(self) -> int:
+        """The most actions one episode takes: the env's own limit (Gymnasium's time limit,
+        ALE's frame cap over its frame skip, crafter's length), else MAX_EPISODE_ACTIONS (an
+        episode ends there)."""
+        spec = getattr(self.env, "spec", None)
+        limit = getattr(spec, "max_episode_steps", None)
+        kwargs = getattr(spec, "kwargs", None) or {}
+        frames, skip = kwargs.get("max_num_frames_per_episode"), kwargs.get("frameskip", 1)
+        if limit is None and isinstance(frames, int) and isinstance(skip, int) and skip >= 1:
+            limit = -(-frames // skip)
+        inner = getattr(self.env.unwrapped, "env", None)
+        if limit is None and isinstance(getattr(inner, "_length", None), int):
+            limit = inner._length  # crafter
+        return min(int(limit), MAX_EPISODE_ACTIONS) if limit and limit > 0 else \
+            MAX_EPISODE_ACTIONS
 
     def _copyable(self) -> bool:
         # pure-Python envs (crafter) deep-copy; native ones (vizdoom) replay from the seed
