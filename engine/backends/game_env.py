@@ -14,6 +14,7 @@ tell the transports and the page which keys the game has.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -69,6 +70,8 @@ class GameEnvBackend(GameKeys):
     """
 
     world = "game"
+    #: its frames are a game's palette pixels: sent scaled up with nearest neighbour
+    pixel_art = True
     #: any chunk size the engine allows: the env steps frame by frame
     supported_chunk_frames = (1, 2, 3, 4)
 
@@ -93,15 +96,22 @@ class GameEnvBackend(GameKeys):
         self.num_actions = probe.num_actions
         #: snapshots hold the emulator's state (ALE): a save point's must too
         self.native_state = probe.native_state
+        #: the most actions an episode of the game takes (a save point holds no more)
+        self.max_episode_actions = probe.max_episode_steps
         self.width = self.height = size
         self.max_states, self.default_fps = max_states, default_fps
         self.chunk_frames, self.rewind_chunks = chunk_frames, rewind_chunks
         self._spare_limit = max(0, int(spare_envs))
         self._spare: list[GameEnv] = [probe]
+        # a save point's state is made off the engine thread (engine.studio.savestate)
+        self._spare_lock = threading.Lock()
 
     # ------------------------------------------------------------ states
     def _env(self) -> GameEnv:
-        return self._spare.pop() if self._spare else GameEnv(self.env_id, size=self.size)
+        with self._spare_lock:
+            if self._spare:
+                return self._spare.pop()
+        return GameEnv(self.env_id, size=self.size)
 
     def _live(self, state: GameState) -> GameState:
         if not isinstance(state, GameState) or state.freed:
@@ -143,15 +153,19 @@ class GameEnvBackend(GameKeys):
         if isinstance(state, GameState) and not state.freed:
             state.freed = True
             state.history.clear()
-            if len(self._spare) < self._spare_limit:
-                self._spare.append(state.game)
-            else:
+            with self._spare_lock:
+                kept = len(self._spare) < self._spare_limit
+                if kept:
+                    self._spare.append(state.game)
+            if not kept:
                 state.game.close()
 
     def close(self) -> None:
         """Close the spare envs (states still live keep theirs)."""
-        while self._spare:
-            self._spare.pop().close()
+        with self._spare_lock:
+            spare, self._spare = self._spare, []
+        for game in spare:
+            game.close()
 
     def rewind(self, state: GameState, chunks: int) -> None:
         """Back to the game as it was ``chunks`` chunks ago; ValueError beyond the history."""

@@ -29,7 +29,13 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from worldstream.engine.core.limits import MAX_CHUNK_FRAMES, MAX_PROMPT_CHARS, MAX_STEPS
+from worldstream.engine.core import fields
+from worldstream.engine.core.limits import (
+    MAX_CHUNK_FRAMES,
+    MAX_PROMPT_CHARS,
+    MAX_SEED,
+    MAX_STEPS,
+)
 
 SAVEPOINT_FORMAT = "worldstream-savepoint/1"
 #: the largest save file read (a built-in model state is ~10 MB: KV pages, latents, tiles)
@@ -43,19 +49,20 @@ class SavedSession(BaseModel):
     """The engine session's part of a save file (``meta["session"]``)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
-    seed: int = Field(ge=0)
+    seed: int = Field(ge=0, le=MAX_SEED)
     prompt: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
+    # the held keys' action id; checked against the world's keys (``check_saved``)
     action: int = Field(ge=0, lt=2**16)
-    frame_index: int = Field(ge=0)
+    frame_index: int = Field(ge=0, le=MAX_SEED)
     chunk_frames: int = Field(ge=1, le=MAX_CHUNK_FRAMES)
     steps: int = Field(ge=1, le=MAX_STEPS)
     mode: Literal["responsive", "quality"] | None
-    fork_id: int = Field(ge=-1)
+    fork_id: int = Field(ge=-1, le=MAX_SEED)
     # the held keys and the mouse motion not yet in a chunk (a mouse model's input); absent
     # in files saved before they were recorded
-    keys: list[str] = Field(default_factory=list, max_length=8)
-    pointer: list[float] = Field(default_factory=lambda: [0.0, 0.0], min_length=2,
-                                 max_length=2)
+    keys: list[fields.HeldKey] = Field(default_factory=list, max_length=8)
+    pointer: list[fields.PointerDelta] = Field(default_factory=lambda: [0.0, 0.0],
+                                               min_length=2, max_length=2)
 
 
 class SavepointError(ValueError):
@@ -206,9 +213,38 @@ def encode(arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> bytes:
                 metadata={_META_KEY: json.dumps(meta)})
 
 
-def read_meta(data: bytes) -> dict[str, Any]:
-    """The metadata of a save file (the safetensors header only: cheap). SavepointError for a
-    file that is not a worldstream save point or is cut short."""
+#: the keys of a save file's metadata
+_META_FIELDS = frozenset({"format", "model", "model_version", "session", "state"})
+_DTYPES = {"BOOL": 1, "U8": 1, "I8": 1, "U16": 2, "I16": 2, "F16": 2, "BF16": 2, "U32": 4,
+           "I32": 4, "F32": 4, "U64": 8, "I64": 8, "F64": 8}
+
+
+def read_layout(data: bytes) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """Each array of a save file as ``name -> (dtype, shape)`` (safetensors' names: ``U8``,
+    ``I32``, ...), from the header alone: checked before any array is decoded or copied.
+    SavepointError for a header that does not describe the file's bytes."""
+    header = _header(data)
+    layout, end = {}, 0
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype, shape, (start, stop) = entry["dtype"], entry["shape"], entry["data_offsets"]
+            count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+            ok = dtype in _DTYPES and all(type(n) is int and n >= 0 for n in shape) and \
+                stop - start == count * _DTYPES[dtype] and 0 <= start <= stop
+        except (TypeError, KeyError, ValueError):
+            ok = False
+        if not ok:
+            raise SavepointError(f"the save file's array {name[:60]!r} is malformed")
+        layout[name] = (dtype, tuple(shape))
+        end = max(end, stop)
+    if end > len(data) - 8:
+        raise SavepointError("the save file is cut short (its arrays end past the file)")
+    return layout
+
+
+def _header(data: bytes) -> dict[str, Any]:
     if not isinstance(data, bytes | bytearray):
         raise SavepointError("a save point must be bytes")
     if len(data) > MAX_SAVEPOINT_BYTES:
@@ -222,12 +258,27 @@ def read_meta(data: bytes) -> dict[str, Any]:
                              "is longer than the file)")
     try:
         header = json.loads(bytes(data[8:8 + size]))
+    except ValueError:
+        raise SavepointError("not a worldstream save point (no worldstream header)") from None
+    if not isinstance(header, dict):
+        raise SavepointError("not a worldstream save point (no worldstream header)")
+    return header
+
+
+def read_meta(data: bytes) -> dict[str, Any]:
+    """The metadata of a save file (the safetensors header only: cheap). SavepointError for a
+    file that is not a worldstream save point or is cut short."""
+    header = _header(data)
+    try:
         meta = json.loads(header["__metadata__"][_META_KEY])
     except (ValueError, KeyError, TypeError):
         raise SavepointError("not a worldstream save point (no worldstream header)") from None
     if not isinstance(meta, dict) or meta.get("format") != SAVEPOINT_FORMAT:
         raise SavepointError(f"not a {SAVEPOINT_FORMAT} file (format "
                              f"{meta.get('format') if isinstance(meta, dict) else None!r})")
+    unknown = sorted(set(meta) - _META_FIELDS)
+    if unknown:
+        raise SavepointError(f"the save point has unknown fields {unknown[:4]!r:.200}")
     return meta
 
 
@@ -249,12 +300,12 @@ def decode(data: bytes, backend: Any) -> tuple[dict[str, np.ndarray], dict[str, 
     from safetensors import SafetensorError
     from safetensors.numpy import load
 
+    from worldstream.engine.core.fields import ANY_KEY
+    from worldstream.engine.studio.savestate import check_saved
+
     try:
-        arrays = load(bytes(data))
-    except (SafetensorError, ValueError) as err:
-        raise SavepointError(f"the save file is damaged or cut short ({err})") from None
-    try:
-        meta["session"] = SavedSession.model_validate(meta.get("session"))
+        meta["session"] = SavedSession.model_validate(meta.get("session"),
+                                                      context={"keys": ANY_KEY})
     except ValidationError as err:
         first = err.errors(include_url=False)[0]
         where = ".".join(str(p) for p in first["loc"]) or "session"
@@ -262,6 +313,13 @@ def decode(data: bytes, backend: Any) -> tuple[dict[str, np.ndarray], dict[str, 
                              f"{first['msg']}") from None
     if not isinstance(meta.get("state"), dict):  # read as meta["state"] by its loaders
         raise SavepointError("the save point's state is missing or not a JSON object")
+    # NOTE: every field against the world it loads into, and every array's size, before any
+    # array is decoded: a 16 MB list of actions once became 600 MB of rewind snapshots
+    check_saved(backend, meta["session"], meta["state"], read_layout(data))
+    try:
+        arrays = load(bytes(data))
+    except (SafetensorError, ValueError) as err:
+        raise SavepointError(f"the save file is damaged or cut short ({err})") from None
     return arrays, meta
 
 

@@ -10,10 +10,13 @@ env without a native state is restored by replaying its episode's actions from i
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any
 
 import numpy as np
 
+from worldstream.engine.core.limits import MAX_SEED
 from worldstream.engine.studio.savepoint import SavepointError
 
 
@@ -36,52 +39,113 @@ def export_game(state: Any) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     return arrays, {"seed": int(state.seed), "now": now, "history": history}
 
 
+#: the largest emulator state read (ALE's is ~15 KB)
+MAX_NATIVE_BYTES = 2**20
+#: the most env steps a load may replay, all snapshots together (a game without emulator
+#: state in the file: crafter, ViZDoom, a module:factory env); crafter's longest episode
+#: (10,000 steps, ~12 s) plus a little
+MAX_REPLAY_STEPS = 12_000
+_SNAPSHOT_FIELDS = frozenset({"seed", "episode", "done"})
+_STATE_FIELDS = frozenset({"seed", "now", "history"})
+_INT_DTYPES = frozenset({"U8", "I8", "U16", "I16", "U32", "I32", "I64"})
+# one load replays at a time (each holds a core for up to seconds)
+_replaying = threading.Lock()
+
+
 def _int(value: Any, low: int, high: int | None = None) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= low and (
         high is None or value < high)
+
+
+def check_game(backend: Any, scalars: dict[str, Any],
+               layout: dict[str, tuple[str, tuple[int, ...]]]) -> None:
+    """The state's scalars and arrays (``layout``: name -> (dtype, shape), from the file's
+    header) against ``backend``'s game, before any array is decoded: known fields only, ids
+    and counts in range, each episode's actions no more than the game plays in one, an
+    emulator state exactly where the game has one. SavepointError (one line) otherwise."""
+    unknown = sorted(set(scalars) - _STATE_FIELDS)
+    history = scalars.get("history")
+    if unknown or not isinstance(history, list) or not _int(scalars.get("seed"), 0,
+                                                            MAX_SEED + 1):
+        raise SavepointError(f"the save point's state needs a seed in [0, 2**63), a history "
+                             f"list, a snapshot now and nothing else (unknown: {unknown[:3]})")
+    if len(history) > backend.rewind_chunks:
+        raise SavepointError("the save point keeps more rewind history than this server")
+    prefixes = ["now", *(f"history.{i}" for i in range(len(history)))]
+    expected: set[str] = set()
+    for prefix, meta in zip(prefixes, [scalars.get("now"), *history], strict=True):
+        if not isinstance(meta, dict) or set(meta) != _SNAPSHOT_FIELDS or \
+                not _int(meta["seed"], 0, 2**31) or not _int(meta["episode"], 0, 2**31) or \
+                not isinstance(meta["done"], bool):
+            raise SavepointError(f"the save point's snapshot {prefix} is {meta!r:.200}; a seed "
+                                 "in [0, 2**31), an episode in [0, 2**31) and done (a bool) "
+                                 "expected")
+        size = backend.size
+        if layout.get(f"{prefix}.frame") != ("U8", (size, size, 3)):
+            raise SavepointError(f"the save point's {prefix}.frame is "
+                                 f"{layout.get(f'{prefix}.frame')}; this game streams "
+                                 f"({size}, {size}, 3) uint8")
+        dtype, shape = layout.get(f"{prefix}.actions", (None, ()))
+        if dtype not in _INT_DTYPES or len(shape) != 1 or \
+                shape[0] > backend.max_episode_actions:
+            raise SavepointError(f"the save point's {prefix}.actions are {dtype} {shape}; an "
+                                 f"episode of {backend.env_id} is at most "
+                                 f"{backend.max_episode_actions} actions")
+        expected |= {f"{prefix}.frame", f"{prefix}.actions"}
+        native = layout.get(f"{prefix}.native")
+        if backend.native_state:
+            if native is None:  # dropped by hand: it would replay every action
+                raise SavepointError(f"the save point's snapshot {prefix} lacks the emulator "
+                                     "state")
+            if native[0] != "U8" or len(native[1]) != 1 or native[1][0] > MAX_NATIVE_BYTES:
+                raise SavepointError(f"the save point's {prefix}.native is {native}; an "
+                                     f"emulator state is at most {MAX_NATIVE_BYTES} bytes")
+            expected.add(f"{prefix}.native")
+    unknown = sorted(set(layout) - expected)
+    if unknown:
+        raise SavepointError(f"the save point has arrays this game does not keep: "
+                             f"{unknown[:3]!r:.200}")
 
 
 def _snapshot_from(prefix: str, meta: dict[str, Any], arrays: dict[str, np.ndarray],
                    backend: Any) -> tuple[Any, int]:
     from worldstream.engine.worlds.game.env import Snapshot
 
-    if not isinstance(meta, dict) or not _int(meta.get("seed"), 0, 2**31) or \
-            not _int(meta.get("episode"), 0) or not isinstance(meta.get("done"), bool):
-        raise SavepointError(f"the save point's snapshot {prefix} is {meta!r:.200}; a seed in "
-                             "[0, 2**31), an episode >= 0 and done (a bool) expected")
     frame = arrays[f"{prefix}.frame"]
-    if frame.shape != (backend.size, backend.size, 3) or frame.dtype != np.uint8:
-        raise SavepointError(f"the save point's frames are {frame.shape} {frame.dtype}; this "
-                             f"game streams ({backend.size}, {backend.size}, 3) uint8")
     actions = arrays[f"{prefix}.actions"]
-    if actions.ndim != 1 or not np.issubdtype(actions.dtype, np.integer) or (
-            actions.size and not 0 <= actions.min() <= actions.max() < backend.num_actions):
+    if actions.size and not 0 <= actions.min() <= actions.max() < backend.num_actions:
         raise SavepointError(f"the save point's actions are not actions of {backend.env_id}")
     native = None
     if f"{prefix}.native" in arrays:
         import ale_py
 
         native = ale_py.ALEState(arrays[f"{prefix}.native"].tobytes())
-    snap = Snapshot(int(meta["seed"]), tuple(int(a) for a in actions), native, frame.copy(),
+    snap = Snapshot(int(meta["seed"]), tuple(actions.tolist()), native, frame.copy(),
                     bool(meta["done"]))
     return snap, int(meta["episode"])
 
 
+def _layout(arrays: dict[str, np.ndarray]) -> dict[str, tuple[str, tuple[int, ...]]]:
+    names = {np.dtype(np.uint8): "U8", np.dtype(np.int8): "I8", np.dtype(np.uint16): "U16",
+             np.dtype(np.int16): "I16", np.dtype(np.uint32): "U32",
+             np.dtype(np.int32): "I32", np.dtype(np.int64): "I64"}
+    return {k: (names.get(v.dtype, str(v.dtype)), tuple(v.shape)) for k, v in arrays.items()}
+
+
 def import_game(backend: Any, arrays: dict[str, np.ndarray], scalars: dict[str, Any]) -> Any:
     """A new state of ``backend`` continuing the saved game exactly. SavepointError for more
-    history than the backend keeps or contents that do not fit its game."""
-    if not isinstance(scalars.get("history"), list) or not _int(scalars.get("seed"), 0):
-        raise SavepointError("the save point's state needs a history list and a seed >= 0")
-    if len(scalars["history"]) > backend.rewind_chunks:
-        raise SavepointError("the save point keeps more rewind history than this server")
+    history than the backend keeps or contents that do not fit its game. A game without an
+    emulator state in the file is replayed here (at most MAX_REPLAY_STEPS steps): call it off
+    the engine thread (``savestate.prepare_import`` does)."""
+    check_game(backend, scalars, _layout(arrays))
     snap, episode = _snapshot_from("now", scalars["now"], arrays, backend)
     history = [_snapshot_from(f"history.{i}", meta, arrays, backend)
                for i, meta in enumerate(scalars["history"])]
     native = getattr(backend, "native_state", False)
-    for prefix, s in [("now", snap), *((f"history.{i}", h) for i, (h, _) in enumerate(history))]:
-        if native and s.native is None:  # dropped by hand: it would replay every action
-            raise SavepointError(f"the save point's snapshot {prefix} lacks the emulator state")
-    state = backend.state_from(scalars["seed"], episode, snap, history)
+    with _replaying:
+        if not native:
+            snap, history = _replayed(backend, snap, history)
+        state = backend.state_from(scalars["seed"], episode, snap, history)
     try:
         if native:
             _check_history(state, snap, history)
@@ -89,6 +153,61 @@ def import_game(backend: Any, arrays: dict[str, np.ndarray], scalars: dict[str, 
         backend.free(state)
         raise
     return state
+
+
+def _replayed(backend: Any, now: Any, history: list[tuple[Any, int]]
+              ) -> tuple[Any, list[tuple[Any, int]]]:
+    """The snapshots of a game without emulator state in the file, replayed once per chain of
+    snapshots of one episode (each a prefix of the longest), at most MAX_REPLAY_STEPS steps
+    together; where the env keeps copies of itself (crafter) each snapshot gets one, so that
+    neither this load nor a later rewind replays on the engine thread. SavepointError for
+    too long a replay or actions that do not replay to the saved frames."""
+    from worldstream.engine.worlds.game.env import GameEnv
+
+    snaps = [now, *(h for h, _ in history)]
+    heads: list[int] = []  # the longest snapshot of each chain
+    chain_of: dict[int, int] = {}
+    for i in sorted(range(len(snaps)), key=lambda i: -len(snaps[i].actions)):
+        s = snaps[i]
+        head = next((h for h in heads if snaps[h].seed == s.seed and
+                     snaps[h].actions[:len(s.actions)] == s.actions), None)
+        if head is None:
+            heads.append(i)
+            head = i
+        chain_of[i] = head
+    steps = sum(len(snaps[h].actions) for h in heads)
+    if steps > MAX_REPLAY_STEPS:
+        raise SavepointError(f"the save point's game has no emulator state: loading it would "
+                             f"replay {steps} steps; the limit is {MAX_REPLAY_STEPS}")
+    game = GameEnv(backend.env_id, size=backend.size)
+    try:
+        if not game.copyable:  # restored by replay (now: in state_from, here)
+            return now, history
+        out = list(snaps)
+        for head in heads:
+            wanted = {len(snaps[i].actions): i for i in chain_of if chain_of[i] == head}
+            game.reset(snaps[head].seed)
+            for n, action in enumerate((*snaps[head].actions, None)):
+                if n in wanted:
+                    out[wanted[n]] = _same(game.snapshot(), snaps[wanted[n]])
+                if action is not None:
+                    if game.done:
+                        raise SavepointError("the save point's actions go on past the end of "
+                                             "their episode")
+                    game.step(action)
+                if n % 64 == 63:
+                    time.sleep(0)  # let the engine thread run
+    finally:
+        game.close()
+    return out[0], [(snap, episode) for snap, (_, episode) in zip(out[1:], history,
+                                                                   strict=True)]
+
+
+def _same(replayed: Any, saved: Any) -> Any:
+    if replayed.done != saved.done or not np.array_equal(replayed.frame, saved.frame):
+        raise SavepointError("the save point's actions do not replay to its frames (another "
+                             "version of the game, or an edited file)")
+    return replayed
 
 
 def _check_history(state: Any, now: Any, history: list[tuple[Any, int]]) -> None:

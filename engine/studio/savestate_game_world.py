@@ -5,8 +5,9 @@ Arrays per context ``P`` (``now``, ``history.0`` ... oldest first): ``P.frames``
 ``(context, S, S)`` uint8 palette indices (oldest first) and ``P.actions`` ``(context - 1,)``
 int32 (the action after each frame but the last), ``P.step`` ``(1,)`` int64 (frames generated
 so far: with the seed it picks each frame's latent; 0 when absent). Scalars: the session seed
-and the history length. The weights and palette are not in the file: ``savepoint.model_version`` hashes
-them, so a save made with other weights is refused before this module reads it.
+and the history length. The weights and palette are not in the file:
+``savepoint.model_version`` hashes them, so a save made with other weights is refused before
+this module reads it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any, TypeGuard
 
 import numpy as np
 
+from worldstream.engine.core.limits import MAX_SEED
 from worldstream.engine.studio.savepoint import SavepointError
 
 
@@ -28,6 +30,44 @@ def export_game_world(state: Any) -> tuple[dict[str, np.ndarray], dict[str, Any]
         arrays[f"{prefix}.actions"] = np.asarray(actions, dtype=np.int32)
         arrays[f"{prefix}.step"] = np.asarray([step], dtype=np.int64)
     return arrays, {"seed": int(state.seed), "history": len(state.history)}
+
+
+_STATE_FIELDS = frozenset({"seed", "history"})
+_INT_DTYPES = frozenset({"U8", "I8", "U16", "I16", "U32", "I32", "I64"})
+
+
+def check_game_world(backend: Any, scalars: dict[str, Any],
+                     layout: dict[str, tuple[str, tuple[int, ...]]]) -> None:
+    """The state's scalars and arrays (``layout``: name -> (dtype, shape), from the file's
+    header) against ``backend``'s model before any array is decoded: known fields only, a
+    seed in [0, 2**63), no more history than the backend keeps, each context of the model's
+    shape. SavepointError (one line) otherwise."""
+    seed, count = scalars.get("seed"), scalars.get("history")
+    unknown = sorted(set(scalars) - _STATE_FIELDS)
+    if unknown or not (_count(seed) and _count(count)) or seed > MAX_SEED:
+        raise SavepointError(f"the save point's state needs a seed in [0, 2**63) and a history "
+                             f"length, nothing else; got seed {seed!r:.40}, history "
+                             f"{count!r:.40}, unknown {unknown[:3]}")
+    if count > backend.rewind_chunks:
+        raise SavepointError(f"the save point keeps {count} chunks of history; this backend "
+                             f"keeps {backend.rewind_chunks}")
+    c, size = backend.context, backend.size
+    expected = set()
+    for prefix in ["now", *(f"history.{i}" for i in range(count))]:
+        for name, shape, needed in ((f"{prefix}.frames", (c, size, size), True),
+                                    (f"{prefix}.actions", (c - 1,), True),
+                                    (f"{prefix}.step", (1,), False)):
+            got = layout.get(name)
+            if got is None and not needed:
+                continue
+            if got is None or got[0] not in _INT_DTYPES or got[1] != shape:
+                raise SavepointError(f"the save point's {name} is {got}; this model keeps "
+                                     f"{shape} ints")
+            expected.add(name)
+    unknown = sorted(set(layout) - expected)
+    if unknown:
+        raise SavepointError(f"the save point has arrays this model does not keep: "
+                             f"{unknown[:3]!r:.200}")
 
 
 def import_game_world(backend: Any, arrays: dict[str, np.ndarray],
@@ -50,7 +90,8 @@ def import_game_world(backend: Any, arrays: dict[str, np.ndarray],
 
 def _step(arrays: dict[str, np.ndarray], prefix: str) -> int:
     step = np.asarray(arrays.get(f"{prefix}.step", np.zeros(1, np.int64)))
-    if step.shape != (1,) or not np.issubdtype(step.dtype, np.integer) or step[0] < 0:
+    if step.shape != (1,) or not np.issubdtype(step.dtype, np.integer) or step[0] < 0 or \
+            step[0] > MAX_SEED:
         raise SavepointError(f"the save point's {prefix}.step is {step!r}; one int >= 0 "
                              "expected")
     return int(step[0])

@@ -29,7 +29,7 @@ from worldstream.engine.studio.savepoint import (
     file_sha256,
     model_version,
 )
-from worldstream.engine.studio.savestate import export_state, import_state
+from worldstream.engine.studio.savestate import export_state, prepare_import
 from worldstream.engine.studio.story import Storyboard, compile_story
 
 
@@ -81,9 +81,13 @@ def load(engine: Any, session_id: str, data: bytes) -> Future:
         raise SavepointError(f"the save point streams chunks of {saved.chunk_frames} frames; "
                              f"this server {list(engine.chunk_sizes)}")
     sha = file_sha256(bytes(data))
+    # NOTE: what may be slow (a game without emulator state replays its actions, up to
+    # seconds) runs here, in the caller's thread: the engine thread only adopts the state
+    make_state = prepare_import(engine.backend, arrays, meta["state"])
+    del arrays
 
     def run(s: Session) -> dict[str, Any]:
-        _replace_world(engine, s, lambda: import_state(engine.backend, arrays, meta["state"]))
+        _replace_world(engine, s, make_state)
         s.seed, s.prompt, s.action = saved.seed, saved.prompt, saved.action
         s.keys, s.pointer = frozenset(saved.keys), (saved.pointer[0], saved.pointer[1])
         s.chunk_frames, s.mode, s.fork_id = saved.chunk_frames, saved.mode, saved.fork_id
