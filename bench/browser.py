@@ -33,14 +33,14 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-f
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 KEYS = ["ArrowLeft", "ArrowRight", "ArrowUp", "ArrowDown"]
 # the browser's own counts of the video it got (WebRTC ``inbound-rtp``): frames received,
-# decoded, dropped before display, its fps estimate, the bytes of video payload and the size
-# of the decoded frames
+# decoded, dropped before display, its fps estimate, the bytes of video payload, the size of
+# the decoded frames and the decoder's time, s
 RECEIVER_STATS = """async () => {
   const out = {};
   (await window.worldstream.pc.getStats()).forEach((s) => {
     if (s.type === "inbound-rtp" && s.kind === "video") {
       for (const k of ["framesReceived", "framesDecoded", "framesDropped", "framesPerSecond",
-                       "bytesReceived", "frameWidth", "frameHeight"]) {
+                       "bytesReceived", "frameWidth", "frameHeight", "totalDecodeTime"]) {
         out[k] = s[k];
       }
     }

@@ -1,6 +1,7 @@
 """Browser end to end on a game world: Chromium opens the page of ``play --world breakout
 --model sim``, the page learns the game's key map (its controls listed), Space serves without
-scrolling the page and the held left arrow moves the paddle left."""
+scrolling the page and the held left arrow moves the paddle left. The game is pixel art: its
+64x64 frames arrive as 256x256 video, each game pixel a uniform 4x4 block, drawn pixelated."""
 
 from __future__ import annotations
 
@@ -31,6 +32,11 @@ def paddle_x(frame: np.ndarray) -> float:
     return float(np.nonzero(red)[1].mean())
 
 
+def game_frame(video: np.ndarray) -> np.ndarray:
+    """The 64x64 game frame of a 256x256 video frame: the centre of each 4x4 block."""
+    return video[2::4, 2::4]
+
+
 def test_keys_of_the_game_move_the_paddle():
     from playwright.sync_api import sync_playwright
 
@@ -52,14 +58,20 @@ def test_keys_of_the_game_move_the_paddle():
                 lamps = page.eval_on_selector_all(".ws-keys [data-key]",
                                                   "els => els.map(e => e.dataset.key)")
                 assert sorted(lamps) == ["fire", "left", "right"]
-                assert grab(page).shape == (64, 64, 3)
+                video = grab(page)
+                assert video.shape == (256, 256, 3)
+                blocks = video.reshape(64, 4, 64, 4, 3).astype(int)
+                spread = (blocks.max(axis=(1, 3)) - blocks.min(axis=(1, 3))).max(axis=2)
+                assert np.percentile(spread, 95) <= 16, np.percentile(spread, 95)
+                assert page.evaluate("getComputedStyle(document.getElementById('ws-video'))"
+                                     ".imageRendering") == "pixelated"
                 page.click("#ws-stage")
-                start = paddle_x(grab(page))
+                start = paddle_x(game_frame(grab(page)))
                 scrolled = page.evaluate("window.scrollY")  # the click scrolled the stage in
                 page.keyboard.press("Space")  # serve: the page sends "fire", never scrolls
                 page.keyboard.down("ArrowLeft")
                 page.wait_for_timeout(1500)
-                moved = paddle_x(grab(page))
+                moved = paddle_x(game_frame(grab(page)))
                 page.keyboard.up("ArrowLeft")
                 assert moved < start - 8, (start, moved)
                 assert page.evaluate("window.scrollY") == scrolled
