@@ -97,10 +97,13 @@ def run(args) -> int:
 
 def _stream_settings(name: str) -> dict:
     """The world's streaming settings (``BuiltinConfig`` keyword arguments) its on-policy
-    rollouts run with, as the playground streams it: the avatar's guidance, dead zone and
-    fresh noise; the landscape's are the config's defaults."""
-    if name == "avatar":
-        from worldstream.engine.backends.avatar import avatar_settings
+    rollouts run with, as the playground streams it: the avatar's shipped
+    ``stream_config.json`` (guidance, dead zone, fresh noise); the landscape's are the
+    config's defaults."""
+    if name != "avatar":
+        return {}
+    from worldstream.engine.backends.builtin import BuiltinConfig
+    from worldstream.engine.backends.settings import load_settings
+    from worldstream.engine.worlds.catalog import world
 
-        return avatar_settings()
-    return {}
+    return load_settings(BuiltinConfig, world(name).assets)

@@ -53,7 +53,7 @@ def write_card(folder: Path) -> Path:
         "- Trained by `worldstream train` (engine/training/game.py); no per-game code.",
         "",
         "## Uses",
-        f"`worldstream play --env {world['env']} --model-path {folder}` plays it in the "
+        f"`worldstream play --env {world['env']} --model-path {_shown(folder)}` plays it in the "
         "browser; keys: the folder's `keymap.json` or the key map derived from the env's "
         "action meanings. Not for anything but play and study of the game.",
         "",
@@ -63,7 +63,11 @@ def write_card(folder: Path) -> Path:
         f"1,000,000; env settings {_settings(world['env'])}.",
         "",
         "## Training procedure",
-        f"`worldstream train --env {world['env']} --out DIR` — {cfg['steps']} steps of "
+        "```bash",
+        *chain(training, folder),
+        "```",
+        "",
+        f"{cfg['steps']} steps of "
         f"{cfg['batch']} clips, {cfg['unroll']} frames predicted in a row from the model's own "
         f"previous predictions, changed pixels weighted ×{cfg['change_weight']:g}, context "
         f"corruption up to {cfg.get('corrupt', 0):.0%} of pixels in half the clips, "
@@ -71,14 +75,15 @@ def write_card(folder: Path) -> Path:
            f"×{cfg['kl_weight']:g}, {cfg['kl_free']:g} free nats; play feeds its prior mean), "
            if cfg.get("latent_dim") else "")
         + f"AdamW {cfg['lr']:g}, EMA {cfg['ema']}; {training['train_seconds'] / 60:.0f} min of "
-        f"training on {cfg['device']} ({cfg['threads']} threads)"
+        f"training on {_machine(training)}"
+        + (f" at commit {training['commit']}" if training.get("commit") else "")
         + (f"; {training['weights']}." if training.get("weights") else "."),
         "",
         "## Evaluation",
     ]
     if evaluation is None:
         lines.append(f"Not evaluated yet: `worldstream eval --env {world['env']} --model-path "
-                     f"{folder} --card`.")
+                     f"{_shown(folder)} --card`.")
     else:
         lines += [
             f"`worldstream eval --env {world['env']} --model-path DIR` on "
@@ -104,6 +109,68 @@ def write_card(folder: Path) -> Path:
     path = folder / "MODEL_CARD.md"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+#: what a setting was before ``GameTrainConfig`` had it (a record written then lacks it)
+BEFORE_THE_FIELD = {"latent_dim": 0, "latent_prior": False, "corrupt": 0.0}
+#: settings of the command line, not ``--set``, or of the recording only
+_NOT_SET = ("env", "out", "data", "device")
+
+
+def chain(training: dict, folder: Path) -> list[str]:
+    """The commands that rebuild the world of ``training`` (a ``training.json``), one a line:
+    a ``worldstream record`` of its data where the run read a separate recording, then the
+    ``worldstream train`` with every setting that differs from today's defaults as ``--set``
+    (a setting the record lacks counts as what it was before the field existed). ValueError
+    for a setting today's recipe no longer has."""
+    import dataclasses
+
+    from worldstream.engine.training.game import GameTrainConfig
+
+    cfg = training["config"]
+    unknown = set(cfg) - {f.name for f in dataclasses.fields(GameTrainConfig)}
+    if unknown:
+        raise ValueError(f"{folder}/training.json: settings the recipe no longer has: "
+                         f"{sorted(unknown)}")
+    name = Path(folder).resolve().name
+    lines, data = [], ""
+    if cfg.get("data"):
+        data = f"data/{Path(cfg['data']).name}"
+        lines.append(f"worldstream record --env {cfg['env']} --frames {training['frames']} "
+                     f"--seed {cfg['seed']} --workers {cfg['workers']} --size {cfg['size']} "
+                     f"--out {data}")
+    sets = []
+    for field in dataclasses.fields(GameTrainConfig):
+        if field.name in _NOT_SET or (data and field.name in ("record_frames", "workers")):
+            continue
+        if field.name.startswith(("latent_", "kl_")) and field.name != "latent_dim" and (
+                not cfg.get("latent_dim", BEFORE_THE_FIELD["latent_dim"])):
+            continue  # no latent: its settings mean nothing
+        default = field.default_factory() if callable(field.default_factory) else field.default
+        value = cfg.get(field.name, BEFORE_THE_FIELD.get(field.name, default))
+        value = list(value) if isinstance(value, tuple) else value
+        default = list(default) if isinstance(default, tuple) else default
+        if value != default:
+            sets.append(f"--set {field.name}={json.dumps(value, separators=(',', ':'))}")
+    device = f" --device {cfg['device']}" if cfg.get("device", "cpu") != "cpu" else ""
+    lines.append(f"worldstream train --env {cfg['env']}" + (f" --data {data}" if data else "")
+                 + f" --out runs/{name}{device}" + "".join(f" {s}" for s in sets))
+    return lines
+
+
+def _machine(training: dict) -> str:
+    cfg = training["config"]
+    if cfg.get("device", "cpu") != "cpu":
+        return cfg["device"]
+    threads = cfg.get("threads", 0)
+    cores = f"{threads} thread{'s' if threads != 1 else ''}" if threads else "torch's threads"
+    return f"{training['cpu']} ({cores})" if training.get("cpu") else (
+        f"a CPU the record does not name ({cores})")
+
+
+def _shown(folder: Path) -> str:
+    """``folder`` as a card shows it: as given where relative, else ``DIR``."""
+    return "DIR" if Path(folder).is_absolute() else str(folder)
 
 
 def _settings(env_id: str) -> str:
