@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 
 #: shipped game worlds: name -> (env id, assets folder)
@@ -44,6 +45,10 @@ def run_game_eval(args) -> dict:
     if args.card:
         from worldstream.engine.training.game_card import write_card
 
-        (Path(folder) / "eval.json").write_text(json.dumps(result, indent=1) + "\n")
+        saved = dict(result)  # paths relative to the folder the record lies in
+        if "sheet" in saved:
+            saved["sheet"] = os.path.relpath(Path(saved["sheet"]).resolve(),
+                                             Path(folder).resolve())
+        (Path(folder) / "eval.json").write_text(json.dumps(saved, indent=1) + "\n")
         result["card"] = str(write_card(Path(folder)))
     return result

@@ -1,7 +1,7 @@
 // worldstream playground page: the page state (window.worldstream), server messages, key
 // capture, steering controls and the session's start and restart; its parts are the
 // transports (transports.js), frame matching (present.js) and the latency HUD (hud.js). Wire
-// protocol: /work/shared/PROTOCOL.md + streaming/PROTOCOL_EXTENSIONS.md. Per-frame and per-key traffic
+// protocol: streaming/PROTOCOL.md + streaming/PROTOCOL_EXTENSIONS.md. Per-frame and per-key traffic
 // never goes through Gradio.
 (() => {
   "use strict";

@@ -143,6 +143,17 @@ def _from_factory(env_id: str) -> Any:
                            f"({type(exc).__name__}: {_one_line(exc)})") from exc
 
 
+def _vizdoom_config_in_cache(env: Any) -> None:
+    """ViZDoom writes its engine's config (``_vizdoom.ini``) where it is told, by default the
+    working folder at the game's first start: point it at the user's cache folder instead."""
+    import os
+    from pathlib import Path
+
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "worldstream"
+    cache.mkdir(parents=True, exist_ok=True)
+    env.unwrapped.game.set_doom_config_path(str(cache / "_vizdoom.ini"))
+
+
 def _make_raw(env_id: str) -> Any:
     if not isinstance(env_id, str) or not env_id.strip():
         raise GameEnvError(f"an env id must be a non-empty string, got {env_id!r}")
@@ -151,7 +162,10 @@ def _make_raw(env_id: str) -> Any:
     _register_plugins()
     kwargs = next((dict(v) for k, v in DETERMINISTIC.items() if env_id.startswith(k)), {})
     try:
-        return gym.make(env_id, **kwargs)
+        env = gym.make(env_id, **kwargs)
+        if env_id.startswith("Vizdoom"):
+            _vizdoom_config_in_cache(env)
+        return env
     except gym.error.Error as exc:
         package = next((p for k, p in _PACKAGE_FOR.items() if env_id.startswith(k)), None)
         hint = (f" (is {package} installed? pip install {package})" if package else
