@@ -28,7 +28,8 @@ def register(sub) -> None:
     p.add_argument("--model-path", type=Path, default=None,
                    help="weights folder (default: the world's assets)")
     p.add_argument("--steps", type=int, default=4, help="denoising steps per chunk (1-4)")
-    p.add_argument("--quick", action="store_true", help="fewer episodes (<= 2 minutes)")
+    p.add_argument("--quick", action="store_true",
+                   help="fewer episodes (~200 s for the landscape on one CPU core)")
     p.add_argument("--json", action="store_true", help="print only the JSON object")
     settings_cli.add_arguments(p)
     p.add_argument("--sheet", type=Path, nargs="?", const=True, default=None,

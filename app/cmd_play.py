@@ -55,8 +55,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "= 1-frame chunks at 2 steps, quality = 2-frame chunks (where the "
                              "model has them) at 4 steps (default responsive)")
     scale = parser.add_argument_group(
-        "scale-out on Ray", "engine replicas in processes of their own (README, 'Serving other "
-        "people')")
+        "scale-out on Ray", "engine replicas in processes of their own (README, 'Scale-out')")
     scale.add_argument("--replicas", type=_replica_range, default=None, metavar="N|MIN-MAX",
                        help="start N engine replicas on Ray, or MIN and autoscale up to MAX "
                             "with the sessions (default: one engine in this process, no Ray)")

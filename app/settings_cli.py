@@ -55,5 +55,30 @@ def print_builtin_settings(world: str, model_path: str | Path | None = None,
 
     folder = Path(model_path) if model_path else world_spec(world).assets
     values = {**load_settings(BuiltinConfig, folder), **(command_values or {})}
+    anchored = values.get("colour_anchor", BuiltinConfig.colour_anchor) is not None
+    if "colour_prior" not in values and anchored:  # loaded from a file, not a setting
+        from worldstream.engine.models.builtin.colour_prior import FILENAME
+        from worldstream.engine.models.builtin.loading import BUILTIN_DIR
+
+        path = folder / FILENAME if (folder / FILENAME).is_file() else BUILTIN_DIR / FILENAME
+        values["colour_prior"] = _Shown(f"loaded from {_relative(path)}")
     source = str(folder / SETTINGS_FILE) + (", this command" if command_values else "")
     return print_settings(BuiltinConfig, values, source)
+
+
+class _Shown:
+    """A value shown as it reads (not quoted) in a ``--set help`` listing."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def _relative(path: Path) -> str:
+    """``path`` relative to the working folder where it lies under it."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)

@@ -2,7 +2,8 @@
 the 2-core dev CPU), printed as one JSON object.
 
 * ``fps``, ``ttff_ms``, ``action_to_frame_ms_p50/p95/p99``, ``stages_ms`` — one session of the
-  real engine thread (product streaming defaults: chunks of 2 frames, window of 3 chunks),
+  real engine thread (product streaming defaults: the responsive mode's chunk, the built-in
+  model's recency window; their values are printed at the end of ``--help``),
   random keys pressed at random moments, target ``--fps`` (default 60: above what a CPU
   reaches, so ``fps`` is the sustained throughput; degradation off so steps stay as set).
   Time to first frame: median of 3 fresh sessions on the idle engine after a warm-up one.
@@ -102,8 +103,19 @@ def _markdown(payload: dict) -> str:
             + table(["figure", "value"], rows, 2))
 
 
+def _defaults_line() -> str:
+    """The streaming defaults the runs use, read from the configs (not written in prose)."""
+    from worldstream.engine.backends.stream_config import StreamConfig
+    from worldstream.engine.core.config import MODES
+
+    frames = MODES["responsive"].chunk_frames
+    return (f"streaming defaults now: chunks of {frames} frame{'s' if frames != 1 else ''} "
+            f"(the responsive mode), a window of {StreamConfig.window_chunks} chunks")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench quick", description=__doc__,
+                                     epilog=_defaults_line(),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     harness.add_common_args(parser)
     parser.add_argument("--seconds", type=float, default=None,

@@ -81,6 +81,16 @@ def _markdown(payload: dict) -> str:
                      "aggregate fps", "a2f p50 ms", "a2f p95 ms", "a2f p99 ms"], rows))
 
 
+def _hosts_options() -> str:
+    """The options of ``--hosts`` runs (:mod:`bench.cluster.scale_out`), read from its parser."""
+    from worldstream.bench.cluster import scale_out
+
+    lines = [f"  {' '.join(a.option_strings)}: {a.help or ''}"
+             for a in scale_out._parser()._actions if a.option_strings and a.dest != "help"]
+    return "across hosts (--hosts N; `python -m bench scale --hosts 2 --help`):\n" + "\n".join(
+        lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if any(a == "--hosts" or a.startswith("--hosts=") for a in argv):
@@ -94,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     from worldstream.engine.core.config import EngineConfig
 
     parser = argparse.ArgumentParser(prog="python -m bench scale", description=__doc__,
+                                     epilog=_hosts_options(),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     harness.add_common_args(parser)
     parser.add_argument("--counts", type=int, nargs="+", default=[1, 2, 4, 8])
