@@ -54,7 +54,8 @@ def _check_sim_dict(d: Any, where: str) -> None:
 
     ok = isinstance(d, dict) and set(d) == {*_SIM_FIELDS, "_transition_len"} and \
         count(d["seed"]) and isinstance(d["scene"], str) and d["scene"] in scenes.SCENES and \
-        isinstance(d["_prev_scene"], str) and d["_prev_scene"] in scenes.SCENES and count(d["_transition"], 2**31) and \
+        isinstance(d["_prev_scene"], str) and d["_prev_scene"] in scenes.SCENES and \
+        count(d["_transition"], 2**31) and \
         (d["_transition_len"] is None or count(d["_transition_len"], 2**31)) and \
         vector(d["pos"], float, _MAX_POSITION) and vector(d["vel"], float, 2.0**20) and \
         vector(d["facing"], int, 1) and count(d["t"])
