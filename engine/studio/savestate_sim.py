@@ -57,6 +57,7 @@ def _check_sim_dict(d: Any, where: str) -> None:
         isinstance(d["_prev_scene"], str) and d["_prev_scene"] in scenes.SCENES and \
         count(d["_transition"], 2**31) and \
         (d["_transition_len"] is None or count(d["_transition_len"], 2**31)) and \
+        (d["_transition"] == 0 or (d["_transition_len"] or 0) >= max(d["_transition"], 1)) and \
         vector(d["pos"], float, _MAX_POSITION) and vector(d["vel"], float, 2.0**20) and \
         vector(d["facing"], int, 1) and count(d["t"])
     if not ok:

@@ -71,6 +71,8 @@ class _OldApiEnv(gym.Env):
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         if seed is not None and hasattr(self.env, "_seed"):
             self.env._seed = seed  # crafter seeds its world generator from this attribute
+            if hasattr(self.env, "_episode"):
+                self.env._episode = 0  # and its count of resets: a world is its seed's alone
         return self.env.reset(), {}
 
     def step(self, action: int):
