@@ -108,21 +108,41 @@ def check_game(backend: Any, scalars: dict[str, Any],
 
 
 def _snapshot_from(prefix: str, meta: dict[str, Any], arrays: dict[str, np.ndarray],
-                   backend: Any) -> tuple[Any, int]:
+                   backend: Any, actions: np.ndarray) -> tuple[Any, int]:
     from worldstream.engine.worlds.game.env import Snapshot
 
     frame = arrays[f"{prefix}.frame"]
-    actions = arrays[f"{prefix}.actions"]
-    if actions.size and not 0 <= actions.min() <= actions.max() < backend.num_actions:
-        raise SavepointError(f"the save point's actions are not actions of {backend.env_id}")
     native = None
     if f"{prefix}.native" in arrays:
         import ale_py
 
         native = ale_py.ALEState(arrays[f"{prefix}.native"].tobytes())
-    snap = Snapshot(int(meta["seed"]), tuple(actions.tolist()), native, frame.copy(),
-                    bool(meta["done"]))
+    snap = Snapshot(int(meta["seed"]), actions, native, frame.copy(), bool(meta["done"]))
     return snap, int(meta["episode"])
+
+
+def _episodes(backend: Any, seeds: list[int], saved: list[np.ndarray]) -> list[np.ndarray]:
+    """Each snapshot's actions as one compact read-only array per episode (the snapshots of
+    one seed whose actions are a prefix of the longest are views of its array): a rewind
+    history of n snapshots costs one episode's bytes, not n lists of ints. SavepointError
+    for an action the game does not have."""
+    from worldstream.engine.worlds.game.env import compact_actions
+
+    out: list[np.ndarray | None] = [None] * len(saved)
+    heads: list[int] = []
+    for i in sorted(range(len(saved)), key=lambda i: -len(saved[i])):
+        a = saved[i]
+        head = next((h for h in heads if seeds[h] == seeds[i] and
+                     np.array_equal(saved[h][:len(a)], a)), None)
+        if head is None:
+            if a.size and not 0 <= a.min() <= a.max() < backend.num_actions:
+                raise SavepointError(f"the save point's actions are not actions of "
+                                     f"{backend.env_id}")
+            heads.append(i)
+            out[i] = compact_actions(a, backend.num_actions)
+        else:
+            out[i] = out[head][:len(a)]
+    return out  # type: ignore[return-value]
 
 
 def _layout(arrays: dict[str, np.ndarray]) -> dict[str, tuple[str, tuple[int, ...]]]:
@@ -138,9 +158,12 @@ def import_game(backend: Any, arrays: dict[str, np.ndarray], scalars: dict[str, 
     emulator state in the file is replayed here (at most MAX_REPLAY_STEPS steps): call it off
     the engine thread (``savestate.prepare_import`` does)."""
     check_game(backend, scalars, _layout(arrays))
-    snap, episode = _snapshot_from("now", scalars["now"], arrays, backend)
-    history = [_snapshot_from(f"history.{i}", meta, arrays, backend)
-               for i, meta in enumerate(scalars["history"])]
+    prefixes = ["now", *(f"history.{i}" for i in range(len(scalars["history"])))]
+    metas = [scalars["now"], *scalars["history"]]
+    actions = _episodes(backend, [int(m["seed"]) for m in metas],
+                        [arrays[f"{p}.actions"] for p in prefixes])
+    (snap, episode), *history = [_snapshot_from(p, m, arrays, backend, a)
+                                 for p, m, a in zip(prefixes, metas, actions, strict=True)]
     native = getattr(backend, "native_state", False)
     with _replaying:
         if not native:
@@ -170,7 +193,7 @@ def _replayed(backend: Any, now: Any, history: list[tuple[Any, int]]
     for i in sorted(range(len(snaps)), key=lambda i: -len(snaps[i].actions)):
         s = snaps[i]
         head = next((h for h in heads if snaps[h].seed == s.seed and
-                     snaps[h].actions[:len(s.actions)] == s.actions), None)
+                     np.array_equal(snaps[h].actions[:len(s.actions)], s.actions)), None)
         if head is None:
             heads.append(i)
             head = i
@@ -187,7 +210,7 @@ def _replayed(backend: Any, now: Any, history: list[tuple[Any, int]]
         for head in heads:
             wanted = {len(snaps[i].actions): i for i in chain_of if chain_of[i] == head}
             game.reset(snaps[head].seed)
-            for n, action in enumerate((*snaps[head].actions, None)):
+            for n, action in enumerate((*snaps[head].actions.tolist(), None)):
                 if n in wanted:
                     out[wanted[n]] = _same(game.snapshot(), snaps[wanted[n]])
                 if action is not None:

@@ -151,3 +151,39 @@ def test_a_key_map_naming_an_action_the_env_lacks():
         "keys": {"KeyJ": "left", "KeyL": "right"}, "actions": {"left": "LEFT", "right": 2}})
     assert backend.controls["keys"] == {"KeyJ": "left", "KeyL": "right"}
     assert backend.key_action(frozenset({"right"})) == 2
+
+
+def test_snapshots_hold_actions_as_one_compact_array(breakout):
+    """Each rewind snapshot's actions are a read-only int16 view of one episode array (bytes,
+    not a tuple of ints per snapshot); a rewind and a save point's round trip restore them
+    exactly, and the next steps never write into a snapshot's array."""
+    from worldstream.engine.studio.savestate import export_state, import_state
+
+    state = breakout.new_state("play", 4)
+    script = _script(breakout)
+    for chunk in script[:6]:
+        _run(breakout, state, chunk)
+    snaps = [snap for snap, _ in state.history]
+    for snap in snaps:
+        assert isinstance(snap.actions, np.ndarray) and snap.actions.dtype == np.int16
+        assert not snap.actions.flags.writeable
+    assert len({id(s.actions.base) for s in snaps}) == 1  # one buffer, views
+    played = [a for chunk in script[:6] for a in chunk]
+    kept = [s.actions.copy() for s in snaps]
+    breakout.rewind(state, 3)
+    assert state.game.actions.tolist() == played[:6]
+    for chunk in script[3:6]:  # replayed after the rewind: the snapshots' arrays unchanged
+        _run(breakout, state, [1 - a if a in (0, 1) else a for a in chunk])
+    assert all(np.array_equal(s.actions, k) for s, k in zip(snaps, kept, strict=True))
+    arrays, scalars = export_state(breakout, state)
+    loaded = import_state(breakout, arrays, scalars)
+    now = loaded.game.snapshot()
+    assert now.actions.dtype == np.int16
+    assert np.array_equal(now.actions, state.game.actions)
+    bases = {id(s.actions.base) for s, _ in loaded.history} | {id(now.actions.base)}
+    assert len(bases) == 1  # the loaded history: views of the longest snapshot's array
+    expected = loaded.history[-2][0].actions.copy()
+    breakout.rewind(loaded, 2)
+    assert np.array_equal(loaded.game.actions, expected)
+    breakout.free(loaded)
+    breakout.free(state)

@@ -201,13 +201,31 @@ def _image_key(space: Any, env_id: str) -> str | None:
 @dataclass(frozen=True)
 class Snapshot:
     """A game as it was: the episode's seed and actions (always enough to replay it), the
-    env's native state where it has one (ALE), and the frame it showed."""
+    env's native state where it has one (ALE), and the frame it showed. ``actions`` is a
+    read-only 1-D int16/int32 array (:func:`compact_actions`): snapshots of one episode are
+    views of one array, so a rewind history costs bytes per action, not objects."""
 
     seed: int
-    actions: tuple[int, ...]
+    actions: np.ndarray
     native: Any
     frame: np.ndarray
     done: bool
+
+
+def action_dtype(num_actions: int) -> np.dtype:
+    """The compact dtype of a game's action ids: int16, or int32 beyond 32,767 actions."""
+    return np.dtype(np.int16 if num_actions <= 2**15 else np.int32)
+
+
+def compact_actions(actions: Any, num_actions: int) -> np.ndarray:
+    """``actions`` as a read-only 1-D array of :func:`action_dtype` (no copy where it is one
+    already and read-only)."""
+    arr = np.asarray(actions)
+    dtype = action_dtype(num_actions)
+    if arr.dtype != dtype or arr.ndim != 1 or arr.flags.writeable:
+        arr = np.array(arr, dtype=dtype).reshape(-1)
+        arr.flags.writeable = False
+    return arr
 
 
 class GameEnv:
@@ -242,7 +260,13 @@ class GameEnv:
             raise GameEnvError(f"env {env_id!r} cannot be a game world: "
                                f"{type(exc).__name__}: {_one_line(exc)}") from exc
         self.seed = 0
-        self.actions: list[int] = []
+        # the episode's actions: the first ``_n`` of ``_buf`` (appended in place, handed out
+        # as read-only views, never rewritten below ``_n``); after a restore, the snapshot's
+        # own array until the next step copies it into a fresh buffer
+        self._dtype = action_dtype(self.num_actions)
+        self._buf = np.zeros(0, dtype=self._dtype)
+        self._n = 0
+        self._owned = True
         self.raw: np.ndarray | None = None
         self.frame: np.ndarray | None = None
         self.done = False
@@ -256,8 +280,30 @@ class GameEnv:
     def reset(self, seed: int) -> np.ndarray:
         """Start the episode of ``seed``; its first frame ``(size, size, 3)`` uint8."""
         obs, _ = self.env.reset(seed=int(seed))
-        self.seed, self.actions, self.done = int(seed), [], False
+        self.seed, self.done = int(seed), False
+        self._set_actions(np.zeros(0, dtype=self._dtype))
         return self._observe(obs)
+
+    @property
+    def actions(self) -> np.ndarray:
+        """The episode's actions so far: a read-only view (valid for good: later steps
+        append past it, a reset or restore starts another array)."""
+        view = self._buf[:self._n]
+        view.flags.writeable = False
+        return view
+
+    def _set_actions(self, actions: np.ndarray) -> None:
+        self._buf, self._n, self._owned = actions, len(actions), False
+
+    def _append(self, action: int) -> None:
+        n = self._n
+        if not self._owned or n == len(self._buf):  # a shared array, or full: grow a copy
+            cap = min(max(1024, 2 * n), max(self.max_episode_steps, n + 1))
+            buf = np.empty(cap, dtype=self._dtype)
+            buf[:n] = self._buf[:n]
+            self._buf, self._owned = buf, True
+        self._buf[n] = action
+        self._n = n + 1
 
     def step(self, action: int) -> np.ndarray:
         """The frame after ``action``; ValueError (nothing changes) for an action outside
@@ -267,12 +313,12 @@ class GameEnv:
             raise ValueError(f"action must be an int in [0, {self.num_actions}), got {action!r}")
         if self.frame is None:
             raise RuntimeError("reset the game before stepping it")
-        if len(self.actions) >= self.max_episode_steps:
+        if self._n >= self.max_episode_steps:
             self.done = True  # no episode is longer (a save point holds no more actions)
         if self.done:
             return self.frame
         obs, _, terminated, truncated, _ = self.env.step(int(action))
-        self.actions.append(int(action))
+        self._append(int(action))
         self.done = bool(terminated or truncated)
         return self._observe(obs)
 
@@ -283,7 +329,7 @@ class GameEnv:
         native = self._ale.cloneState(include_rng=True) if self._ale is not None else None
         if native is None and self._copyable():
             native = copy.deepcopy(self.env.unwrapped)
-        return Snapshot(self.seed, tuple(self.actions), native, self.frame.copy(), self.done)
+        return Snapshot(self.seed, self.actions, native, self.frame.copy(), self.done)
 
     @property
     def native_state(self) -> bool:
@@ -328,9 +374,10 @@ class GameEnv:
             self.env.unwrapped.env = copy.deepcopy(snap.native.env)
         else:
             self.reset(snap.seed)
-            for action in snap.actions:
+            for action in snap.actions.tolist():
                 self.env.step(action)
-        self.seed, self.actions, self.done = snap.seed, list(snap.actions), snap.done
+        self.seed, self.done = snap.seed, snap.done
+        self._set_actions(compact_actions(snap.actions, self.num_actions))
         self.frame = snap.frame.copy()
         return self.frame
 
