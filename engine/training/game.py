@@ -3,7 +3,8 @@
 Records play when no dataset is given, fits the palette, then trains ``GameUNet`` on
 cross-entropy over palette colours with changed pixels weighted (``change_weight``; undone at
 decoding) and a per-frame latent inferred from the true next frame (a conditional VAE: the KL
-to ``N(0, I)`` joins the loss; play feeds the prior's mean), partly on its own
+to ``N(0, I)``, or to a learned prior that play then samples, joins the loss; with ``N(0, I)``
+play feeds its mean), partly on its own
 predictions: each step predicts ``unroll`` frames in a row, each
 from the context that holds the previous predictions (argmax, no gradient through it), so the
 model learns to continue from its own frames (DIAMOND, Self-Forcing). Resumable (checkpoint
@@ -69,9 +70,10 @@ class GameTrainConfig:
     latent_dim: int = 16
     """Per-frame latent width (0: none): it takes what the past cannot settle (a serve, an
     enemy's step), so the network is not pulled towards freezing the frame."""
-    latent_prior: bool = True
+    latent_prior: bool = False
     """Train a prior over the latent beside the posterior and draw from it at play (False:
-    N(0, I), and play feeds its mean)."""
+    N(0, I), and play feeds its mean). Off: measured no better on the object table
+    (assets/games/EXPERIMENTS.md)."""
     kl_weight: float = 1.0
     """Weight of the latent's KL (nats per frame) against the weighted cross-entropy summed
     over pixels."""
