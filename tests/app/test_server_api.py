@@ -32,7 +32,9 @@ def test_health(client):
 
 def test_create_session_reply(client, fake_engine):
     s = create(client, seed=3, fps=12)
-    assert set(s) == {"session_id", "token", "width", "height", "fps"}
+    # PROTOCOL.md's fields, plus the documented extension (PROTOCOL_EXTENSIONS.md: pixel art)
+    assert set(s) == {"session_id", "token", "width", "height", "fps", "pixel_art"}
+    assert s["pixel_art"] is False  # the fake engine's world is not a game
     assert (s["width"], s["height"], s["fps"]) == (64, 48, 12)
     assert len(s["token"]) >= 24
     assert client.get("/api/health").json()["sessions"] == 1
