@@ -9,15 +9,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from worldstream.app.train_out import cpu_name
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+_cpu_model = cpu_name  # the one reading of the CPU's name, shared with training records
 
 
 def _cpu_flags() -> set[str]:
