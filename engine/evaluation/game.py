@@ -44,7 +44,7 @@ class GameEvalConfig:
 
 class _Model:
     """Batched palette-index rollouts of a GameWorld; where the world ``samples``, each
-    predicted frame draws its latent as play does (seeded: the figures repeat), one draw per
+    predicted frame draws its noise as play does (seeded: the figures repeat), one draw per
     row, or one for every row with ``shared`` (the action effect compares actions under the
     same draw)."""
 
@@ -60,8 +60,9 @@ class _Model:
              shared: bool = False) -> torch.Tensor:
         noise = None
         if self.world.samples:
-            noise = torch.randn(1 if shared else len(context), self.world.unet.config.latent_dim,
-                                generator=self.gen).expand(len(context), -1)
+            size = self.world.size
+            noise = torch.randn(1 if shared else len(context), 3, size, size,
+                                generator=self.gen).expand(len(context), -1, -1, -1)
         # the numerics the backend plays with: bf16 only where the CPU computes it natively
         with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16,
                                              enabled=cpu_has_fast_bf16()):

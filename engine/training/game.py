@@ -3,11 +3,12 @@
 Records play when no dataset is given, fits the palette, then trains ``GameUNet`` on
 cross-entropy over palette colours with changed pixels weighted (``change_weight``; undone at
 decoding) and a per-frame latent inferred from the true next frame (a conditional VAE: the KL
-to ``N(0, I)``, or to a learned prior that play then samples, joins the loss; with ``N(0, I)``
-play feeds its mean), partly on its own
-predictions: each step predicts ``unroll`` frames in a row, each
-from the context that holds the previous predictions (argmax, no gradient through it), so the
-model learns to continue from its own frames (DIAMOND, Self-Forcing). Resumable (checkpoint
+to ``N(0, I)`` joins the loss; play feeds its mean); with ``flow_steps`` the network also reads
+the next frame at a random noise level (flow matching with a clean-frame cross-entropy, so
+play can draw the frame in a few steps). Partly on its own predictions: each step predicts
+``unroll`` frames in a row, each from the context that holds the previous predictions (argmax,
+no gradient through it), so the model learns to continue from its own frames (DIAMOND,
+Self-Forcing). Resumable (checkpoint
 every ``checkpoint_every`` steps), EMA weights, tqdm.
 """
 
@@ -70,10 +71,9 @@ class GameTrainConfig:
     latent_dim: int = 16
     """Per-frame latent width (0: none): it takes what the past cannot settle (a serve, an
     enemy's step), so the network is not pulled towards freezing the frame."""
-    latent_prior: bool = False
-    """Train a prior over the latent beside the posterior and draw from it at play (False:
-    N(0, I), and play feeds its mean). Off: measured no better on the object table
-    (assets/games/EXPERIMENTS.md)."""
+    flow_steps: int = 0
+    """Play draws each frame by flow matching in this many Euler steps from a seeded noise
+    draw (0: the argmax of one prediction)."""
     kl_weight: float = 1.0
     """Weight of the latent's KL (nats per frame) against the weighted cross-entropy summed
     over pixels."""
@@ -120,18 +120,19 @@ def corrupt_context(context: torch.Tensor, rate: float, gen: torch.Generator) ->
     return torch.where(mask, shuffled, context)
 
 
-def gaussian_kl(mu: torch.Tensor, logvar: torch.Tensor, mu_p: torch.Tensor,
-                logvar_p: torch.Tensor) -> torch.Tensor:
-    """KL(N(mu, e^logvar) || N(mu_p, e^logvar_p)) per dimension, in nats; the prior's terms
-    get gradients too, so a learned prior moves towards what the posterior infers."""
-    return 0.5 * (logvar_p - logvar + (logvar.exp() + (mu - mu_p).square()) / logvar_p.exp()
-                  - 1)
+def flow_levels(b: int, steps: int, gen: torch.Generator) -> torch.Tensor:
+    """Training noise levels ``(b,)`` in [0, 1): half on play's grid ``0, 1/steps, ...``, half
+    uniform (the network must be right where play asks, and smooth between)."""
+    grid = torch.randint(0, steps, (b,), generator=gen).float() / steps
+    return torch.where(torch.rand(b, generator=gen) < 0.5, grid, torch.rand(b, generator=gen))
 
 
 def _clip_loss(unet: GameUNet, frames: torch.Tensor, actions: torch.Tensor,
-               cfg: GameTrainConfig, gen: torch.Generator) -> tuple[torch.Tensor, float]:
+               cfg: GameTrainConfig, gen: torch.Generator,
+               rgb: torch.Tensor) -> tuple[torch.Tensor, float]:
     """Mean weighted cross-entropy (plus the latent's KL) over the ``unroll`` predicted frames
-    of a clip batch, and the KL in nats per frame (how much the latent carries)."""
+    of a clip batch, and the KL in nats per frame (how much the latent carries). ``rgb``
+    ``(K, 3)``: the palette in the flow's space (``GameWorld.rgb``)."""
     c = cfg.context
     context = frames[:, :c]
     if cfg.corrupt > 0:
@@ -145,10 +146,16 @@ def _clip_loss(unet: GameUNet, frames: torch.Tensor, actions: torch.Tensor,
             mu, logvar = unet.posterior(target, context[:, -1])
             eps = torch.randn(mu.shape, generator=gen).to(mu.device)
             z = mu + eps * (0.5 * logvar).exp()
-            kl = gaussian_kl(mu, logvar, *unet.prior(context, actions[:, k:k + c])).sum()
+            kl = 0.5 * (mu.square() + logvar.exp() - 1 - logvar).sum()
             kl_nats += kl.item() / len(mu) / cfg.unroll
             kl = torch.clamp(kl, min=cfg.kl_free * len(mu))
-        logits = unet(context, actions[:, k:k + c], z).float()
+        noisy = level = None
+        if cfg.flow_steps:
+            level = flow_levels(len(target), cfg.flow_steps, gen).to(target.device)
+            eps = torch.randn((len(target), 3, *target.shape[1:]), generator=gen)
+            t = level[:, None, None, None]
+            noisy = t * rgb[target].permute(0, 3, 1, 2) + (1 - t) * eps.to(target.device)
+        logits = unet(context, actions[:, k:k + c], z, noisy, level).float()
         weight = 1.0 + (cfg.change_weight - 1.0) * (target != context[:, -1]).float()
         loss = F.cross_entropy(logits, target, reduction="none")
         total = total + ((loss * weight).sum() + cfg.kl_weight * kl) / weight.sum()
@@ -187,8 +194,7 @@ def train(cfg: GameTrainConfig, progress: bool = True) -> GameWorld:
     device = torch.device(cfg.device)
     unet = GameUNet(num_colours=len(palette), num_actions=len(meanings), context=cfg.context,
                     channels=tuple(cfg.channels), size=cfg.size,
-                    latent_dim=cfg.latent_dim,
-                    latent_prior=cfg.latent_prior and cfg.latent_dim > 0).to(device)
+                    latent_dim=cfg.latent_dim, flow_steps=cfg.flow_steps).to(device)
     ema = GameUNet.from_config(unet.config).to(device)
     ema.load_state_dict(unet.state_dict())
     opt = torch.optim.AdamW(unet.parameters(), lr=cfg.lr, weight_decay=0.01)
@@ -207,6 +213,7 @@ def train(cfg: GameTrainConfig, progress: bool = True) -> GameWorld:
         sampler.rng.bit_generator.state = state["rng"]
         gen.set_state(state["torch_rng"])
         start, log, elapsed = state["step"], state["log"], state["elapsed"]
+    rgb = torch.from_numpy(palette.signed())
     with cpu_threads(cfg.threads if device.type == "cpu" else None):
         bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, disable=not progress,
                    desc=f"train {cfg.env}")
@@ -217,7 +224,8 @@ def train(cfg: GameTrainConfig, progress: bool = True) -> GameWorld:
                 group["lr"] = _lr(step, cfg)
             frames, actions = sampler.sample(cfg.batch)
             with autocast(device):
-                loss, kl = _clip_loss(unet, frames.to(device), actions.to(device), cfg, gen)
+                loss, kl = _clip_loss(unet, frames.to(device), actions.to(device), cfg, gen,
+                                      rgb.to(device))
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(unet.parameters(), 1.0)

@@ -74,6 +74,8 @@ def write_card(folder: Path) -> Path:
         + (f"a {cfg['latent_dim']}-dim latent per frame inferred from the true frame (KL "
            f"×{cfg['kl_weight']:g}, {cfg['kl_free']:g} free nats; play feeds its prior mean), "
            if cfg.get("latent_dim") else "")
+        + (f"each frame drawn by flow matching in {cfg['flow_steps']} Euler steps from a noise "
+           "draw seeded by the session and frame index, " if cfg.get("flow_steps") else "")
         + f"AdamW {cfg['lr']:g}, EMA {cfg['ema']}; {training['train_seconds'] / 60:.0f} min of "
         f"training on {_machine(training)}"
         + (f" at commit {training['commit']}" if training.get("commit") else "")
@@ -112,7 +114,7 @@ def write_card(folder: Path) -> Path:
 
 
 #: what a setting was before ``GameTrainConfig`` had it (a record written then lacks it)
-BEFORE_THE_FIELD = {"latent_dim": 0, "latent_prior": False, "corrupt": 0.0}
+BEFORE_THE_FIELD = {"latent_dim": 0, "corrupt": 0.0}
 #: settings of the command line, not ``--set``, or of the recording only
 _NOT_SET = ("env", "out", "data", "device")
 

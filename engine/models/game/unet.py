@@ -9,10 +9,14 @@ capacity on what changes.
 With ``latent_dim > 0`` a latent ``z`` joins the actions in that conditioning (a conditional
 VAE): in training ``posterior`` infers it from the true next frame, so what the frames and
 actions leave open (a serve's moment, an enemy's step) is explained by ``z`` instead of pulling
-every prediction towards "nothing changes". With ``latent_prior`` a learned prior
-``p(z | context, actions)`` is trained beside the posterior (SVG-LP, SV2P) and play draws ``z``
-from it, so a world commits to one outcome of those the past leaves open; without it the prior
-is N(0, I) and play feeds its mean, ``z = 0``.
+every prediction towards "nothing changes"; play feeds the N(0, I) prior's mean, ``z = 0``.
+
+With ``flow_steps > 0`` the network is also a flow-matching denoiser of the next frame
+(DIAMOND, toy-wm): it reads the frame in RGB at noise level ``t`` (``x_t = t x + (1 - t) e``,
+``x`` the palette colours in [-1, 1], ``e`` standard normal) and gives the clean frame's palette
+logits; play integrates from a seeded noise draw in ``flow_steps`` Euler steps
+(``GameWorld.next_frame``), so where the past leaves the next frame open the draw picks one
+outcome and the steps after it carry that outcome through the whole frame.
 """
 
 from __future__ import annotations
@@ -65,26 +69,11 @@ class _Posterior(nn.Module):
         return mu, logvar.clamp(-8.0, 4.0)
 
 
-class _Prior(nn.Module):
-    """``p(z | context frames, actions)``: the stacked context embeddings through three
-    stride-2 convs to ``size / 8`` squared, flattened beside the action vector, an MLP to
-    ``(mu, logvar)`` ``(B, latent)`` each."""
-
-    def __init__(self, in_channels: int, cond: int, latent_dim: int, size: int):
-        super().__init__()
-        self.net = nn.Sequential(
-            nn.Conv2d(in_channels, 32, 3, stride=2, padding=1), nn.SiLU(),
-            nn.Conv2d(32, 64, 3, stride=2, padding=1), nn.SiLU(),
-            nn.Conv2d(64, 32, 3, stride=2, padding=1), nn.SiLU(), nn.Flatten())
-        self.head = nn.Sequential(nn.Linear(32 * ((size + 7) // 8) ** 2 + cond, 128), nn.SiLU(),
-                                  nn.Linear(128, 2 * latent_dim))
-        # starts as N(0, I): the posterior's first KL is the standard VAE's
-        nn.init.zeros_(self.head[-1].weight)
-        nn.init.zeros_(self.head[-1].bias)
-
-    def forward(self, x: torch.Tensor, cond: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        mu, logvar = self.head(torch.cat([self.net(x), cond], 1)).float().chunk(2, dim=1)
-        return mu, logvar.clamp(-8.0, 4.0)
+def _level_features(t: torch.Tensor, bands: int = 8) -> torch.Tensor:
+    """Noise levels ``(B,)`` in [0, 1] -> ``(B, 2 * bands)`` sines and cosines."""
+    freq = torch.pi * 2.0 ** torch.arange(bands, device=t.device, dtype=torch.float32)
+    angle = t.float()[:, None] * freq
+    return torch.cat([angle.sin(), angle.cos()], 1)
 
 
 class GameUNet(ModelMixin, ConfigMixin):
@@ -93,29 +82,31 @@ class GameUNet(ModelMixin, ConfigMixin):
         context: context frames (and context actions). channels: widths per resolution
         (each level halves the frame). colour_dim: embedding width of a palette colour.
         action_dim: embedding width of an action. latent_dim: width of the per-frame latent
-        ``z`` (0: none, the network is deterministic). size: frame size (pixels).
-        latent_prior: a learned prior over ``z`` (False: N(0, I)).
-    ``forward(frames, actions, z=None) -> logits``: frames ``(B, context, H, W)`` long palette
+        ``z`` (0: none). size: frame size (pixels). flow_steps: Euler steps of play's
+        flow over the next frame (0: no flow input; the next frame is the argmax).
+    ``forward(frames, actions, z=None, noisy=None, level=None) -> logits``: frames ``(B, context, H, W)`` long palette
     indices (oldest first), actions ``(B, context)`` long (the action after each context
     frame; the last one leads to the predicted frame), ``z`` ``(B, latent_dim)`` float (None:
-    zeros, the prior's mean, as in play) -> ``(B, K, H, W)`` float logits.
+    zeros, the prior's mean, as in play), with ``flow_steps``: ``noisy`` ``(B, 3, H, W)``
+    float, the next frame at noise level ``level`` ``(B,)`` float in [0, 1] (both required)
+    -> ``(B, K, H, W)`` float logits of the clean next frame.
     ``posterior(next_frame, last_frame)``: ``(mu, logvar)`` of ``z`` from two ``(B, H, W)``
-    long frames (training). ``prior(frames, actions)``: ``(mu, logvar)`` of ``z`` before the
-    next frame is seen (zeros for the N(0, I) prior).
+    long frames (training).
     """
 
     @register_to_config
     def __init__(self, num_colours: int = 16, num_actions: int = 4, context: int = 4,
                  channels: tuple[int, ...] = (32, 64, 96), colour_dim: int = 8,
                  action_dim: int = 32, size: int = 64, latent_dim: int = 0,
-                 latent_prior: bool = False):
+                 flow_steps: int = 0):
         super().__init__()
         self.colour = nn.Embedding(num_colours, colour_dim)
         self.action = nn.Embedding(num_actions, action_dim)
         cond = 2 * action_dim
-        self.cond = nn.Sequential(nn.Linear(context * action_dim + latent_dim, cond), nn.SiLU(),
-                                  nn.Linear(cond, cond))
-        self.stem = nn.Conv2d(context * colour_dim, channels[0], 3, padding=1)
+        flow = 1 if flow_steps else 0
+        self.cond = nn.Sequential(nn.Linear(context * action_dim + latent_dim + 16 * flow, cond),
+                                  nn.SiLU(), nn.Linear(cond, cond))
+        self.stem = nn.Conv2d(context * colour_dim + 3 * flow, channels[0], 3, padding=1)
         self.down = nn.ModuleList()
         self.pool = nn.ModuleList()
         for i, ch in enumerate(channels):
@@ -133,8 +124,6 @@ class GameUNet(ModelMixin, ConfigMixin):
         nn.init.zeros_(self.out.weight)
         nn.init.zeros_(self.out.bias)
         self.posterior_net = _Posterior(colour_dim, latent_dim, size) if latent_dim else None
-        self.prior_net = (_Prior(context * colour_dim, context * action_dim, latent_dim, size)
-                          if latent_dim and latent_prior else None)
 
     def posterior(self, next_frame: torch.Tensor,
                   last_frame: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -149,23 +138,20 @@ class GameUNet(ModelMixin, ConfigMixin):
         x = self.colour(frames).permute(0, 1, 4, 2, 3).reshape(b, -1, h, w)
         return x, self.action(actions).reshape(b, -1)
 
-    def prior(self, frames: torch.Tensor,
-              actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if not self.config.latent_dim:
-            raise ValueError("this network has no latent (latent_dim=0)")
-        if self.prior_net is None:
-            zeros = torch.zeros(len(frames), self.config.latent_dim, device=frames.device)
-            return zeros, zeros.clone()
-        return self.prior_net(*self._inputs(frames, actions))
-
     def forward(self, frames: torch.Tensor, actions: torch.Tensor,
-                z: torch.Tensor | None = None) -> torch.Tensor:
+                z: torch.Tensor | None = None, noisy: torch.Tensor | None = None,
+                level: torch.Tensor | None = None) -> torch.Tensor:
         b = len(frames)
         x, cond = self._inputs(frames, actions)
         if self.config.latent_dim:
             if z is None:
                 z = cond.new_zeros(b, self.config.latent_dim)
             cond = torch.cat([cond, z.to(cond.dtype)], 1)
+        if self.config.get("flow_steps", 0):
+            if noisy is None or level is None:
+                raise ValueError("a flow network needs the noisy next frame and its level")
+            x = torch.cat([x, noisy.to(x.dtype)], 1)
+            cond = torch.cat([cond, _level_features(level).to(cond.dtype)], 1)
         c = self.cond(cond)
         x = self.stem(x)
         skips = []
