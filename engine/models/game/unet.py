@@ -84,11 +84,12 @@ class GameUNet(ModelMixin, ConfigMixin):
         action_dim: embedding width of an action. latent_dim: width of the per-frame latent
         ``z`` (0: none). size: frame size (pixels). flow_steps: Euler steps of play's
         flow over the next frame (0: no flow input; the next frame is the argmax).
-    ``forward(frames, actions, z=None, noisy=None, level=None) -> logits``: frames ``(B, context, H, W)`` long palette
-    indices (oldest first), actions ``(B, context)`` long (the action after each context
-    frame; the last one leads to the predicted frame), ``z`` ``(B, latent_dim)`` float (None:
-    zeros, the prior's mean, as in play), with ``flow_steps``: ``noisy`` ``(B, 3, H, W)``
-    float, the next frame at noise level ``level`` ``(B,)`` float in [0, 1] (both required)
+    ``forward(frames, actions, z=None, noisy=None, level=None) -> logits``: frames
+    ``(B, context, H, W)`` long palette indices (oldest first), actions ``(B, context)`` long
+    (the action after each context frame; the last one leads to the predicted frame), ``z``
+    ``(B, latent_dim)`` float (None: zeros, the prior's mean, as in play), with
+    ``flow_steps``: ``noisy`` ``(B, 3, H, W)`` float, the next frame at noise level ``level``
+    ``(B,)`` float in [0, 1] (both required)
     -> ``(B, K, H, W)`` float logits of the clean next frame.
     ``posterior(next_frame, last_frame)``: ``(mu, logvar)`` of ``z`` from two ``(B, H, W)``
     long frames (training).

@@ -48,16 +48,16 @@ def _register_plugins() -> None:
     except ImportError:
         pass
     if "CrafterReward-v1" not in gym.registry:
-        gym.register("CrafterReward-v1", entry_point="worldstream.engine.worlds.game.env:"
-                     "make_crafter")
-        gym.register("CrafterNoReward-v1", entry_point="worldstream.engine.worlds.game.env:"
-                     "make_crafter", kwargs={"reward": False})
+        gym.register("CrafterReward-v1", entry_point="worldstream.engine.worlds.game."
+                     "crafter_env:make_crafter")
+        gym.register("CrafterNoReward-v1", entry_point="worldstream.engine.worlds.game."
+                     "crafter_env:make_crafter", kwargs={"reward": False})
 
 
 _PACKAGE_FOR = {"ALE/": "ale-py", "Vizdoom": "vizdoom", "Crafter": "crafter"}
 
 
-class _OldApiEnv(gym.Env):
+class OldApiEnv(gym.Env):
     """A gym-0.21-style env (``reset() -> obs``, ``step -> (obs, r, done, info)``) seen through
     Gymnasium's API; crafter is one."""
 
@@ -84,16 +84,6 @@ class _OldApiEnv(gym.Env):
 
     def close(self) -> None:
         pass
-
-
-def make_crafter(reward: bool = True, size: int = 64) -> _OldApiEnv:
-    """Crafter (pure Python, top-down) through Gymnasium's API."""
-    try:
-        import crafter
-    except ImportError as exc:
-        raise GameEnvError("crafter is not installed: pip install crafter") from exc
-    return _OldApiEnv(crafter.Env(area=(64, 64), size=(size, size), reward=reward),
-                      list(crafter.constants.actions))
 
 
 def _one_line(what: Any) -> str:
@@ -139,7 +129,7 @@ def _from_factory(env_id: str) -> Any:
         env = make()
         if hasattr(env, "observation_space") and _new_api(env):
             return env
-        return _OldApiEnv(env)
+        return OldApiEnv(env)
     except (Exception, SystemExit) as exc:
         raise GameEnvError(f"env {env_id!r}: {module_name}.{factory}() did not make an env "
                            f"({type(exc).__name__}: {_one_line(exc)})") from exc
@@ -360,7 +350,7 @@ class GameEnv:
 
     def _copyable(self) -> bool:
         # pure-Python envs (crafter) deep-copy; native ones (vizdoom) replay from the seed
-        return isinstance(self.env.unwrapped, _OldApiEnv)
+        return isinstance(self.env.unwrapped, OldApiEnv)
 
     def restore(self, snap: Snapshot) -> np.ndarray:
         """Back to ``snap``: the env continues exactly as it would have from there (also in
