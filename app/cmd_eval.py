@@ -15,7 +15,7 @@ SHEET_FRAMES = 240
 
 
 def register(sub) -> None:
-    from worldstream.app.eval_game import GAME_WORLDS
+    from worldstream.engine.core.registry import GAME_WORLDS
 
     p = sub.add_parser("eval", help="evaluate a world model against its simulator or game")
     p.add_argument("--world", choices=("landscape", "avatar", *GAME_WORLDS), default=None,
@@ -45,7 +45,8 @@ def register(sub) -> None:
 def run(args) -> int:
     import torch
 
-    from worldstream.app.eval_game import GAME_WORLDS, run_game_eval
+    from worldstream.app.eval_game import run_game_eval
+    from worldstream.engine.core.registry import GAME_WORLDS
 
     if args.env is not None or args.world in GAME_WORLDS:
         torch.manual_seed(0)

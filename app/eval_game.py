@@ -8,23 +8,20 @@ import json
 import os
 from pathlib import Path
 
-#: shipped game worlds: name -> (env id, assets folder)
-GAME_WORLDS = {"pong": ("ALE/Pong-v5", Path("assets/pong")),
-               "breakout": ("ALE/Breakout-v5", Path("assets/breakout"))}
-
 
 def run_game_eval(args) -> dict:
     """The metrics of the game world the arguments name; writes the sheet and, with
     ``--card``, ``eval.json`` and the model card into the world's folder."""
-    from worldstream.engine.core.registry import is_factory_env
+    from worldstream.engine.backends.game_world import shipped_folder
+    from worldstream.engine.core.registry import GAME_WORLDS, is_factory_env
     from worldstream.engine.evaluation.game import GameEvalConfig, evaluate
     from worldstream.engine.evaluation.game_sheet import save_game_sheet
     from worldstream.engine.models.game.world import load_world
 
     env_id, folder = args.env, args.model_path
     if args.world in GAME_WORLDS:
-        env_id = env_id or GAME_WORLDS[args.world][0]
-        folder = folder or GAME_WORLDS[args.world][1]
+        env_id = env_id or GAME_WORLDS[args.world]
+        folder = folder or shipped_folder(GAME_WORLDS[args.world])
     if folder is None:
         raise ValueError("--env needs --model-path DIR (a folder from `worldstream train`)")
     world = load_world(folder, env_id=env_id)

@@ -4,31 +4,69 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+from dataclasses import dataclass
 
 from worldstream.engine.core.backend import WorldBackend
 
-#: backend id -> "module:factory"; the factory takes keyword arguments and returns a
-#: WorldBackend. The id is what save points and input logs record as their model.
-_BACKENDS: dict[str, str] = {
-    "sim": "worldstream.engine.backends.sim:SimBackend",
-    "builtin": "worldstream.engine.backends.builtin:load_builtin_backend",
-    "wan-causal": "worldstream.engine.backends.wan:load_wan_backend",
-    "avatar-sim": "worldstream.engine.backends.avatar_sim:AvatarSimBackend",
-    "avatar": "worldstream.engine.backends.avatar:load_avatar_backend",
+
+@dataclass(frozen=True)
+class Family:
+    """One model family: how its backends are made and what they take.
+
+    ``name``: the backend id (``builtin``) or, where ``keyed`` is set, the prefix of ids
+    ``NAME:KEY`` (``game-sim:ALE/Pong-v5``: a game world's env; ``matrix-game-2:universal``: a
+    variant). ``factory``: ``module:factory`` taking keyword arguments, returning a
+    WorldBackend. ``keyed``: the factory argument the key goes to (``env``, ``variant``);
+    ``key_optional``: ``NAME`` alone is a model too (the factory's default key).
+    ``path_argument``: the factory argument a model folder (``--model-path``) goes to; None:
+    the family takes none. ``checkpoint``: weights may come from a separate file
+    (``--checkpoint``). ``hint``: what to do when its weights are missing (``{env}``: the
+    game, ``{folder}``: the missing folder). The id is what save points and input logs
+    record as their model."""
+
+    name: str
+    factory: str
+    keyed: str | None = None
+    key_optional: bool = False
+    path_argument: str | None = None
+    checkpoint: bool = False
+    hint: str = ""
+
+
+FAMILIES: dict[str, Family] = {f.name: f for f in (
+    Family("sim", "worldstream.engine.backends.sim:SimBackend"),
+    Family("builtin", "worldstream.engine.backends.builtin:load_builtin_backend",
+           path_argument="path",
+           hint="train them with `worldstream train-ae` and `worldstream train-world`, or "
+                "restore the shipped assets/builtin from git"),
+    Family("wan-causal", "worldstream.engine.backends.wan:load_wan_backend",
+           path_argument="model_path", checkpoint=True,
+           hint="pass --model-path DIR holding the diffusers-format Wan2.1-T2V-1.3B base "
+                "(transformer/, vae/, text_encoder/, tokenizer/) and the causal checkpoint"),
+    Family("avatar-sim", "worldstream.engine.backends.avatar_sim:AvatarSimBackend"),
+    Family("avatar", "worldstream.engine.backends.avatar:load_avatar_backend",
+           path_argument="path",
+           hint="train them with `worldstream train-ae --world avatar` and `worldstream "
+                "train-world --world avatar`, or restore the shipped assets/avatar from git"),
     # a simulation of a GPU model (the simulator's frames, a published model's chunk time
     # spent waiting): scale-out measured where no accelerator is (engine/backends/emulated.py)
-    "emulated": "worldstream.engine.backends.emulated:load_emulated_backend",
+    Family("emulated", "worldstream.engine.backends.emulated:load_emulated_backend"),
     # Matrix-Game 2.0 (keys and mouse, GPU): input logs record its variant,
     # matrix-game-2:universal (load_backend takes that id, or variant=)
-    "matrix-game-2": "worldstream.engine.backends.matrix_game:load_matrix_game_backend",
-}
+    Family("matrix-game-2", "worldstream.engine.backends.matrix_game:load_matrix_game_backend",
+           keyed="variant", key_optional=True, path_argument="model_path",
+           hint="pass --model-path DIR holding the Skywork/Matrix-Game-2.0 release "
+                "(base_distilled_model/, gta_distilled_model/, templerun_distilled_model/, "
+                "Wan2.1_VAE.pth, the CLIP .pth)"),
+    # game worlds, FAMILY:ENV; ENV is a Gymnasium id or ``module:factory``
+    Family("game-sim", "worldstream.engine.backends.game_env:load_game_backend", keyed="env"),
+    Family("game-builtin", "worldstream.engine.backends.game_world:load_game_world_backend",
+           keyed="env", path_argument="path",
+           hint="train with `worldstream train --env {env} --out {folder}`"),
+)}
+#: the families whose key is a game's env
+_ENV_FAMILIES = frozenset(f.name for f in FAMILIES.values() if f.keyed == "env")
 
-#: backend families of a game world: the id ``FAMILY:ENV`` (``game-sim:ALE/Pong-v5``) makes
-#: ``factory(env=ENV, ...)``; ENV is a Gymnasium id or ``module:factory``
-_ENV_BACKENDS: dict[str, str] = {
-    "game-sim": "worldstream.engine.backends.game_env:load_game_backend",
-    "game-builtin": "worldstream.engine.backends.game_world:load_game_world_backend",
-}
 #: model family (``--model``) -> backend family of a game world (``--env ID``); ``sim`` is the
 #: game itself, ``builtin`` its learned world model (a folder of ``worldstream train``)
 ENV_MODELS: dict[str, str] = {"sim": "game-sim", "builtin": "game-builtin"}
@@ -70,7 +108,7 @@ def env_of(name: str) -> str | None:
     """The env of a game world's backend id (``game-sim:ALE/Pong-v5`` -> ``ALE/Pong-v5``),
     None for another backend."""
     family, _, env = name.partition(":")
-    return env if family in _ENV_BACKENDS and env else None
+    return env if family in _ENV_FAMILIES and env else None
 
 
 def is_factory_env(env: str) -> bool:
@@ -107,22 +145,6 @@ def backend_id(world: str, model: str) -> str:
     return found
 
 
-#: what to do when a model's files are missing
-_HINTS: dict[str, str] = {
-    "builtin": "train them with `worldstream train-ae` and `worldstream train-world`, or "
-               "restore the shipped assets/builtin from git",
-    "avatar": "train them with `worldstream train-ae --world avatar` and `worldstream "
-              "train-world --world avatar`, or restore the shipped assets/avatar from git",
-    "wan-causal": "pass --model-path DIR holding the diffusers-format Wan2.1-T2V-1.3B base "
-                  "(transformer/, vae/, text_encoder/, tokenizer/) and the causal checkpoint",
-    "matrix-game-2": "pass --model-path DIR holding the Skywork/Matrix-Game-2.0 release "
-                     "(base_distilled_model/, gta_distilled_model/, "
-                     "templerun_distilled_model/, Wan2.1_VAE.pth, the CLIP .pth)",
-    # a game world's learned model, by family ({env}: the game, {folder}: the missing folder)
-    "game-builtin": "train with `worldstream train --env {env} --out {folder}`",
-}
-
-
 class BackendUnavailableError(RuntimeError):
     """A known model cannot be loaded here (its module or weights are missing)."""
 
@@ -132,14 +154,6 @@ def _module_exists(module: str) -> bool:
         return importlib.util.find_spec(module) is not None
     except ModuleNotFoundError:
         return False
-
-
-#: the factory argument a model folder (``--model-path``) goes to; models without one take none
-_PATH_ARGUMENT: dict[str, str] = {"builtin": "path", "avatar": "path",
-                                  "wan-causal": "model_path", "game-builtin": "path",
-                                  "matrix-game-2": "model_path"}
-#: models whose weights may come from a separate checkpoint file (``--checkpoint``)
-_TAKES_CHECKPOINT = frozenset({"wan-causal"})
 
 
 def load_backend(name: str, model_path: str | None = None, checkpoint: str | None = None,
@@ -153,30 +167,26 @@ def load_backend(name: str, model_path: str | None = None, checkpoint: str | Non
     not take, BackendUnavailableError naming the missing module or weights file when a known
     backend cannot be loaded.
     """
-    target = _BACKENDS.get(name)
-    family = name
-    env = env_of(name) if isinstance(name, str) else None
-    if env is not None:  # a game world: FAMILY:ENV
-        family = name.partition(":")[0]
-        target = _ENV_BACKENDS[family]
-        kwargs["env"] = env
-    elif isinstance(name, str) and name.startswith("matrix-game-2:"):
-        family, _, variant = name.partition(":")
-        if kwargs.get("variant", variant) != variant:
-            raise ValueError(f"model {name!r} is variant {variant!r}, not "
-                             f"{kwargs['variant']!r}")
-        target, kwargs["variant"] = _BACKENDS[family], variant
-    if target is None:
-        raise ValueError(f"unknown model {name!r}; known models: {sorted(_BACKENDS)} and "
-                         f"{', '.join(f'{f}:ENV' for f in _ENV_BACKENDS)}")
+    family_name, _, key = str(name).partition(":")
+    family = FAMILIES.get(family_name if key else name) if isinstance(name, str) else None
+    if family is None or (key and family.keyed is None) or \
+            (not key and family.keyed is not None and not family.key_optional):
+        known = [f.name + (f":{f.keyed.upper()}" if f.keyed else "") for f in FAMILIES.values()]
+        raise ValueError(f"unknown model {name!r}; known models: {', '.join(known)}")
+    if key and family.keyed is not None:  # FAMILY:KEY
+        if kwargs.get(family.keyed, key) != key:
+            raise ValueError(f"model {name!r} is {family.keyed} {key!r}, not "
+                             f"{kwargs[family.keyed]!r}")
+        kwargs[family.keyed] = key
     if model_path is not None:
-        if family not in _PATH_ARGUMENT:
+        if family.path_argument is None:
             raise ValueError(f"model {name!r} takes no --model-path")
-        kwargs[_PATH_ARGUMENT[family]] = model_path
+        kwargs[family.path_argument] = model_path
     if checkpoint is not None:
-        if name not in _TAKES_CHECKPOINT:
+        if not family.checkpoint:
             raise ValueError(f"model {name!r} takes no --checkpoint")
         kwargs["checkpoint"] = checkpoint
+    target = family.factory
     module_name, _, factory_name = target.partition(":")
     if not _module_exists(module_name):
         raise BackendUnavailableError(
@@ -189,10 +199,10 @@ def load_backend(name: str, model_path: str | None = None, checkpoint: str | Non
     try:
         return factory(**kwargs)
     except FileNotFoundError as exc:
-        where, hint = exc.filename or exc, _HINTS.get(family, "")
-        if env is not None:  # a game world's model: the hint names its env and folder
+        where, hint = exc.filename or exc, family.hint
+        if family.keyed == "env":  # a game world's model: the hint names its env and folder
             where = _shown_path(where)
-            hint = _HINTS.get(family, "").format(env=env, folder=where)
+            hint = family.hint.format(env=key, folder=where)
         raise BackendUnavailableError(
             f"model {name!r}: weights not found ({where}); {hint}") from exc
 

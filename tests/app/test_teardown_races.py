@@ -204,8 +204,10 @@ def test_teardown_races_answer_4xx_and_leave_nothing(race_app):
     assert not errors, errors
     assert not got["tracebacks"], got["tracebacks"][:5]
     assert not got["leaks"], dict(list(got["leaks"].items())[:5])
-    # the race was exercised: some requests answered before the DELETE, some after it
-    assert got["answers"]["offer 200"] and got["answers"]["offer 404"]
+    # the race was exercised: some requests answered before the DELETE, some after it (which
+    # kinds won depends on the machine's load: an offer is slow beside a busy core)
+    ops = {k for k in got["answers"] if not k.startswith("delete")}
+    assert any(k.endswith(" 200") for k in ops) and any(k.endswith(" 404") for k in ops)
 
 
 def test_game_session_teardown_races_answer_4xx_and_leave_nothing(tmp_path, monkeypatch):

@@ -60,8 +60,11 @@ def test_warm_start_adds_the_warped_picture_at_zero_then_it_is_an_input():
     prev = torch.randn(2, 3, 4, 32, 32)
     with torch.no_grad():
         want = trained(**_inputs())
-        assert torch.equal(model(**x, skip=prev), want)  # exactly the trained model
-        assert torch.equal(model(**x, skip=torch.zeros_like(prev)), want)
+        # the trained model to float rounding: a stem over more input channels (zero weights)
+        # may sum in another order (seen on an AVX2-only CPU), so not bit for bit
+        torch.testing.assert_close(model(**x, skip=prev), want, rtol=0, atol=1e-6)
+        torch.testing.assert_close(model(**x, skip=torch.zeros_like(prev)), want, rtol=0,
+                                   atol=1e-6)
         model.stem.weight[:, -4:].normal_(0, 0.05)  # once trained, the frame matters
         assert not torch.allclose(model(**x, skip=prev), want, atol=1e-3)
 
