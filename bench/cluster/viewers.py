@@ -92,21 +92,27 @@ class Viewer:
             self._seq += 1
             self.channel.send(json.dumps({**message, "seq": self._seq}))
 
-    async def play(self, until: float, ready: asyncio.Event) -> None:
-        """Receive frames until ``until`` (monotonic s), reconnecting after a silence."""
+    async def play(self, until: list[float], ready: asyncio.Event) -> None:
+        """Receive frames until ``until[0]`` (monotonic s; the caller moves it once every
+        viewer is ready), reconnecting after a silence.
+
+        NOTE: the loop ends on the clock, not on cancellation alone: Python 3.11's
+        ``asyncio.wait_for`` drops a cancellation that arrives as the frame it waits for
+        does, and a viewer so spared played on for a minute past the others, which made
+        them look lost (the host-loss test's "regression")."""
         from aiortc.mediastreams import MediaStreamError
 
         rng = random.Random(self.index)
-        track = await self.connect(until)
+        track = await self.connect(until[0])
         recording, flowing = False, False  # flowing: this track has shown a frame
-        while time.monotonic() < until:
+        while time.monotonic() < until[0]:
             try:
                 await asyncio.wait_for(track.recv(), self.silence_s if flowing else 10.0)
             except (TimeoutError, MediaStreamError):
                 self.reconnects.append(time.monotonic())
                 flowing = False
                 try:
-                    track = await self.connect(until)
+                    track = await self.connect(until[0])
                 except Exception as err:  # reported; the viewer goes on trying
                     self.errors.append(f"reconnect: {err!r}")
                 continue
@@ -169,10 +175,11 @@ async def watch(url: str, sessions: int, seconds: float, record: int = 0) -> lis
         for viewer in viewers:
             await viewer.create()
         readies = [asyncio.Event() for _ in viewers]
-        until = time.monotonic() + seconds + 60  # the play loops are cancelled before
+        until = [time.monotonic() + seconds + 60]  # moved once every viewer is ready
         tasks = [asyncio.ensure_future(v.play(until, r)) for v, r in zip(viewers, readies)]
         await asyncio.wait_for(asyncio.gather(*(r.wait() for r in readies)), 60)
         print("ready", flush=True)
+        until[0] = time.monotonic() + seconds
         await asyncio.sleep(seconds)
         for task in tasks:
             task.cancel()
