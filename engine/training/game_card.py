@@ -5,6 +5,7 @@ generated from the folder's ``training.json``, ``world.json`` and, once evaluate
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 #: (key, label, ground-truth twin key, baseline key) of the evaluation table
@@ -22,7 +23,15 @@ ROWS = (
     ("action_effect_corr_4", "action effect correlation, 4 frames", "gt_action_effect_corr_4",
      None),
     ("off_palette_share", "off-palette share, worst 100 frames", "gt_off_palette_share", None),
-    ("change_rate_ratio", "frame-change rate / the game's", "gt_change_rate_ratio", None),
+    ("change_rate_ratio", "free play: frame-change rate / the game's", "gt_change_rate_ratio",
+     None),
+    ("objects_ratio", "free play: moving objects per frame / the game's", "gt_objects_ratio",
+     None),
+    ("births_ratio", "free play: object births per 100 frames / the game's",
+     "gt_births_ratio", None),
+    *((f"object_{kind}_{n}", f"object {kind} at {n} frame{'s' if n > 1 else ''}",
+       f"gt_object_{kind}_{n}", f"copylast_object_{kind}_{n}")
+      for n in (1, 4, 16) for kind in ("recall", "precision")),
 )
 
 
@@ -171,8 +180,12 @@ def _machine(training: dict) -> str:
 
 
 def _shown(folder: Path) -> str:
-    """``folder`` as a card shows it: as given where relative, else ``DIR``."""
-    return "DIR" if Path(folder).is_absolute() else str(folder)
+    """``folder`` as a card shows it: relative to the working folder where inside it, else
+    ``DIR`` (no machine's absolute path in a card)."""
+    if not Path(folder).is_absolute():
+        return str(folder)
+    rel = os.path.relpath(folder)
+    return "DIR" if rel.startswith("..") else rel
 
 
 def _settings(env_id: str) -> str:
