@@ -53,10 +53,12 @@ async def _watch(url: str, seconds: float, act=None, record: bool = False,
         viewer = cls(http, 0, record=record)
         await viewer.create()
         ready = asyncio.Event()
-        play = asyncio.ensure_future(viewer.play(time.monotonic() + 60, ready))
+        until = [time.monotonic() + 60]  # the viewer stops on this clock (moved below)
+        play = asyncio.ensure_future(viewer.play(until, ready))
         await asyncio.wait_for(ready.wait(), 30)
         if act is not None:
             await asyncio.to_thread(act, viewer)
+        until[0] = time.monotonic() + seconds
         await asyncio.sleep(seconds)
         play.cancel()
         await asyncio.gather(play, return_exceptions=True)
