@@ -103,7 +103,7 @@ def _landscape(args, overrides: dict) -> dict:
 
 
 def _avatar(args, overrides: dict) -> dict:
-    from worldstream.engine.backends.avatar import load_avatar_backend
+    from worldstream.engine.backends.avatar.backend import load_avatar_backend
     from worldstream.engine.evaluation.avatar import evaluate, save_avatar_sheet
 
     backend = load_avatar_backend(args.model_path, **overrides).builtin

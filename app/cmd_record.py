@@ -56,7 +56,7 @@ def _game_worlds() -> tuple[str, ...]:
 
 
 def _from_log(args: argparse.Namespace) -> dict:
-    from worldstream.engine.studio.game_log import dataset_from_log
+    from worldstream.engine.backends.game.log_dataset import dataset_from_log
 
     if not args.from_log.is_file():
         raise FileNotFoundError(f"input log not found: {args.from_log}")

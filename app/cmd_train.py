@@ -29,7 +29,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from worldstream.engine.training.game import GameTrainConfig
+    from worldstream.engine.training.game.train import GameTrainConfig
 
     cfg = dataclasses.replace(
         GameTrainConfig(), **settings_cli.overrides(GameTrainConfig, args),
@@ -42,8 +42,8 @@ def run(args) -> int:
         if not torch.cuda.is_available():
             raise ValueError("--device cuda: no CUDA device here")
     train_out.check_out(args.out, args.force)
-    from worldstream.engine.training.game import train
-    from worldstream.engine.training.game_card import write_card
+    from worldstream.engine.training.game.card import write_card
+    from worldstream.engine.training.game.train import train
     from worldstream.engine.worlds.game.env import GameEnv
 
     GameEnv(args.env, size=cfg.size).close()  # a bad id is one line before anything is written

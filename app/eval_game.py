@@ -1,5 +1,5 @@
 """``worldstream eval --env ID --model-path DIR`` (and ``--world pong``): a game world against
-the game itself (``engine.evaluation.game``)."""
+the game itself (``engine.evaluation.game.evaluate``)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from pathlib import Path
 def run_game_eval(args) -> dict:
     """The metrics of the game world the arguments name; writes the sheet and, with
     ``--card``, ``eval.json`` and the model card into the world's folder."""
-    from worldstream.engine.backends.game_world import shipped_folder
+    from worldstream.engine.backends.game.world import shipped_folder
     from worldstream.engine.core.registry import GAME_WORLDS, is_factory_env
-    from worldstream.engine.evaluation.game import GameEvalConfig, evaluate
-    from worldstream.engine.evaluation.game_sheet import save_game_sheet
+    from worldstream.engine.evaluation.game.evaluate import GameEvalConfig, evaluate
+    from worldstream.engine.evaluation.game.sheet import save_game_sheet
     from worldstream.engine.models.game.world import load_world
 
     env_id, folder = args.env, args.model_path
@@ -40,7 +40,7 @@ def run_game_eval(args) -> dict:
                  "from one held-out start; moving objects outlined")
         result["sheet"] = str(save_game_sheet(model_frames, env_frames, sheet, title))
     if args.card:
-        from worldstream.engine.training.game_card import write_card
+        from worldstream.engine.training.game.card import write_card
 
         saved = dict(result)  # paths relative to the folder the record lies in
         if "sheet" in saved:

@@ -29,7 +29,7 @@ import torch
 from diffusers import AutoencoderKLWan
 
 from worldstream.bench.common import hardware_info
-from worldstream.engine.backends.wan import WanBackend, WanConfig
+from worldstream.engine.backends.wan.backend import WanBackend, WanConfig
 from worldstream.engine.core.backend import ChunkJob
 from worldstream.engine.models.wan.loading import build_transformer
 

@@ -23,7 +23,10 @@ import time
 import torch
 
 from worldstream.bench.common import hardware_info
-from worldstream.engine.backends.matrix_game import MatrixGameBackend, MatrixGameBackendConfig
+from worldstream.engine.backends.matrix_game.backend import (
+    MatrixGameBackend,
+    MatrixGameBackendConfig,
+)
 from worldstream.engine.core.backend import ChunkJob
 from worldstream.engine.models.matrix_game.config import ActionConfig, MatrixGameConfig, get_variant
 from worldstream.engine.models.matrix_game.image_encoder import ImageEncoder, VisionConfig

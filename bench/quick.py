@@ -44,7 +44,7 @@ def run_quick(models: Models, *, seconds: float, fps: int, steps: int, context_f
 
     gen = make_generator(models, max_states=4, compile=compile)
     if world == "avatar":
-        from worldstream.engine.backends.avatar import AvatarModelBackend
+        from worldstream.engine.backends.avatar.backend import AvatarModelBackend
 
         gen = AvatarModelBackend(gen)
     batched_generate = baselines.batched_vs_one_by_one(models, steps=steps, chunks=chunks)

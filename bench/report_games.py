@@ -40,7 +40,7 @@ GOALS = [
      "<= 0.02", _within(None, 0.02)),
     ("free-play change rate vs the env's (x)", "change_rate_ratio", "gt_change_rate_ratio",
      "0.5-2", _within(0.5, 2.0)),
-    # the object table (issue 67): the game's moving objects, engine.evaluation.game_objects
+    # the object table (issue 67): the game's moving objects, engine.evaluation.game.objects
     ("object recall at 4 frames", "object_recall_4",
      ("copylast_object_recall_4", "gt_object_recall_4"), ">= 0.8", _within(0.8, None)),
     ("object precision at 4 frames", "object_precision_4",

@@ -1,6 +1,6 @@
 """``--model emulated``: a **simulation** of an accelerator-backed model, for measuring
 scale-out where no GPU is present. Not a model: the frames are the ground-truth simulator's
-(:mod:`engine.backends.sim`), upscaled to the emulated frame size, and each batch takes the
+(:mod:`engine.backends.sim.backend`), upscaled to the emulated frame size, and each batch takes the
 time a published GPU model would take, spent *waiting* (``time.sleep``), not computing.
 
 NOTE: why waiting. The host process of a GPU replica spends a chunk blocked on the device;
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from worldstream.engine.backends.sim import SimBackend
+from worldstream.engine.backends.sim.backend import SimBackend
 from worldstream.engine.core.backend import ChunkJob, ChunkResult
 from worldstream.engine.worlds.simulator import SIZE
 

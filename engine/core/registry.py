@@ -34,17 +34,17 @@ class Family:
 
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
-    Family("sim", "worldstream.engine.backends.sim:SimBackend"),
+    Family("sim", "worldstream.engine.backends.sim.backend:SimBackend"),
     Family("builtin", "worldstream.engine.backends.builtin:load_builtin_backend",
            path_argument="path",
            hint="train them with `worldstream train-ae` and `worldstream train-world`, or "
                 "restore the shipped assets/builtin from git"),
-    Family("wan-causal", "worldstream.engine.backends.wan:load_wan_backend",
+    Family("wan-causal", "worldstream.engine.backends.wan.backend:load_wan_backend",
            path_argument="model_path", checkpoint=True,
            hint="pass --model-path DIR holding the diffusers-format Wan2.1-T2V-1.3B base "
                 "(transformer/, vae/, text_encoder/, tokenizer/) and the causal checkpoint"),
-    Family("avatar-sim", "worldstream.engine.backends.avatar_sim:AvatarSimBackend"),
-    Family("avatar", "worldstream.engine.backends.avatar:load_avatar_backend",
+    Family("avatar-sim", "worldstream.engine.backends.avatar.sim:AvatarSimBackend"),
+    Family("avatar", "worldstream.engine.backends.avatar.backend:load_avatar_backend",
            path_argument="path",
            hint="train them with `worldstream train-ae --world avatar` and `worldstream "
                 "train-world --world avatar`, or restore the shipped assets/avatar from git"),
@@ -53,14 +53,15 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("emulated", "worldstream.engine.backends.emulated:load_emulated_backend"),
     # Matrix-Game 2.0 (keys and mouse, GPU): input logs record its variant,
     # matrix-game-2:universal (load_backend takes that id, or variant=)
-    Family("matrix-game-2", "worldstream.engine.backends.matrix_game:load_matrix_game_backend",
+    Family("matrix-game-2",
+           "worldstream.engine.backends.matrix_game.backend:load_matrix_game_backend",
            keyed="variant", key_optional=True, path_argument="model_path",
            hint="pass --model-path DIR holding the Skywork/Matrix-Game-2.0 release "
                 "(base_distilled_model/, gta_distilled_model/, templerun_distilled_model/, "
                 "Wan2.1_VAE.pth, the CLIP .pth)"),
     # game worlds, FAMILY:ENV; ENV is a Gymnasium id or ``module:factory``
-    Family("game-sim", "worldstream.engine.backends.game_env:load_game_backend", keyed="env"),
-    Family("game-builtin", "worldstream.engine.backends.game_world:load_game_world_backend",
+    Family("game-sim", "worldstream.engine.backends.game.sim:load_game_backend", keyed="env"),
+    Family("game-builtin", "worldstream.engine.backends.game.world:load_game_world_backend",
            keyed="env", path_argument="path",
            hint="train with `worldstream train --env {env} --out {folder}`"),
 )}

@@ -5,7 +5,7 @@ loading): its arrays are the backend state's tensors (for the built-in model: th
 values of the state's KV-cache pages in time order, the retained chunks' latents, memory bases
 and camera path, the spatial memory's tiles and their undo records, the text embedding and the
 RNG state; the avatar world adds its controls: the expression in force and the speech queued;
-Matrix-Game 2.0: :mod:`engine.studio.savestate_matrix_game`),
+Matrix-Game 2.0: :mod:`engine.backends.matrix_game.savestate`),
 its metadata ``{"worldstream": JSON}`` holds ``format``, ``model``,
 ``model_version`` (:func:`model_version`), the engine session's settings (``session``: seed,
 prompt, held action and keys, pending mouse motion, chunk size, steps, mode, fork counter)
@@ -189,7 +189,7 @@ def model_version(backend: Any) -> str:
         # size, key map, package versions)
         import sys
 
-        from worldstream.engine.backends import game_keys
+        from worldstream.engine.backends.game import keys as game_keys
         from worldstream.engine.worlds.game import env, frames, keymap
 
         _hash_module_files(h, sys.modules[type(backend).__module__], game_keys, env, frames,

@@ -1,6 +1,6 @@
 """A backend state to and from a save point's arrays and scalars, by backend: the built-in
 model, the simulator, the avatar world, a game world's env, a game's learned world and
-Matrix-Game 2.0 (:mod:`engine.studio.savestate_builtin`, ``savestate_sim``,
+Matrix-Game 2.0 (:mod:`engine.backends.builtin.savestate`, ``savestate_sim``,
 ``savestate_avatar``, ``savestate_game``, ``savestate_game_world``,
 ``savestate_matrix_game``); the file around them is :mod:`engine.studio.savepoint`."""
 
@@ -11,22 +11,22 @@ from typing import Any
 
 import numpy as np
 
-from worldstream.engine.core.api import CapacityError
-from worldstream.engine.core.limits import DIRECTION_KEYS
-from worldstream.engine.studio.savepoint import SavepointError
-from worldstream.engine.studio.savestate_avatar import export_avatar, import_avatar
-from worldstream.engine.studio.savestate_builtin import export_builtin, import_builtin
-from worldstream.engine.studio.savestate_game import check_game, export_game, import_game
-from worldstream.engine.studio.savestate_game_world import (
+from worldstream.engine.backends.avatar.savestate import export_avatar, import_avatar
+from worldstream.engine.backends.builtin.savestate import export_builtin, import_builtin
+from worldstream.engine.backends.game.savestate_sim import check_game, export_game, import_game
+from worldstream.engine.backends.game.savestate_world import (
     check_game_world,
     export_game_world,
     import_game_world,
 )
-from worldstream.engine.studio.savestate_matrix_game import (
+from worldstream.engine.backends.matrix_game.savestate import (
     export_matrix_game,
     import_matrix_game,
 )
-from worldstream.engine.studio.savestate_sim import check_sim, export_sim, import_sim
+from worldstream.engine.backends.sim.savestate import check_sim, export_sim, import_sim
+from worldstream.engine.core.api import CapacityError
+from worldstream.engine.core.limits import DIRECTION_KEYS
+from worldstream.engine.studio.savepoint import SavepointError
 
 
 def export_state(backend: Any, state: Any) -> tuple[dict[str, np.ndarray], dict[str, Any]]:

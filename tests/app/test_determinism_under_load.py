@@ -212,7 +212,7 @@ def _play_script(backend, events: list[dict], frames: int, seed: int, logs: list
 
 
 def test_a_scripts_event_takes_effect_from_the_chunk_holding_its_frame(monkeypatch):
-    from worldstream.engine.backends.sim import SimBackend
+    from worldstream.engine.backends.sim.backend import SimBackend
 
     events = [{"frame": 0, "keys": ["up"]}, {"frame": 3, "keys": ["right"]},
               {"frame": 4, "keys": ["down"]}, {"frame": 7, "prompt": "a snowy forest"}]

@@ -32,14 +32,16 @@ from tests.fixtures.games import SHORT
 from tests.fixtures.server import auth, create
 from worldstream.app.cli import main
 from worldstream.app.server import create_app
-from worldstream.engine.backends.game_env import GameEnvBackend
-from worldstream.engine.backends.sim import SimBackend
+from worldstream.engine.backends.game import log_dataset as game_log
+from worldstream.engine.backends.game import savestate_sim as savestate_game
+from worldstream.engine.backends.game.sim import GameEnvBackend
+from worldstream.engine.backends.sim.backend import SimBackend
 from worldstream.engine.core import registry
 from worldstream.engine.core.backend import ChunkJob
 from worldstream.engine.core.config import EngineConfig
 from worldstream.engine.core.engine import Engine
 from worldstream.engine.core.inputlog import LOG_FORMAT
-from worldstream.engine.studio import game_log, savepoint, savestate_game
+from worldstream.engine.studio import savepoint
 from worldstream.engine.studio.savepoint import MAX_SAVEPOINT_BYTES, SavepointError
 from worldstream.engine.studio.savestate import export_state, import_state, prepare_import
 from worldstream.engine.worlds.game.env import GameEnv, GameEnvError
@@ -320,7 +322,7 @@ def test_the_learned_builtins_save_point_session_is_checked():
 def test_the_learned_game_worlds_save_point_is_checked():
     from tests.fixtures.game_world import tiny_world_folder
     from tests.fixtures.tiny_game import TINY
-    from worldstream.engine.backends.game_world import GameWorldBackend
+    from worldstream.engine.backends.game.world import GameWorldBackend
 
     backend = GameWorldBackend(env=TINY, path=tiny_world_folder(), rewind_chunks=2)
     state = backend.new_state("play", 2)

@@ -35,14 +35,14 @@ from tests.app.test_fuzz import FUZZ, _Recorder, values
 from tests.fixtures.games import EXITS, NOT_AN_ENV, SHORT
 from tests.fixtures.server import auth, create
 from worldstream.app.server import create_app
-from worldstream.engine.backends.game_env import GameEnvBackend
+from worldstream.engine.backends.game.log_dataset import dataset_from_log
+from worldstream.engine.backends.game.sim import GameEnvBackend
 from worldstream.engine.core.backend import ChunkJob
 from worldstream.engine.core.config import EngineConfig
 from worldstream.engine.core.engine import Engine
 from worldstream.engine.core.limits import WIRE_KEY_PATTERN
 from worldstream.engine.core.registry import load_backend
 from worldstream.engine.studio import savepoint
-from worldstream.engine.studio.game_log import dataset_from_log
 from worldstream.engine.studio.replay import read_log
 from worldstream.engine.studio.savepoint import SavepointError
 from worldstream.engine.studio.savestate import export_state, import_state

@@ -15,7 +15,7 @@ from tests.fixtures.server import create, ws_url
 from worldstream.app.cli import main
 from worldstream.app.cmd_play import play_config
 from worldstream.app.server import create_app
-from worldstream.engine.backends.game_env import GameEnvBackend
+from worldstream.engine.backends.game.sim import GameEnvBackend
 from worldstream.engine.core.engine import Engine
 from worldstream.engine.worlds.game import dataset
 from worldstream.streaming import messages as m

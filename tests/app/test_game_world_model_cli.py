@@ -15,8 +15,8 @@ from tests.fixtures.game_world import tiny_world_folder
 from tests.fixtures.tiny_game import TINY
 from tests.studio.test_replay import record_session
 from worldstream.app.cli import main
-from worldstream.engine.backends import game_world
-from worldstream.engine.backends.game_world import GameWorldBackend
+from worldstream.engine.backends.game import world as game_world
+from worldstream.engine.backends.game.world import GameWorldBackend
 from worldstream.engine.core.api import ActionCommand
 from worldstream.engine.core.config import EngineConfig
 from worldstream.engine.core.engine import Engine

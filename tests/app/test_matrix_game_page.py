@@ -16,7 +16,10 @@ from PIL import Image
 from tests.fixtures.matrix_game import tiny_parts
 from tests.fixtures.server import auth, create, ws_url
 from worldstream.app.server import create_app
-from worldstream.engine.backends.matrix_game import MatrixGameBackend, MatrixGameBackendConfig
+from worldstream.engine.backends.matrix_game.backend import (
+    MatrixGameBackend,
+    MatrixGameBackendConfig,
+)
 from worldstream.engine.core.config import EngineConfig
 from worldstream.engine.core.engine import Engine
 from worldstream.engine.studio.savepoint import read_meta

@@ -91,10 +91,15 @@ def test_delete_closes_the_engine_session(client, fake_engine):
     assert client.delete(f"/api/sessions/{s['session_id']}", headers=auth(s)).status_code == 404
 
 
-def test_http_rate_limit_is_429(client):
-    s = create(client)
-    codes = [client.get(f"/api/sessions/{s['session_id']}/recording.mp4", headers=auth(s)
-                        ).status_code for _ in range(8)]
+def test_http_rate_limit_is_429(fake_engine, tmp_path):
+    # a bucket that refills once in ~17 min: on a busy machine the eight requests may take
+    # longer than the 0.2 s a 5/s bucket needs to give one back
+    app = create_app(fake_engine, Limits(messages_per_s=0.001, message_burst=5), ui=False,
+                     recording_dir=tmp_path)
+    with TestClient(app) as client:
+        s = create(client)
+        codes = [client.get(f"/api/sessions/{s['session_id']}/recording.mp4", headers=auth(s)
+                            ).status_code for _ in range(8)]
     assert codes[:5] == [404] * 5 and codes[5:] == [429] * 3
 
 

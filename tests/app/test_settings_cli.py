@@ -17,7 +17,7 @@ from worldstream.engine.backends.settings import (
     parse_overrides,
 )
 from worldstream.engine.backends.stream_config import StreamConfig
-from worldstream.engine.backends.wan import WanConfig
+from worldstream.engine.backends.wan.backend import WanConfig
 from worldstream.engine.worlds.catalog import world
 
 
@@ -133,7 +133,7 @@ def test_the_evaluated_settings_are_reported_and_the_colour_prior_can_be_left_ou
 
 def test_the_start_up_line_states_the_resolved_config():
     from worldstream.app.startup import startup_line
-    from worldstream.engine.backends.sim import SimBackend
+    from worldstream.engine.backends.sim.backend import SimBackend
     from worldstream.engine.core.config import EngineConfig
 
     line = startup_line("landscape", "sim", SimBackend(), EngineConfig(max_sessions=3,
@@ -148,7 +148,7 @@ def test_the_start_up_line_states_the_resolved_config():
 def test_train_set_help_lists_the_recipe_with_the_other_items_applied(capsys):
     """``--set help`` beside other items lists the game recipe's settings with those values
     (it is not read as a setting itself) and trains nothing."""
-    from worldstream.engine.training.game import GameTrainConfig
+    from worldstream.engine.training.game.train import GameTrainConfig
 
     argv = ["train", "--env", "ALE/Pong-v5", "--out", "/nonexistent/out", "--set", "help",
             "--set", "steps=7"]

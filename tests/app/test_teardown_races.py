@@ -215,7 +215,7 @@ def test_game_session_teardown_races_answer_4xx_and_leave_nothing(tmp_path, monk
     the WebSocket (held, changed, refused) while the session is deleted; a save point of the
     game is loaded, a picture (which a game refuses) and a story sent."""
     from worldstream.app.cmd_play import play_config
-    from worldstream.engine.backends.game_env import GameEnvBackend
+    from worldstream.engine.backends.game.sim import GameEnvBackend
     from worldstream.engine.core.engine import Engine
 
     monkeypatch.setattr(sys.modules[__name__], "WS_TEXTS", [

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from tests.fixtures.builtin import tiny_avatar_backend
-from worldstream.engine.backends.avatar_sim import AvatarSimBackend, start_frames
-from worldstream.engine.backends.sim import SimBackend
+from worldstream.engine.backends.avatar.sim import AvatarSimBackend, start_frames
+from worldstream.engine.backends.sim.backend import SimBackend
 from worldstream.engine.core.api import ActionCommand
 from worldstream.engine.core.backend import ChunkJob
 from worldstream.engine.core.config import EngineConfig
@@ -42,9 +42,9 @@ def test_factored_embedding_is_the_sum_of_its_tables():
 
 
 def test_model_backend_starts_from_the_look_and_steers_with_controls(monkeypatch):
-    monkeypatch.setattr("worldstream.engine.backends.avatar.look_for_prompt",
+    monkeypatch.setattr("worldstream.engine.backends.avatar.backend.look_for_prompt",
                         lambda p: "forest")
-    monkeypatch.setattr("worldstream.engine.backends.avatar.start_frames",
+    monkeypatch.setattr("worldstream.engine.backends.avatar.backend.start_frames",
                         lambda look, seed, n: start_frames("forest", seed, n))
     backend = tiny_avatar_backend()
     state = backend.new_state("a hiker", 3)
@@ -110,7 +110,8 @@ def test_engine_routes_expression_and_say_to_the_avatar_only():
 
 
 def test_still_camera_encodes_its_memory_picture_once(monkeypatch):
-    monkeypatch.setattr("worldstream.engine.backends.avatar.look_for_prompt", lambda p: "city")
+    monkeypatch.setattr("worldstream.engine.backends.avatar.backend.look_for_prompt",
+                        lambda p: "city")
     cached, fresh = tiny_avatar_backend(), tiny_avatar_backend()
     states = [b.new_state("city", 5) for b in (cached, fresh)]
     calls = []
@@ -131,7 +132,7 @@ def test_still_camera_encodes_its_memory_picture_once(monkeypatch):
 def test_shipped_model_shows_the_expression_held_and_opens_the_mouth_to_speak():
     # content over many frames, read by the evaluation's simulator templates and probe-free
     # measures (independent of the model): the shipped weights must follow the controls
-    from worldstream.engine.backends.avatar import load_avatar_backend
+    from worldstream.engine.backends.avatar.backend import load_avatar_backend
     from worldstream.engine.evaluation.avatar_readers import ExpressionTemplates
     from worldstream.engine.worlds.avatar.actions import EXPRESSIONS, SPEECH_FPS, expression_index
     from worldstream.engine.worlds.avatar.visemes import VISEME_OPEN, text_to_visemes
@@ -172,7 +173,7 @@ def test_shipped_model_switches_look_as_a_stream_of_that_look_starts():
     independent reference), with the expression held across it; before the look switch
     started the new character from its first frame, the model restyled the old one into a
     patchwork 50 levels (mean absolute) from the new look."""
-    from worldstream.engine.backends.avatar import load_avatar_backend
+    from worldstream.engine.backends.avatar.backend import load_avatar_backend
     from worldstream.engine.evaluation.avatar_readers import ExpressionTemplates
     from worldstream.engine.worlds.avatar.actions import expression_index
 

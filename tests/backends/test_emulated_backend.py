@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from worldstream.engine.backends.emulated import EmulatedBackend, EmulatedCost, upscaler
-from worldstream.engine.backends.sim import SimBackend
+from worldstream.engine.backends.sim.backend import SimBackend
 from worldstream.engine.core.backend import ChunkJob
 from worldstream.engine.core.registry import load_backend
 from worldstream.engine.worlds.actions import keys_to_action

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from tests.fixtures.games import CONTINUOUS, NO_IMAGE, SHORT
-from worldstream.engine.backends.game_env import GameEnvBackend, episode_seed
+from worldstream.engine.backends.game.sim import GameEnvBackend, episode_seed
 from worldstream.engine.core.backend import ChunkJob
 from worldstream.engine.core.registry import backend_id, env_backend_id, load_backend
 from worldstream.engine.worlds.game.env import GameEnv, GameEnvError

@@ -13,7 +13,7 @@ import torch
 
 from tests.fixtures.game_world import tiny_world_folder
 from tests.fixtures.tiny_game import TINY
-from worldstream.engine.backends.game_world import GameWorldBackend, start_action
+from worldstream.engine.backends.game.world import GameWorldBackend, start_action
 from worldstream.engine.core.backend import ChunkJob
 from worldstream.engine.core.registry import (
     BackendUnavailableError,

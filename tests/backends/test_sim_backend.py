@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from worldstream.engine.backends.sim import SimBackend
+from worldstream.engine.backends.sim.backend import SimBackend
 from worldstream.engine.core.backend import ChunkJob
 from worldstream.engine.worlds.actions import keys_to_action
 from worldstream.engine.worlds.simulator import WorldSimulator

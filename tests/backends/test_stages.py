@@ -7,7 +7,7 @@ import pytest
 
 from worldstream.engine.backends.builtin import AFTER_DELIVERY, STAGES
 from worldstream.engine.backends.stages import ChunkBatch, Stage, replace_stage
-from worldstream.engine.backends.wan import WanBackend
+from worldstream.engine.backends.wan.backend import WanBackend
 from worldstream.engine.core.backend import ChunkJob
 from worldstream.engine.worlds.actions import IDLE
 

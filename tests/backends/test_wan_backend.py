@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tests.fixtures.wan import reference_forward, tiny_transformer, tiny_vae
-from worldstream.engine.backends.wan import WanBackend, WanConfig
+from worldstream.engine.backends.wan.backend import WanBackend, WanConfig
 from worldstream.engine.core.api import CapacityError
 from worldstream.engine.core.backend import ChunkJob
 

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.fixtures.engine import EchoBackend, cfg, collect, drain_events, wait_for
-from worldstream.engine.backends.sim import SimBackend
+from worldstream.engine.backends.sim.backend import SimBackend
 from worldstream.engine.core.api import (
     ActionCommand,
     AdoptCommand,

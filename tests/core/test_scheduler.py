@@ -134,7 +134,7 @@ def test_config_validation_names_the_field():
 
 
 def test_engine_refuses_a_buffer_smaller_than_the_models_chunk():
-    from worldstream.engine.backends.sim import SimBackend
+    from worldstream.engine.backends.sim.backend import SimBackend
     from worldstream.engine.core.engine import Engine
 
     backend = SimBackend(chunk_frames=4)

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from worldstream.engine.evaluation import game_metrics as gm
+from worldstream.engine.evaluation.game import metrics as gm
 
 
 def test_psnr_hand_worked_and_capped_for_identity():

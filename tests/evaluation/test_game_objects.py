@@ -6,8 +6,8 @@ import math
 import numpy as np
 import pytest
 
-from worldstream.engine.evaluation import game_objects as go
-from worldstream.engine.evaluation.game_sheet import outline_objects
+from worldstream.engine.evaluation.game import objects as go
+from worldstream.engine.evaluation.game.sheet import outline_objects
 
 
 def _frames(n: int, size: int = 12) -> np.ndarray:
@@ -115,7 +115,7 @@ def test_rollout_table_model_twin_and_copy_last():
 
 def test_the_games_twin_finds_every_object_in_real_play():
     from tests.fixtures.tiny_game import TINY
-    from worldstream.engine.evaluation.game_episodes import held_out
+    from worldstream.engine.evaluation.game.episodes import held_out
     from worldstream.engine.models.game.palette import Palette
     from worldstream.engine.worlds.game.env import GameEnv
 
@@ -152,7 +152,7 @@ def test_evaluate_reports_the_object_table():
     import torch
 
     from tests.fixtures.tiny_game import TINY
-    from worldstream.engine.evaluation.game import GameEvalConfig, evaluate
+    from worldstream.engine.evaluation.game.evaluate import GameEvalConfig, evaluate
     from worldstream.engine.models.game.palette import Palette
     from worldstream.engine.models.game.unet import GameUNet
     from worldstream.engine.models.game.world import GameWorld

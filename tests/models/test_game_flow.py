@@ -10,7 +10,7 @@ import torch
 from worldstream.engine.models.game.palette import Palette
 from worldstream.engine.models.game.unet import GameUNet
 from worldstream.engine.models.game.world import GameWorld
-from worldstream.engine.training.game import GameTrainConfig, _clip_loss, flow_levels
+from worldstream.engine.training.game.train import GameTrainConfig, _clip_loss, flow_levels
 
 K, S = 3, 8
 PALETTE = Palette(np.array([[0, 0, 0], [255, 0, 0], [255, 255, 255]], np.uint8))

@@ -9,8 +9,11 @@ import pytest
 import torch
 
 from tests.fixtures.matrix_game import tiny_parts
-from worldstream.engine.backends.matrix_game import MatrixGameBackend, MatrixGameBackendConfig
-from worldstream.engine.backends.matrix_game_stages import plan
+from worldstream.engine.backends.matrix_game.backend import (
+    MatrixGameBackend,
+    MatrixGameBackendConfig,
+)
+from worldstream.engine.backends.matrix_game.stages import plan
 from worldstream.engine.backends.stages import ChunkBatch
 from worldstream.engine.core.backend import ChunkJob
 from worldstream.engine.models.matrix_game.conditions import action_windows, raw_inputs

@@ -9,8 +9,11 @@ import pytest
 import torch
 
 from tests.fixtures.matrix_game import reference_flow, tiny_parts, to_original
-from worldstream.engine.backends.matrix_game import MatrixGameBackend, MatrixGameBackendConfig
-from worldstream.engine.backends.matrix_game_stages import condition_frames, warped_sigmas
+from worldstream.engine.backends.matrix_game.backend import (
+    MatrixGameBackend,
+    MatrixGameBackendConfig,
+)
+from worldstream.engine.backends.matrix_game.stages import condition_frames, warped_sigmas
 from worldstream.engine.core.backend import ChunkJob
 from worldstream.engine.models.matrix_game.conditions import raw_inputs
 

@@ -12,7 +12,7 @@ from transformers import UMT5Config, UMT5EncoderModel
 
 import worldstream.engine.models.wan.loading as wan_loading
 from tests.fixtures.wan import tiny_transformer, tiny_vae
-from worldstream.engine.backends.wan import load_wan_backend
+from worldstream.engine.backends.wan.backend import load_wan_backend
 from worldstream.engine.core.backend import ChunkJob
 from worldstream.engine.models.wan.convert import KeyConversionError, diffusers_to_original
 from worldstream.engine.models.wan.loading import InsufficientMemoryError, check_dtype

@@ -13,11 +13,11 @@ from aiortc.codecs.vpx import Vp8Encoder, vp8_depayload
 from PIL import Image
 
 from tests.fixtures.engine import EchoBackend
-from worldstream.engine.backends.avatar_sim import AvatarSimBackend
+from worldstream.engine.backends.avatar.sim import AvatarSimBackend
 from worldstream.engine.backends.builtin.backend import BuiltinBackend
-from worldstream.engine.backends.game_env import GameEnvBackend
-from worldstream.engine.backends.game_world import GameWorldBackend
-from worldstream.engine.backends.sim import SimBackend
+from worldstream.engine.backends.game.sim import GameEnvBackend
+from worldstream.engine.backends.game.world import GameWorldBackend
+from worldstream.engine.backends.sim.backend import SimBackend
 from worldstream.engine.core.api import Frame, FrameSlot
 from worldstream.engine.core.backend import ChunkJob
 from worldstream.engine.core.engine import Engine

@@ -13,12 +13,12 @@ import pytest
 from tests.fixtures.games import SHORT
 from tests.studio.test_replay import record_session
 from tests.studio.test_savepoint import save_load_continue
-from worldstream.engine.backends.game_env import GameEnvBackend
+from worldstream.engine.backends.game.log_dataset import dataset_from_log
+from worldstream.engine.backends.game.sim import GameEnvBackend
 from worldstream.engine.core.api import ActionCommand, AdoptCommand, ForkCommand, RewindCommand
 from worldstream.engine.core.backend import ChunkJob
 from worldstream.engine.core.config import EngineConfig
 from worldstream.engine.core.engine import Engine
-from worldstream.engine.studio.game_log import dataset_from_log
 from worldstream.engine.studio.replay import ReplayError, read_log, replay
 from worldstream.engine.studio.savepoint import SavepointError, decode, model_version
 from worldstream.engine.studio.savestate import export_state, import_state

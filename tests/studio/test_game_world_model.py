@@ -13,12 +13,12 @@ from tests.fixtures.game_world import other_weights_folder, tiny_world_folder
 from tests.fixtures.tiny_game import TINY
 from tests.studio.test_replay import record_session
 from tests.studio.test_savepoint import save_load_continue
-from worldstream.engine.backends.game_world import GameWorldBackend
+from worldstream.engine.backends.game.log_dataset import dataset_from_log
+from worldstream.engine.backends.game.world import GameWorldBackend
 from worldstream.engine.core.api import ActionCommand, AdoptCommand, ForkCommand, RewindCommand
 from worldstream.engine.core.backend import ChunkJob
 from worldstream.engine.core.config import EngineConfig
 from worldstream.engine.core.engine import Engine
-from worldstream.engine.studio.game_log import dataset_from_log
 from worldstream.engine.studio.replay import ReplayError, read_log, replay
 from worldstream.engine.studio.savepoint import SavepointError, decode, model_version, read_meta
 from worldstream.engine.studio.savestate import export_state, import_state

@@ -10,10 +10,13 @@ import pytest
 import torch
 
 from tests.fixtures.matrix_game import tiny_parts
-from worldstream.engine.backends.matrix_game import MatrixGameBackend, MatrixGameBackendConfig
+from worldstream.engine.backends.matrix_game import savestate as savestate_matrix_game
+from worldstream.engine.backends.matrix_game.backend import (
+    MatrixGameBackend,
+    MatrixGameBackendConfig,
+)
 from worldstream.engine.core.api import CapacityError
 from worldstream.engine.core.backend import ChunkJob
-from worldstream.engine.studio import savestate_matrix_game
 from worldstream.engine.studio.savepoint import (
     SAVEPOINT_FORMAT,
     SavepointError,

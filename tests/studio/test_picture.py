@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from worldstream.engine.backends.sim import SimBackend
+from worldstream.engine.backends.sim.backend import SimBackend
 from worldstream.engine.core.config import EngineConfig
 from worldstream.engine.core.engine import Engine
 from worldstream.engine.evaluation.metrics import psnr

@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from worldstream.engine.backends.sim import SimBackend
+from worldstream.engine.backends.sim.backend import SimBackend
 from worldstream.engine.core.api import (
     ActionCommand,
     AdoptCommand,
@@ -172,7 +172,7 @@ def test_a_log_past_its_bound_stops_and_refuses_export(monkeypatch):
 def test_avatar_session_replays_its_expressions_and_speech_bit_identically():
     # the avatar's own controls travel in "controls" events; a stale action's keys are
     # ignored but the expression it carried was applied live, so it is logged and replayed
-    from worldstream.engine.backends.avatar_sim import AvatarSimBackend
+    from worldstream.engine.backends.avatar.sim import AvatarSimBackend
 
     config = EngineConfig(max_sessions=2, fps=60, chunk_frames=2)
     plan = [

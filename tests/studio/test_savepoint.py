@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from worldstream.engine.backends.sim import SimBackend
+from worldstream.engine.backends.sim.backend import SimBackend
 from worldstream.engine.core.api import ActionCommand, ForkCommand, PromptCommand, RewindCommand
 from worldstream.engine.core.config import EngineConfig
 from worldstream.engine.core.engine import Engine
@@ -103,7 +103,7 @@ def test_sim_save_load_continue_is_identical():
 
 @pytest.mark.slow
 def test_avatar_sim_save_load_continue_keeps_expression_and_speech():
-    from worldstream.engine.backends.avatar_sim import AvatarSimBackend
+    from worldstream.engine.backends.avatar.sim import AvatarSimBackend
 
     config = EngineConfig(max_sessions=4, fps=20, chunk_frames=2)
     with Engine(AvatarSimBackend(), config) as engine:
@@ -123,7 +123,7 @@ def test_avatar_sim_save_load_continue_keeps_expression_and_speech():
 
 @pytest.mark.slow
 def test_avatar_model_save_load_continue_is_identical():
-    from worldstream.engine.backends.avatar import load_avatar_backend
+    from worldstream.engine.backends.avatar.backend import load_avatar_backend
 
     config = EngineConfig(max_sessions=4, fps=20, steps=2, min_steps=2)
     with Engine(load_avatar_backend(), config) as engine:

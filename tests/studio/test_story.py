@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from worldstream.app import cli
-from worldstream.engine.backends.sim import SimBackend
+from worldstream.engine.backends.sim.backend import SimBackend
 from worldstream.engine.core.config import EngineConfig
 from worldstream.engine.core.engine import Engine
 from worldstream.engine.core.inputlog import parse_log

@@ -165,7 +165,7 @@ def test_each_cards_chain_runs_as_written_at_a_tiny_scale(name, tmp_path, monkey
 
         assert load_world(last_out).env_id == _options(chain[-1][1:])[0]["--env"]
     else:
-        from worldstream.engine.backends.avatar import load_avatar_backend
+        from worldstream.engine.backends.avatar.backend import load_avatar_backend
         from worldstream.engine.backends.builtin import load_builtin_backend
 
         load = load_avatar_backend if name == "avatar" else load_builtin_backend

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from worldstream.engine.models.game.unet import GameUNet
-from worldstream.engine.training.game import GameTrainConfig, _clip_loss
+from worldstream.engine.training.game.train import GameTrainConfig, _clip_loss
 
 DIM, BATCH, SIZE = 4, 3, 8
 

@@ -7,13 +7,13 @@ import pytest
 import torch
 
 from tests.fixtures.tiny_game import TINY
-from worldstream.engine.evaluation import game_metrics as gm
-from worldstream.engine.evaluation.game import GameEvalConfig, evaluate
+from worldstream.engine.evaluation.game import metrics as gm
+from worldstream.engine.evaluation.game.evaluate import GameEvalConfig, evaluate
 from worldstream.engine.models.game.world import WorldFolderError, load_world
-from worldstream.engine.training import game
-from worldstream.engine.training.game import GameTrainConfig, train
-from worldstream.engine.training.game_card import write_card
-from worldstream.engine.training.game_data import ClipSampler
+from worldstream.engine.training.game import train as game
+from worldstream.engine.training.game.card import write_card
+from worldstream.engine.training.game.data import ClipSampler
+from worldstream.engine.training.game.train import GameTrainConfig, train
 
 
 def _cfg(out, data=""):
@@ -100,7 +100,7 @@ def test_the_saved_folder_plays_the_same_frames_as_the_trained_world(trained):
 
 
 def test_context_corruption_only_moves_pixels_within_a_frame():
-    from worldstream.engine.training.game import corrupt_context
+    from worldstream.engine.training.game.train import corrupt_context
 
     gen = torch.Generator().manual_seed(0)
     context = torch.zeros(64, 4, 16, 16, dtype=torch.long)

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from worldstream.engine.backends.avatar_sim import AvatarSimBackend
+from worldstream.engine.backends.avatar.sim import AvatarSimBackend
 from worldstream.engine.core.api import ActionCommand
 from worldstream.engine.core.backend import ChunkJob
 from worldstream.engine.worlds.actions import IDLE, direction_to_action

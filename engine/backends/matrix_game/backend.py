@@ -3,7 +3,7 @@ templerun``): keys and mouse steer an image-to-world causal DiT, chunk by chunk.
 
 The shared runner (``engine.backends.runner``) with this family's parts: one page per latent
 frame (880 tokens at 352x640) in the KV pool, and beside it the action modules' keys/values in
-pools indexed by the same pages (:mod:`engine.backends.matrix_game_attention`), so a session's
+pools indexed by the same pages (:mod:`engine.backends.matrix_game.attention`), so a session's
 page table forks, rewinds and frees both. Per chunk of 3 latent frames (12 video frames; a
 stream's first decodes to 9, its first frame shown 4 times):
 
@@ -19,7 +19,7 @@ The world starts from a picture (``POST /api/sessions/{id}/picture``; else a pla
 its CLIP tokens are the cross-attention context and its VAE latents the 20 condition channels.
 There is no text prompt (a prompt switch is refused). A save point holds the state's KV and
 action pages, the picture's conditioning, the retained chunks, the decoder cache and the RNG
-(:mod:`engine.studio.savestate_matrix_game`); at full size a state (216 MB a latent frame in
+(:mod:`engine.backends.matrix_game.savestate`); at full size a state (216 MB a latent frame in
 bf16) passes the save file limit and is refused with its size.
 """
 
@@ -35,13 +35,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from worldstream.engine.backends import matrix_game_stages as mg
 from worldstream.engine.backends import stages as shared
-from worldstream.engine.backends.matrix_game_attention import ActionPools, MatrixGameAttention
+from worldstream.engine.backends.matrix_game import stages as mg
+from worldstream.engine.backends.matrix_game.attention import ActionPools, MatrixGameAttention
 from worldstream.engine.backends.runner import PagedAttentionContext, PagedRunner, RunnerState
 from worldstream.engine.backends.stages import Stage
 from worldstream.engine.backends.stream_config import StreamConfig
-from worldstream.engine.backends.wan import redecode, show_stream
+from worldstream.engine.backends.wan.backend import redecode, show_stream
 from worldstream.engine.core.action_space import ActionSpace
 from worldstream.engine.core.kv_cache import PageTable
 from worldstream.engine.core.limits import check_prompt

@@ -13,7 +13,7 @@ session's first action, so every streamed frame answers a key. Decoding is argma
 palette (deterministic: same state, same actions, same frames; a replay is exact). A game
 over does not exist in the learned world: it plays on. A game has no text prompt: the
 session's prompt is accepted and ignored, a prompt switch is refused. Keys:
-:class:`~engine.backends.game_keys.GameKeys` (the folder's ``keymap.json`` when it has one).
+:class:`~engine.backends.game.keys.GameKeys` (the folder's ``keymap.json`` when it has one).
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from worldstream.engine.backends.game_env import episode_seed
-from worldstream.engine.backends.game_keys import GameKeys, load_keymap
-from worldstream.engine.backends.sim import check_job, pop_history, push_history
+from worldstream.engine.backends.game.keys import GameKeys, load_keymap
+from worldstream.engine.backends.game.sim import episode_seed
+from worldstream.engine.backends.sim.backend import check_job, pop_history, push_history
 from worldstream.engine.core.backend import ChunkJob, ChunkResult
 from worldstream.engine.models.game.world import GameWorld, load_world
 from worldstream.engine.training.common import cpu_has_fast_bf16

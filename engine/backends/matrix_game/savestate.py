@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from worldstream.engine.backends.paged_savestate import restored_pages
 from worldstream.engine.studio.savepoint import MAX_SAVEPOINT_BYTES, SavepointError
-from worldstream.engine.studio.savestate_pages import restored_pages
 
 if TYPE_CHECKING:
     import torch
@@ -121,7 +121,7 @@ def _record(gen, arrays: dict[str, np.ndarray], i: int, h: dict[str, Any]):
     """Retained chunk ``i`` (CPU float32 tensors, as the stages keep them)."""
     import torch
 
-    from worldstream.engine.backends.matrix_game_stages import MatrixGameChunk
+    from worldstream.engine.backends.matrix_game.stages import MatrixGameChunk
 
     cpu = torch.device("cpu")
 
@@ -147,7 +147,7 @@ def import_matrix_game(gen, arrays: dict[str, np.ndarray], scalars: dict[str, An
     (nothing is held then)."""
     import torch
 
-    from worldstream.engine.backends.matrix_game import MatrixGameState
+    from worldstream.engine.backends.matrix_game.backend import MatrixGameState
     from worldstream.engine.models.wan.vae_stream import WanDecodeCache, new_decode_cache
 
     cfg, f = gen.config, gen.pages_per_chunk

@@ -11,7 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from worldstream.engine.evaluation import game_objects as go  # noqa: E402
+from worldstream.engine.evaluation.game import objects as go  # noqa: E402
 from worldstream.engine.worlds.game.frames import colour_codes  # noqa: E402
 
 #: outline colours to pick from: the one farthest from every colour of the frame

@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from worldstream.engine.backends.game_keys import GameKeys, load_keymap
-from worldstream.engine.backends.sim import check_job, pop_history, push_history
+from worldstream.engine.backends.game.keys import GameKeys, load_keymap
+from worldstream.engine.backends.sim.backend import check_job, pop_history, push_history
 from worldstream.engine.core.backend import ChunkJob, ChunkResult
 from worldstream.engine.worlds.game.env import GameEnv, Snapshot
 
@@ -54,7 +54,7 @@ class GameState:
 
 class GameEnvBackend(GameKeys):
     """A Gymnasium game streamed as it is; its keys, controls and ``frame_version`` are
-    :class:`~engine.backends.game_keys.GameKeys`.
+    :class:`~engine.backends.game.keys.GameKeys`.
 
     Args:
         env: a Gymnasium id (``ALE/Pong-v5``) or ``module:factory``.

@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from worldstream.engine.backends.paged_savestate import restored_pages
 from worldstream.engine.studio.savepoint import SavepointError
-from worldstream.engine.studio.savestate_pages import restored_pages
 
 
 def _optional_float(value) -> float | None:

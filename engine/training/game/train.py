@@ -37,7 +37,7 @@ from worldstream.engine.training.common import (
     save_checkpoint,
     seed_everything,
 )
-from worldstream.engine.training.game_data import ClipSampler
+from worldstream.engine.training.game.data import ClipSampler
 from worldstream.engine.worlds.game import dataset, keymap
 from worldstream.engine.worlds.game.record import record
 

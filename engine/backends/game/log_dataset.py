@@ -92,7 +92,7 @@ class _Tap:
         backend.step = tapped
 
     def _seed(self, state: Any) -> int:
-        from worldstream.engine.backends.game_env import episode_seed
+        from worldstream.engine.backends.game.sim import episode_seed
 
         return episode_seed(state.seed, state.episode)
 

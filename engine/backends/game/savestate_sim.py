@@ -31,7 +31,7 @@ def _snapshot_parts(prefix: str, snap: Any, episode: int,
 
 
 def export_game(state: Any) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """``(arrays, scalars)`` of a :class:`~engine.backends.game_env.GameState`."""
+    """``(arrays, scalars)`` of a :class:`~engine.backends.game.sim.GameState`."""
     arrays: dict[str, np.ndarray] = {}
     now = _snapshot_parts("now", *state.snapshot(), arrays)
     history = [_snapshot_parts(f"history.{i}", snap, episode, arrays)

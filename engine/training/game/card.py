@@ -59,7 +59,7 @@ def write_card(folder: Path) -> Path:
         f"palette colours per pixel, from the last {unet['context']} frames and the actions.",
         f"- Network: a U-Net (widths {unet['channels']}), actions through adaptive group norm; "
         "one forward per frame, decoded by the most likely colour.",
-        "- Trained by `worldstream train` (engine/training/game.py); no per-game code.",
+        "- Trained by `worldstream train` (engine/training/game/train.py); no per-game code.",
         "",
         "## Uses",
         f"`worldstream play --env {world['env']} --model-path {_shown(folder)}` plays it in the "
@@ -136,7 +136,7 @@ def chain(training: dict, folder: Path) -> list[str]:
     for a setting today's recipe no longer has."""
     import dataclasses
 
-    from worldstream.engine.training.game import GameTrainConfig
+    from worldstream.engine.training.game.train import GameTrainConfig
 
     cfg = training["config"]
     unknown = set(cfg) - {f.name for f in dataclasses.fields(GameTrainConfig)}

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from worldstream.engine.backends.sim import (
+from worldstream.engine.backends.sim.backend import (
     check_job,
     pop_history,
     push_history,
@@ -105,7 +105,7 @@ class AvatarSimBackend(AvatarControlsMixin):
     """The avatar simulator as a backend (zero model cost). A prompt selects the nearest look
     (``look_for``, default ``engine.models.builtin.text.look_for_prompt``, loaded on first
     use); the job seed is ignored (the world is deterministic given its creation seed and
-    actions). Same arguments as ``engine.backends.sim.SimBackend``; the engine counts the
+    actions). Same arguments as ``engine.backends.sim.backend.SimBackend``; the engine counts the
     states against ``max_states`` (a simulator holds no pooled memory)."""
 
     name = "avatar-sim"

@@ -21,7 +21,7 @@ from worldstream.engine.studio.savepoint import SavepointError
 
 
 def export_game_world(state: Any) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """``(arrays, scalars)`` of a :class:`~engine.backends.game_world.WorldState`."""
+    """``(arrays, scalars)`` of a :class:`~engine.backends.game.world.WorldState`."""
     arrays: dict[str, np.ndarray] = {}
     contexts = [("now", state.frames, state.actions, state.step)]
     contexts += [(f"history.{i}", *entry) for i, entry in enumerate(state.history)]

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from worldstream.engine.evaluation import game_metrics as gm
-from worldstream.engine.evaluation import game_objects as go
-from worldstream.engine.evaluation.game_episodes import held_out
+from worldstream.engine.evaluation.game import metrics as gm
+from worldstream.engine.evaluation.game import objects as go
+from worldstream.engine.evaluation.game.episodes import held_out
 from worldstream.engine.models.game.world import GameWorld
 from worldstream.engine.training.common import cpu_has_fast_bf16
 from worldstream.engine.worlds.game.env import GameEnv

@@ -2,7 +2,7 @@
 
 The neural work is the built-in model's backend (``engine.backends.builtin.BuiltinBackend``:
 paged KV cache, spatial memory, flow-matching denoise, cache fill) unchanged; this layer adds the
-avatar's controls (:class:`~engine.backends.avatar_sim.AvatarControlsMixin`), turning
+avatar's controls (:class:`~engine.backends.avatar.sim.AvatarControlsMixin`), turning
 each frame's direction id into an avatar action id (direction, expression, viseme), and starts
 every stream from simulator frames of the prompt's look. The camera never moves, so the spatial
 memory holds the stream's first frame: the generated frames are residuals on that picture of
@@ -15,7 +15,7 @@ from collections import deque
 from dataclasses import replace
 from pathlib import Path
 
-from worldstream.engine.backends.avatar_sim import AvatarControlsMixin, AvatarState, start_frames
+from worldstream.engine.backends.avatar.sim import AvatarControlsMixin, AvatarState, start_frames
 from worldstream.engine.backends.builtin import (
     BuiltinBackend,
     BuiltinConfig,

@@ -1,6 +1,6 @@
 """Save-point state of the avatar backends (``avatar``: the model; ``avatar-sim``: the
 simulator) and of the session's avatar controls (the expression in force, the speech queued).
-The model's inner state is the built-in model's (:mod:`engine.studio.savestate_builtin`)."""
+The model's inner state is the built-in model's (:mod:`engine.backends.builtin.savestate`)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from worldstream.engine.backends.builtin.savestate import export_builtin, import_builtin
 from worldstream.engine.studio.savepoint import SavepointError
-from worldstream.engine.studio.savestate_builtin import export_builtin, import_builtin
 
 _AVATAR_SIM_FIELDS = ("seed", "look", "t", "yaw", "pitch", "gaze", "_gaze_target",
                       "_next_saccade", "_next_blink", "_blink_frame", "face", "mouth_open",
@@ -70,7 +70,7 @@ def export_avatar(backend, state) -> tuple[dict[str, np.ndarray], dict[str, Any]
 
 
 def import_avatar(backend, arrays: dict[str, np.ndarray], scalars: dict[str, Any]):
-    from worldstream.engine.backends.avatar_sim import AvatarState
+    from worldstream.engine.backends.avatar.sim import AvatarState
 
     controls = _controls_from(scalars["controls"])
     history = deque(_controls_from(c) for c in scalars["controls_history"])

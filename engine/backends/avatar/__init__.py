@@ -1,0 +1,1 @@
+"""The avatar family: the learned avatar world and its simulator, their save states."""

@@ -1,0 +1,1 @@
+"""The causal Wan 2.1 family (text to video, GPU)."""

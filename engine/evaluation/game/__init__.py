@@ -1,0 +1,1 @@
+"""A game world's evaluation: episodes against the env, metrics, objects, sheets."""

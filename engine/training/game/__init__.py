@@ -1,0 +1,1 @@
+"""A game world's recipe: recording, training and its model card."""
