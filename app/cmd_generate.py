@@ -10,6 +10,7 @@ from pathlib import Path
 
 from worldstream.app import game_args, settings_cli
 from worldstream.app.action_script import ScriptPlayer, game_script, load_action_script
+from worldstream.engine.core import registry
 
 DEFAULT_PROMPTS = (
     "a green meadow with ponds",
@@ -47,7 +48,7 @@ def register(sub) -> None:
     p.add_argument("--world", choices=game_args.world_choices(), default=None,
                    help="the world (default landscape; pong, breakout: a game; a replay uses "
                         "its log's)")
-    p.add_argument("--model", choices=("builtin", "sim", "wan-causal"), default=None,
+    p.add_argument("--model", choices=registry.WORLD_MODEL_NAMES, default=None,
                    help="model family (default builtin; with --env: builtin with --model-path, "
                         "else sim; a replay uses its log's)")
     game_args.add_arguments(p)
@@ -87,6 +88,7 @@ def _game_scripts(args, wire_keys: tuple[str, ...]) -> list:
 
 
 def run(args) -> int:
+    from worldstream.engine.core.backend import PromptPrefetch
     from worldstream.engine.core.config import EngineConfig
     from worldstream.engine.core.engine import Engine
     from worldstream.engine.core.registry import env_of, load_backend
@@ -154,10 +156,9 @@ def run(args) -> int:
     )
     outs = _outputs(args.out, args.sessions)
     summary = []
-    prepare = getattr(backend, "prepare_prompt", None)
-    if prepare is not None:  # the scripts' prompts encoded here, not on the engine thread
+    if isinstance(backend, PromptPrefetch):  # the scripts' prompts here, not on the engine thread
         for text in {e.prompt for s in scripts for e in s.events if e.prompt is not None}:
-            prepare(text)
+            backend.prepare_prompt(text)
     # NOTE: the sessions are made, subscribed and given their scripts before the engine thread
     # starts (its first drain takes all of it before any chunk): no frame is generated before
     # the recorder listens or before the script holds frame 0's keys. The script plays by frame

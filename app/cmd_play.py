@@ -7,6 +7,7 @@ import os
 import socket
 
 from worldstream.app import game_args, settings_cli
+from worldstream.engine.core import registry
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
@@ -21,9 +22,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="the world: the top-down landscape (default), the avatar (a "
                              "character steered by expression, gaze and speech), or a named "
                              "game (pong, breakout)")
-    parser.add_argument("--model", choices=("builtin", "sim", "wan-causal", "emulated",
-                                            "matrix-game-2"),
-                        default=None,
+    parser.add_argument("--model", choices=(*registry.WORLD_MODEL_NAMES,
+                                            *registry.OWN_WORLD_MODELS), default=None,
                         help="model family: builtin (the world's trained model; the default; "
                              "a game: its learned world, the default with --env and "
                              "--model-path), sim (the world's ground-truth simulator; a game: "
@@ -224,6 +224,7 @@ def run(args: argparse.Namespace) -> int:
 
     from worldstream.app.server import create_app
     from worldstream.app.startup import startup_line
+    from worldstream.engine.core.backend import backend_info
     from worldstream.engine.core.engine import Engine
     from worldstream.engine.core.registry import BackendUnavailableError, load_backend
     from worldstream.streaming.limits import Limits
@@ -273,8 +274,7 @@ def run(args: argparse.Namespace) -> int:
         config = play_config(args.max_sessions, args.mode)
         # a model of large chunks (Wan, Matrix-Game: 12 frames) needs a buffer that holds one
         config.buffer_max_frames = max(config.buffer_max_frames,
-                                       max(getattr(backend, "supported_chunk_frames",
-                                                   (backend.chunk_frames,)))
+                                       max(backend_info(backend).supported_chunk_frames)
                                        + config.batch_join_frames)
         print(startup_line(args.world, args.model, backend, config), flush=True)
         engine = Engine(backend, config).start()

@@ -104,7 +104,7 @@ def create_app(engine: EngineAPI, limits: Limits | None = None, *, ui: bool = Tr
     limits = limits or Limits()
     access = access or AccessPolicy()
     manager = SessionManager(engine, limits, recording_dir)
-    if getattr(engine, "media_on_replicas", False):  # media leaves from the replicas' hosts
+    if engine.media_on_replicas:  # media leaves from the replicas' hosts
         from worldstream.streaming.replica_transport import ReplicaWebRTC
 
         webrtc: Any = ReplicaWebRTC(manager)
@@ -188,7 +188,7 @@ def create_app(engine: EngineAPI, limits: Limits | None = None, *, ui: bool = Tr
     @app.get("/api/health")
     async def health() -> dict[str, Any]:
         return {"status": "ok", "model": engine.model_name,
-                "world": getattr(engine, "world", "landscape"), "sessions": len(manager),
+                "world": engine.world, "sessions": len(manager),
                 "capacity": manager.capacity}
 
     @app.post("/api/sessions", status_code=201)
@@ -199,7 +199,7 @@ def create_app(engine: EngineAPI, limits: Limits | None = None, *, ui: bool = Tr
         if creations.empty(client):  # a create/DELETE loop would cost every stream its model
             raise ApiError(429, f"more than {limits.creations_per_s:g} new sessions/s",
                            headers={"Retry-After": "1"})
-        prompt = _session_prompt(body.prompt, getattr(engine, "world", "landscape"))
+        prompt = _session_prompt(body.prompt, engine.world)
         creations.take(client)
         try:
             # off the event loop: the engine may encode the prompt, a replica may be remote
@@ -327,7 +327,7 @@ def create_app(engine: EngineAPI, limits: Limits | None = None, *, ui: bool = Tr
         from worldstream.app.ui import mount_ui
 
         page_only(app)  # of the UI framework's routes, only what the page loads
-        mount_ui(app, engine.model_name, getattr(engine, "world", "landscape"))
+        mount_ui(app, engine.model_name, engine.world)
     return app
 
 

@@ -10,20 +10,20 @@ import torch
 def startup_line(world: str, model: str, backend: Any, engine_config: Any) -> str:
     """One line: world, model family, backend, device, dtypes, torch threads, compile, the
     sessions' starting mode with its chunk frames and steps, and the session limit."""
+    from worldstream.engine.core.backend import backend_info
     from worldstream.engine.core.config import MODES
 
-    inner = getattr(backend, "builtin", backend)  # the avatar wraps a built-in backend
-    cfg = getattr(inner, "config", None)
+    info = backend_info(backend)
     mode = MODES.get(engine_config.mode) if engine_config.mode else None
     fields = {
         "world": world,
         "model": model,
-        "backend": getattr(backend, "name", type(backend).__name__),
-        "device": str(getattr(inner, "device", "cpu")),
-        "dtype": _name(getattr(cfg, "dtype", None)),
-        "autoencoder_dtype": _name(getattr(inner, "ae_dtype", None)),
+        "backend": info.name,
+        "device": info.device,
+        "dtype": info.dtype,
+        "autoencoder_dtype": info.autoencoder_dtype,
         "threads": torch.get_num_threads(),
-        "compile": getattr(cfg, "compile", None),
+        "compile": info.compile,
         "mode": engine_config.mode,
         "chunk_frames": mode.chunk_frames if mode else engine_config.chunk_frames,
         "steps": mode.steps if mode else engine_config.steps,
@@ -32,6 +32,3 @@ def startup_line(world: str, model: str, backend: Any, engine_config: Any) -> st
     return "worldstream: config " + " ".join(f"{k}={v}" for k, v in fields.items()
                                             if v is not None)
 
-
-def _name(dtype: Any) -> str | None:
-    return None if dtype is None else str(dtype).removeprefix("torch.")

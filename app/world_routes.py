@@ -97,14 +97,10 @@ def register(app: FastAPI, engine: Any, authorized: Callable, client_of: Callabl
     async def controls() -> dict[str, Any]:
         # the page's keys (public, like /api/health): a game world's key map, or keys null
         # (the direction keys: WASD / arrows)
-        found = getattr(engine, "controls", None) or {}
+        found = engine.controls or {}
         # mouse: whether the model takes mouse motion (the page captures the pointer only then;
-        # the backend's optional action_space, engine.core.action_space; a front end over
-        # replicas has no backend: its replicas told it)
-        space = getattr(getattr(engine, "backend", None), "action_space", None)
-        mouse = getattr(engine, "mouse", getattr(space, "mouse", False))
-        return {"world": getattr(engine, "world", "landscape"), "keys": found.get("keys"),
-                "mouse": bool(mouse),
+        # a front end over replicas has no backend: its replicas told it)
+        return {"world": engine.world, "keys": found.get("keys"), "mouse": bool(engine.mouse),
                 **{k: v for k, v in found.items() if k not in ("keys", "mouse")}}
 
     @app.get("/api/sessions/{session_id}/log")

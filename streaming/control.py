@@ -37,7 +37,7 @@ class ControlChannel:
         self.manager.touch(self.session)
         try:
             message, rejection = m.parse_client_message(
-                raw, getattr(self.manager.engine, "wire_keys", None)), None
+                raw, self.manager.engine.wire_keys), None
         except m.MessageError as err:
             message, rejection = None, err
         try:

@@ -84,7 +84,7 @@ class PublicIds:
         self._stamp_lock = threading.Lock()  # the engine thread stamps, the pull takes
         self.capacity = replica.engine.capacity
         self.model_name = replica.engine.model_name
-        self.wire_keys = getattr(replica.engine, "wire_keys", None)
+        self.wire_keys = replica.engine.wire_keys
 
     def map(self, public_id: str, remote_id: str, index_offset: int = 0) -> None:
         self._ids[public_id] = remote_id
@@ -216,7 +216,7 @@ class MediaServer:
         self.ids = PublicIds(replica)
         self.sessions = ReplicaSessions(self.ids, limits, replica)
         self._size = (backend.width, backend.height)
-        self._pixel_art = bool(getattr(replica.engine, "pixel_art", False))
+        self._pixel_art = replica.engine.pixel_art
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="replica-media",
                                         daemon=True)

@@ -23,6 +23,8 @@ class FakeEngine:
     frame; commands are recorded in ``submitted``."""
 
     model_name = "fake"
+    world, wire_keys, controls, mouse, pixel_art, media_on_replicas = (
+        "landscape", None, None, False, False, False)
 
     def __init__(self, capacity: int = 8, fps: int = 30, size: tuple[int, int] = (48, 64)):
         self.capacity, self.fps, self.size = capacity, fps, size

@@ -29,6 +29,7 @@ from worldstream.engine.core.api import (
     SessionClosedError,
     SessionInfo,
 )
+from worldstream.engine.core.backend import Observes, PromptPrefetch
 from worldstream.engine.core.config import EngineConfig
 from worldstream.engine.core.engine import Engine
 from worldstream.engine.core.registry import load_backend
@@ -68,9 +69,8 @@ class EngineReplica:
         backend = load_backend(model, **(model_kwargs or {}))
         # as `worldstream play` does: load the model's prompt encoder before the first session
         # (seconds on an idle machine, far longer under load), or that session stalls
-        prepare = getattr(backend, "prepare_prompt", None)
-        if prepare is not None:
-            prepare("warm-up")
+        if isinstance(backend, PromptPrefetch):
+            backend.prepare_prompt("warm-up")
         self.engine = Engine(backend, config).start()
         self.forward_all = forward_all
         self._sessions: set[str] = set()
@@ -87,15 +87,14 @@ class EngineReplica:
         re-cache recent frames: the journal needs them), and what the front end's page and
         wire need of the model: ``world``, ``wire_keys`` (its own key names, or None),
         ``controls`` (the page's key map, or None), ``mouse`` (whether it takes mouse
-        motion: ``pointer`` in actions)."""
+        motion: ``pointer`` in actions), ``pixel_art``."""
         backend, engine = self.engine.backend, self.engine
-        space = getattr(backend, "action_space", None)
         return {"pid": os.getpid(), "node": socket.gethostname(), "address": _node_address(),
                 "model": engine.model_name, "capacity": engine.capacity,
                 "width": backend.width, "height": backend.height,
-                "observes": hasattr(backend, "observe"), "world": engine.world,
+                "observes": isinstance(backend, Observes), "world": engine.world,
                 "wire_keys": engine.wire_keys, "controls": engine.controls,
-                "mouse": bool(getattr(space, "mouse", False))}
+                "mouse": engine.info.mouse, "pixel_art": engine.pixel_art}
 
     def create_session(self, prompt: str, seed: int | None, fps: int | None,
                        history: tuple[np.ndarray, list[frozenset[str]]] | None = None

@@ -135,6 +135,7 @@ class RayEngine:
         self.model_name = model
         self.capacity = 0
         self.world, self.wire_keys, self.controls, self.mouse = "landscape", None, None, False
+        self.pixel_art = False
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> RayEngine:
@@ -148,6 +149,7 @@ class RayEngine:
         # what the page and the wire need of the model (its keys, whether it takes the mouse)
         self.world, self.wire_keys = first["world"], first["wire_keys"]
         self.controls, self.mouse = first["controls"], first["mouse"]
+        self.pixel_art = first["pixel_art"]
         self.capacity = self.max_replicas * first["capacity"]
         self._watch_hosts()
         log.info("%d engine replica(s) on %s; media from %s", len(started),

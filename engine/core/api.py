@@ -249,6 +249,17 @@ class EngineAPI(Protocol):
 
     model_name: str
     capacity: int
+    #: the world it streams (``landscape``, ``avatar``, ``game``): the page adapts to it
+    world: str
+    #: the model's own key names (None: ``limits.DIRECTION_KEYS``) and the page's key map
+    wire_keys: tuple[str, ...] | None
+    controls: dict[str, Any] | None
+    #: whether the model takes mouse motion (the page captures the pointer only then)
+    mouse: bool
+    #: its frames are pixel art (scaled up with nearest neighbour before encoding)
+    pixel_art: bool
+    #: media leave from the replicas' hosts (a cluster front end), not from this process
+    media_on_replicas: bool
 
     def create_session(
         self, prompt: str, seed: int | None = None, fps: int | None = None

@@ -3,14 +3,24 @@
 A backend owns model state per session (KV-cache pages, last latent, RNG) and generates one
 chunk for each of several jobs in one batched call. The engine core never imports torch; it
 only holds the opaque ``state`` objects a backend hands out.
+
+:class:`WorldBackend` is what every backend does; what only some do is a small
+``Protocol`` each (:class:`PromptPrefetch`, :class:`StepCost`, :class:`Observes`,
+:class:`Finishes`, :class:`Configurable`, :class:`WorldControls`, :class:`FrameVersioned`,
+:class:`SavesState`), tested with ``isinstance``; what a backend is (world, keys, chunk sizes,
+action space) is read once into a frozen :class:`BackendInfo` (:func:`backend_info`). This
+module is the only place that looks for optional attributes.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from worldstream.engine.core.action_space import ActionSpace
 
 
 @dataclass
@@ -95,3 +105,147 @@ class WorldBackend(Protocol):
     def generate(self, jobs: list[ChunkJob]) -> list[ChunkResult]:
         """Generate one chunk per job in one batch. A failure in one job returns a result with
         ``error`` set and leaves the other jobs' results valid."""
+
+
+@dataclass(frozen=True)
+class BackendInfo:
+    """What a backend is, read once (:func:`backend_info`) where an engine, a replay or a
+    replica starts.
+
+    ``world``: ``landscape``, ``avatar`` or ``game`` (the page adapts to it).
+    ``supported_chunk_frames``: the chunk sizes it can generate (its default alone when it
+    declares none). ``action_space``: per-frame action vectors its jobs carry (keys multi-hot,
+    mouse motion), None for a backend of action ids only. ``wire_keys``: its own key names
+    (None: ``limits.DIRECTION_KEYS``); ``controls``: the page's key map (a game's).
+    ``num_actions``: the size of its action space of ids where it declares one.
+    ``pixel_art``: its frames are hard-edged palette pixels (scaled up with nearest
+    neighbour). ``starts_from_frames``: a session may start from a picture. ``device``,
+    ``dtype``, ``autoencoder_dtype``, ``compile``: where and how a neural model runs (None:
+    not a neural model, or one that does not say), for the start-up line."""
+
+    name: str
+    world: str
+    chunk_frames: int
+    supported_chunk_frames: tuple[int, ...]
+    action_space: ActionSpace | None = None
+    wire_keys: tuple[str, ...] | None = None
+    controls: dict[str, Any] | None = None
+    num_actions: int | None = None
+    pixel_art: bool = False
+    starts_from_frames: bool = False
+    device: str = "cpu"
+    dtype: str | None = None
+    autoencoder_dtype: str | None = None
+    compile: bool | None = None
+
+    @property
+    def mouse(self) -> bool:
+        """Whether its jobs carry pointer motion."""
+        return bool(self.action_space is not None and self.action_space.mouse)
+
+
+def backend_info(backend: Any) -> BackendInfo:
+    """The :class:`BackendInfo` of ``backend``, from its attributes (the optional ones at their
+    defaults)."""
+    keys = getattr(backend, "wire_keys", None)
+    count = getattr(backend, "num_actions", None)
+    inner = getattr(backend, "builtin", backend)  # the avatar wraps a built-in backend
+    cfg = getattr(inner, "config", None)
+    return BackendInfo(
+        name=str(backend.name), world=str(getattr(backend, "world", "landscape")),
+        chunk_frames=int(backend.chunk_frames),
+        supported_chunk_frames=tuple(getattr(backend, "supported_chunk_frames",
+                                             (backend.chunk_frames,))),
+        action_space=getattr(backend, "action_space", None),
+        wire_keys=None if keys is None else tuple(keys),
+        controls=getattr(backend, "controls", None),
+        num_actions=None if count is None else int(count),
+        pixel_art=bool(getattr(backend, "pixel_art", False)),
+        starts_from_frames=bool(getattr(backend, "starts_from_frames", False)),
+        device=str(getattr(inner, "device", "cpu")), dtype=_dtype(getattr(cfg, "dtype", None)),
+        autoencoder_dtype=_dtype(getattr(inner, "ae_dtype", None)),
+        compile=getattr(cfg, "compile", None))
+
+
+def _dtype(dtype: Any) -> str | None:
+    return None if dtype is None else str(dtype).removeprefix("torch.")
+
+
+@runtime_checkable
+class PromptPrefetch(Protocol):
+    """Encodes a prompt ahead of its use; thread-safe (called off the engine thread)."""
+
+    def prepare_prompt(self, text: str, blend_text: str | None = None,
+                       blend_weight: float = 0.0) -> None: ...
+
+
+@runtime_checkable
+class StepCost(Protocol):
+    """The relative cost of a chunk at ``steps`` denoising steps (the degradation controller
+    skips step counts that cost the same)."""
+
+    def step_cost(self, steps: int) -> int: ...
+
+
+@runtime_checkable
+class Observes(Protocol):
+    """Takes real frames into a state as context (whole chunks: ``frames`` ``(n, H, W, 3)``
+    uint8, ``actions`` their ``n`` action ids)."""
+
+    def observe(self, state: Any, frames: np.ndarray, actions: list[int]) -> None: ...
+
+
+@runtime_checkable
+class Finishes(Protocol):
+    """Work left after a batch's frames are delivered (the built-in model's cache fill), off
+    the action-to-photon path; returns wall ms per stage."""
+
+    def finish(self) -> dict[str, float]: ...
+
+
+@runtime_checkable
+class Configurable(Protocol):
+    """Model settings a session changes while it plays (``memory_frames``, ``attention``);
+    ValueError for a value it does not take."""
+
+    def configure(self, state: Any, **settings: Any) -> None: ...
+
+
+@runtime_checkable
+class WorldControls(Protocol):
+    """A world's own controls beyond keys (the avatar's expression and speech); ValueError
+    for either before applying any."""
+
+    def apply_controls(self, state: Any, expression: str | None = None,
+                       say: str | None = None) -> None: ...
+
+
+@runtime_checkable
+class FrameVersioned(Protocol):
+    """What decides its frames besides its code (a game's env, frame size, key map, package
+    versions), as one string."""
+
+    def frame_version(self, **extra: Any) -> str: ...
+
+
+@runtime_checkable
+class SavesState(Protocol):
+    """Save points: a state to arrays and JSON scalars and back (each family's own module).
+
+    ``imports_off_thread``: ``import_state`` may take seconds (a game replayed from its
+    actions) and runs in the caller's thread, not the engine's. ``check_saved`` sees the
+    file's scalars and array layout (name -> (dtype, shape)) before any array is decoded.
+    ``hash_frames`` adds to a hashlib hash what decides its frames (weights, configs, source):
+    the model version a save point records. Errors: ``SavepointError`` (one line) for
+    contents that do not fit, ``CapacityError`` when the state budget is full."""
+
+    imports_off_thread: ClassVar[bool]
+
+    def export_state(self, state: Any) -> tuple[dict[str, np.ndarray], dict[str, Any]]: ...
+
+    def check_saved(self, scalars: dict[str, Any],
+                    layout: dict[str, tuple[str, tuple[int, ...]]]) -> None: ...
+
+    def import_state(self, arrays: dict[str, np.ndarray], scalars: dict[str, Any]) -> Any: ...
+
+    def hash_frames(self, h: Any) -> None: ...

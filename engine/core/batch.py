@@ -12,7 +12,13 @@ from collections.abc import Callable
 
 import numpy as np
 
-from worldstream.engine.core.backend import ChunkJob, ChunkResult, WorldBackend
+from worldstream.engine.core.backend import (
+    BackendInfo,
+    ChunkJob,
+    ChunkResult,
+    Finishes,
+    WorldBackend,
+)
 from worldstream.engine.core.commands import derived_seed
 from worldstream.engine.core.config import EngineConfig
 from worldstream.engine.core.scheduler import BatchPlan
@@ -23,22 +29,22 @@ class BatchRunner:
     """Generates and hands out the chunks of each :class:`BatchPlan`.
 
     Args:
-        backend: the world model generating the chunks.
+        backend: the world model generating the chunks; info: what it is.
         config: the engine settings (``preview_chunks``).
         lock: the engine's lock (guards clocks, stats, subscribers and the counters here).
         fail: ends one session after a failure, with a message.
     """
 
-    def __init__(self, backend: WorldBackend, config: EngineConfig, lock: threading.Lock,
-                 fail: Callable[[Session, str], None]):
+    def __init__(self, backend: WorldBackend, info: BackendInfo, config: EngineConfig,
+                 lock: threading.Lock, fail: Callable[[Session, str], None]):
         self.backend = backend
         self.config = config
         self._lock = lock
         self._fail = fail
         self.num_batches = 0
         self.num_jobs = 0
-        # optional backend attribute: per-frame action vectors (engine.core.action_space)
-        self.action_space = getattr(backend, "action_space", None)
+        # per-frame action vectors (engine.core.action_space), None for action ids only
+        self.action_space = info.action_space
 
     def run(self, plan: BatchPlan) -> None:
         jobs, meta = [], []
@@ -112,11 +118,10 @@ class BatchRunner:
         """The backend's work left for after delivery (optional hook ``finish()``: e.g. the
         built-in model's cache fill), off the action-to-photon path; a failure ends the
         batch's sessions."""
-        finish = getattr(self.backend, "finish", None)
-        if finish is None:
+        if not isinstance(self.backend, Finishes):
             return
         try:
-            stages = finish()
+            stages = self.backend.finish()
         except Exception as exc:
             for s in sessions:
                 if not s.closed:

@@ -26,7 +26,12 @@ from worldstream.engine.core.api import (
     RewindCommand,
     SettingsCommand,
 )
-from worldstream.engine.core.backend import WorldBackend
+from worldstream.engine.core.backend import (
+    BackendInfo,
+    Configurable,
+    WorldBackend,
+    WorldControls,
+)
 from worldstream.engine.core.config import MODES, EngineConfig
 from worldstream.engine.core.limits import (
     MAX_CHUNK_FRAMES,
@@ -71,7 +76,7 @@ class CommandHandler:
     """Applies commands to sessions over ``backend`` (engine thread only).
 
     Args:
-        backend: the model the sessions' states belong to.
+        backend: the model the sessions' states belong to; info: what it is.
         config: the engine's settings (``max_fork``, ``preview_chunks``, fps bounds).
         budget: the scheduler's state budget (fork branches count against it).
         lock: the engine's lock (``metrics()`` reads what settings change).
@@ -79,9 +84,11 @@ class CommandHandler:
             may go back.
     """
 
-    def __init__(self, backend: WorldBackend, config: EngineConfig, budget: StateBudget,
-                 lock: threading.Lock, chunk_sizes: tuple[int, ...], rewind_chunks: int):
+    def __init__(self, backend: WorldBackend, info: BackendInfo, config: EngineConfig,
+                 budget: StateBudget, lock: threading.Lock, chunk_sizes: tuple[int, ...],
+                 rewind_chunks: int):
         self.backend = backend
+        self.info = info
         self.config = config
         self.budget = budget
         self.lock = lock
@@ -124,8 +131,7 @@ class CommandHandler:
             pointer = check_pointer(command.pointer)
         except ValueError as exc:
             raise InvalidCommand("pointer", str(exc)) from None
-        space = getattr(self.backend, "action_space", None)
-        return pointer if space is not None and space.mouse else None
+        return pointer if self.info.mouse else None
 
     def _log_command(self, s: Session, c: Command,
                      pointer: tuple[float, float] | None = None) -> None:
@@ -146,15 +152,15 @@ class CommandHandler:
 
     def _apply_controls(self, s: Session, command: ActionCommand) -> None:
         """A world's own controls carried by an action (the avatar's expression and speech),
-        through the optional backend hook ``apply_controls(state, expression, say)``, which
-        checks both before applying either."""
+        through the backend's ``apply_controls`` (:class:`WorldControls`), which checks both
+        before applying either."""
         field = "expression" if command.expression is not None else "say"
-        controls = getattr(self.backend, "apply_controls", None)
-        if controls is None:
+        if not isinstance(self.backend, WorldControls):
             raise InvalidCommand(field, f"{field} is not supported by model "
                                         f"{self.model_name!r}", code="unsupported")
         try:
-            controls(s.state, expression=command.expression, say=command.say)
+            self.backend.apply_controls(s.state, expression=command.expression,
+                                        say=command.say)
         except ValueError as exc:
             raise InvalidCommand(field, str(exc)) from None
         s.inputs.controls(s.chunk_index, s.frame_index, expression=command.expression,
@@ -208,15 +214,14 @@ class CommandHandler:
         model_settings = {k: v for k, v in (("memory_frames", c.memory_frames),
                                             ("attention", c.attention)) if v is not None}
         if model_settings:
-            # NOTE: these reach the model through an optional backend hook; the WorldBackend
-            # contract has none yet, so a backend without it reports them as unsupported.
-            configure = getattr(self.backend, "configure", None)
-            if configure is None:
+            # these reach the model through Configurable; a backend without it reports them
+            # as unsupported
+            if not isinstance(self.backend, Configurable):
                 field = next(iter(model_settings))
                 raise InvalidCommand(field, f"{field} is not supported by model "
                                              f"{self.model_name!r}", code="unsupported")
             try:
-                configure(s.state, **model_settings)
+                self.backend.configure(s.state, **model_settings)
             except ValueError as exc:
                 raise InvalidCommand(next(iter(model_settings)), str(exc)) from None
         with self.lock:  # metrics() and latency_budget() read these

@@ -31,7 +31,12 @@ from worldstream.engine.core.api import (
     SessionInfo,
     SettingsCommand,
 )
-from worldstream.engine.core.backend import WorldBackend
+from worldstream.engine.core.backend import (
+    PromptPrefetch,
+    StepCost,
+    WorldBackend,
+    backend_info,
+)
 from worldstream.engine.core.batch import BatchRunner
 from worldstream.engine.core.commands import CommandHandler, InvalidCommand
 from worldstream.engine.core.config import EngineConfig
@@ -68,17 +73,22 @@ class Engine:
         self.backend = backend
         self.config = config = config or EngineConfig()
         self.model_name = backend.name
-        #: the world the backend streams (optional backend attribute; the page adapts to it)
-        self.world = getattr(backend, "world", "landscape")
-        #: its frames are pixel art (optional backend attribute; ``SessionInfo.pixel_art``)
-        self.pixel_art = bool(getattr(backend, "pixel_art", False))
+        #: what the backend is, read once (world, keys, chunk sizes, action space)
+        self.info = info = backend_info(backend)
+        #: the world the backend streams (the page adapts to it)
+        self.world = info.world
+        #: its frames are pixel art (``SessionInfo.pixel_art``)
+        self.pixel_art = info.pixel_art
         #: a game's own key names (None: ``limits.DIRECTION_KEYS``) and the page's key map
-        self.wire_keys, self.controls = (getattr(backend, a, None) for a in ("wire_keys",
-                                                                             "controls"))
+        self.wire_keys, self.controls = info.wire_keys, info.controls
+        #: whether the model takes mouse motion (``pointer`` in actions)
+        self.mouse = info.mouse
+        #: media leave from this process (a cluster's replicas say otherwise)
+        self.media_on_replicas = False
         self.capacity = min(config.max_sessions, backend.max_states)
         # the core knows keys, not actions: the backend names its own action for them
         self.idle_action = backend.key_action(frozenset())
-        defaults = resolve_stream_defaults(backend, config)  # ValueError
+        defaults = resolve_stream_defaults(backend, info, config)  # ValueError
         self.default_fps, self.default_steps = defaults.fps, defaults.steps
         self.chunk_sizes, self.chunk_frames = defaults.chunk_sizes, defaults.chunk_frames
         self.rewind_chunks = defaults.rewind_chunks
@@ -86,19 +96,18 @@ class Engine:
         self._sessions: dict[str, Session] = {}
         # admission, the state budget and the plan of each batch; the commands
         self.scheduler = Scheduler(config, backend.max_states)
-        self.commands = CommandHandler(backend, config, self.scheduler.budget, self._lock,
-                                       self.chunk_sizes, self.rewind_chunks)
+        self.commands = CommandHandler(backend, info, config, self.scheduler.budget,
+                                       self._lock, self.chunk_sizes, self.rewind_chunks)
         self._commands: queue.Queue[tuple] = queue.Queue()
-        # NOTE: optional backend hook (thread-safe): encode a prompt ahead, off this thread
-        prepare = getattr(backend, "prepare_prompt", None)
-        self._prompts = None if prepare is None else PromptPrefetcher(
-            lambda c: prepare(c.text, c.blend_text, c.blend_weight), self._commands.put,
-            config.prompts_per_s)
-        # NOTE: optional hook: relative chunk cost per step count (DegradeController skips ties)
-        self._step_cost = getattr(backend, "step_cost", None)
+        # a backend that encodes a prompt ahead (thread-safe): off this thread
+        self._prompts = None if not isinstance(backend, PromptPrefetch) else PromptPrefetcher(
+            lambda c: backend.prepare_prompt(c.text, c.blend_text, c.blend_weight),
+            self._commands.put, config.prompts_per_s)
+        # relative chunk cost per step count (DegradeController skips ties)
+        self._step_cost = backend.step_cost if isinstance(backend, StepCost) else None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._batches = BatchRunner(backend, config, self._lock, self._fail)
+        self._batches = BatchRunner(backend, info, config, self._lock, self._fail)
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> Engine:

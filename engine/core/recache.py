@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from worldstream.engine.core.backend import WorldBackend
+from worldstream.engine.core.backend import Finishes, Observes, WorldBackend
 
 
 def check_history(backend: WorldBackend, history: tuple[np.ndarray, list[frozenset[str]]]
@@ -27,15 +27,14 @@ def check_history(backend: WorldBackend, history: tuple[np.ndarray, list[frozens
 def observe_history(backend: WorldBackend, state: Any, frames: np.ndarray,
                     actions: list[int]) -> None:
     """Feed recent frames to a new session's state as context (whole chunks, the newest
-    kept); backends without ``observe`` start from their prompt and seed alone."""
-    observe = getattr(backend, "observe", None)
+    kept); backends that do not observe (:class:`Observes`) start from their prompt and seed
+    alone."""
     n = backend.chunk_frames
     usable = len(frames) - len(frames) % n
-    if observe is None or usable == 0:
+    if not isinstance(backend, Observes) or usable == 0:
         return
     frames, actions = frames[-usable:], list(actions)[-usable:]
     for i in range(0, usable, n):
-        observe(state, frames[i:i + n], actions[i:i + n])
-    finish = getattr(backend, "finish", None)
-    if finish is not None:
-        finish()
+        backend.observe(state, frames[i:i + n], actions[i:i + n])
+    if isinstance(backend, Finishes):
+        backend.finish()

@@ -86,6 +86,11 @@ WORLD_MODELS: dict[tuple[str, str], str] = {
        for model in ("builtin", "sim")},
 }
 
+#: ``--model`` values of a world (``--world``, ``--env``), in the order of WORLD_MODELS
+WORLD_MODEL_NAMES: tuple[str, ...] = tuple(dict.fromkeys(m for _, m in WORLD_MODELS))
+#: ``--model`` values that are a world of their own (Matrix-Game 2.0 starts from a picture)
+OWN_WORLD_MODELS: tuple[str, ...] = ("matrix-game-2",)
+
 
 def env_backend_id(env: str, model: str = "sim") -> str:
     """The backend that plays the game ``env`` (``--env``) with model family ``model``;

@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from worldstream.engine.core.backend import WorldBackend
+from worldstream.engine.core.backend import BackendInfo, WorldBackend
 from worldstream.engine.core.commands import is_int, mode_settings
 from worldstream.engine.core.config import EngineConfig
 
@@ -28,14 +28,13 @@ class StreamDefaults:
     rewind_chunks: int
 
 
-def resolve_stream_defaults(backend: WorldBackend, config: EngineConfig) -> StreamDefaults:
+def resolve_stream_defaults(backend: WorldBackend, info: BackendInfo,
+                            config: EngineConfig) -> StreamDefaults:
     """Raises ValueError when the config does not fit the backend (fps, chunk size, buffer)."""
     fps = config.fps or backend.default_fps
     if not config.min_fps <= fps <= config.max_fps:
         raise ValueError(f"fps {fps} outside [{config.min_fps}, {config.max_fps}]")
-    # NOTE: optional backend attribute (not in the WorldBackend contract yet): the chunk
-    # sizes it can generate; without it only its default size is used.
-    chunk_sizes = tuple(getattr(backend, "supported_chunk_frames", (backend.chunk_frames,)))
+    chunk_sizes = info.supported_chunk_frames
     chunk_frames = config.chunk_frames or backend.chunk_frames
     steps = config.steps
     if config.mode is not None:

@@ -17,7 +17,13 @@ from typing import Any
 
 import numpy as np
 
-from worldstream.engine.core.backend import ChunkJob
+from worldstream.engine.core.backend import (
+    ChunkJob,
+    Configurable,
+    Finishes,
+    WorldControls,
+    backend_info,
+)
 from worldstream.engine.core.commands import derived_seed
 from worldstream.engine.core.fields import ANY_KEY
 from worldstream.engine.core.inputlog import ReplayLog, log_model, parse_log
@@ -53,7 +59,7 @@ class _Replay:
         self.action = backend.key_action(frozenset())  # the held keys' action id
         # a backend with an action space: the held keys and the mouse motion pending, as the
         # engine's session keeps them (engine.core.batch: the next stream chunk takes it)
-        self.space = getattr(backend, "action_space", None)
+        self.space = backend_info(backend).action_space
         self.keys: frozenset[str] = frozenset()
         self.pointer = (0.0, 0.0)
         self.steps, self.chunk_frames = log.steps, log.chunk_frames
@@ -96,9 +102,8 @@ class _Replay:
                ) -> np.ndarray:
         (result,) = self.backend.generate([ChunkJob(state, [self.action] * self.chunk_frames,
                                                      steps, seed, self._controls(stream))])
-        finish = getattr(self.backend, "finish", None)
-        if finish is not None:
-            finish()
+        if isinstance(self.backend, Finishes):
+            self.backend.finish()
         if result.error is not None:
             raise ReplayError(f"chunk generation failed: {result.error!r}")
         return result.frames
@@ -109,14 +114,13 @@ class _Replay:
                 self.backend.free(branch.state)
         self.branches = []
 
-    def _hook(self, name: str) -> Callable:
-        """The backend's optional method ``name``; ReplayError when it has none (a log of
-        another kind of world)."""
-        hook = getattr(self.backend, name, None)
-        if hook is None:
+    def _hook(self, kind: type, name: str) -> Any:
+        """The backend as ``kind`` (a Protocol of :mod:`engine.core.backend` with the method
+        ``name``); ReplayError when it is not one (a log of another kind of world)."""
+        if not isinstance(self.backend, kind):
             raise ReplayError(f"model {self.backend.name!r} has no {name}: the log's event "
                               "is of another kind of world")
-        return hook
+        return self.backend
 
     def _branch(self, index: int) -> _Branch:
         if not 0 <= index < len(self.branches):
@@ -134,7 +138,8 @@ class _Replay:
                     self.pointer = (self.pointer[0] + e.pointer[0],
                                     self.pointer[1] + e.pointer[1])
             case "controls":
-                self._hook("apply_controls")(self.state, expression=e.expression, say=e.say)
+                self._hook(WorldControls, "apply_controls").apply_controls(
+                    self.state, expression=e.expression, say=e.say)
             case "prompt":
                 backend.set_prompt(self.state, e.text, e.blend_text, e.blend_weight)
             case "settings":
@@ -142,7 +147,7 @@ class _Replay:
                 model = {k: v for k, v in (("memory_frames", e.memory_frames),
                                            ("attention", e.attention)) if v is not None}
                 if model:
-                    self._hook("configure")(self.state, **model)
+                    self._hook(Configurable, "configure").configure(self.state, **model)
             case "steps":
                 self.steps = e.steps
             case "fork":

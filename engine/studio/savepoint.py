@@ -30,6 +30,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from worldstream.engine.core import fields
+from worldstream.engine.core.backend import SavesState
 from worldstream.engine.core.limits import (
     MAX_CHUNK_FRAMES,
     MAX_PROMPT_CHARS,
@@ -71,7 +72,8 @@ class SavepointError(ValueError):
 
 
 # ---------------------------------------------------------------- model version
-def _hash_module_files(h, *modules) -> None:
+def hash_module_files(h, *modules) -> None:
+    """The source files of ``modules``, in order, into the hash ``h``."""
     for module in modules:
         with open(inspect.getfile(module), "rb") as f:
             h.update(f.read())
@@ -80,11 +82,9 @@ def _hash_module_files(h, *modules) -> None:
 #: model-config keys of experiments retired at 60fcd8b, and their defaults
 _RETIRED_CONFIG = {"base_warp": None, "noise_correlation": 0.0, "noise_scale": 2.0,
                    "skip_floor": None, "backdrop_fill": False}
-#: generator settings of experiments retired at 60fcd8b, and their defaults
-_RETIRED_SETTINGS = {"decode_refining": False, "world_noise_period": 0, "world_noise_hold": 64}
 
 
-def _frame_config(config) -> dict:
+def frame_config(config) -> dict:
     """A model config as it decides frames: without diffusers' bookkeeping (where the weights
     were loaded from, which defaults it filled in: a set, whose order changes with the
     process's hash seed) and without retired keys at their defaults."""
@@ -96,107 +96,31 @@ def _frame_config(config) -> dict:
     return out
 
 
-def _hash_game_world(h, world) -> None:
-    """A game's learned world (``engine.models.game``): its network's code, config and
-    tensors, its palette and the decoding's change weight."""
-    from worldstream.engine.models.game import palette, unet
-    from worldstream.engine.models.game import world as world_module
-
-    _hash_module_files(h, unet, world_module, palette)
-    h.update(json.dumps(_frame_config(world.unet.config), sort_keys=True, default=str).encode())
-    for name, tensor in sorted(world.unet.state_dict().items()):
-        h.update(name.encode())
-        h.update(tensor.detach().float().cpu().contiguous().numpy().tobytes())
-    h.update(np.ascontiguousarray(world.palette.colours, dtype=np.uint8).tobytes())
-    h.update(repr(float(world.change_weight)).encode())
-
-
-def _hash_tensors(h, module) -> None:
-    """A module's tensors, name by name, in their own dtype (exact; the cheapest to read)."""
+def hash_tensors(h, module, exact: bool = True) -> None:
+    """A torch module's tensors, name by name: ``exact``, in their own dtype (the cheapest to
+    read); else as float32 (the built-in model's and a game world's, as first recorded)."""
     import torch
 
     for name, tensor in sorted(module.state_dict().items()):
         h.update(name.encode())
-        raw = tensor.detach().reshape(-1).contiguous()
-        h.update(raw.view(torch.uint8).cpu().numpy().tobytes() if raw.numel() else b"")
-
-
-def _hash_matrix_game(h, backend) -> None:
-    """Matrix-Game 2.0 (the variant is in its name): the DiT's, VAE's and image encoder's
-    tensors, the model config, the streaming settings and the default start picture."""
-    import dataclasses
-
-    for module in (backend.model.transformer, backend.vae, backend.image_encoder):
-        _hash_tensors(h, module)
-    h.update(json.dumps(dataclasses.asdict(backend.model_config), sort_keys=True,
-                        default=str).encode())
-    settings = dataclasses.asdict(backend.config)
-    settings.pop("max_states")  # how many states fit, not what they show
-    settings.pop("start_image")  # a path: the picture's pixels are hashed instead
-    h.update(json.dumps(settings, sort_keys=True, default=str).encode())
-    h.update(str(backend.vae_dtype).encode())
-    h.update(np.ascontiguousarray(backend._default_image).tobytes())
+        if exact:
+            raw = tensor.detach().reshape(-1).contiguous()
+            h.update(raw.view(torch.uint8).cpu().numpy().tobytes() if raw.numel() else b"")
+        else:
+            h.update(tensor.detach().float().cpu().contiguous().numpy().tobytes())
 
 
 def model_version(backend: Any) -> str:
-    """A hex SHA-256 naming what decides a backend's frames from a state: for the built-in
-    model its weights (transformer and autoencoder tensors), their configs and the generator
-    settings; for Matrix-Game 2.0 its variant, weights, configs, settings and default start
-    picture; for the simulators their source (a game world: also its ``frame_version()``;
-    its learned model: also the network's weights and config and the palette). Computed once
-    per backend object (~50 ms; Matrix-Game at full size: seconds, ~5 GB of weights)."""
+    """A hex SHA-256 naming what decides a backend's frames from a state: its name, then what
+    its family adds (``SavesState.hash_frames``: weights, configs, settings, source), or its
+    class for a backend that saves no state. Computed once per backend object (~50 ms;
+    Matrix-Game at full size: seconds, ~5 GB of weights)."""
     cached = _versions.get(backend)
     if cached is not None:
         return cached
     h = hashlib.sha256(backend.name.encode())
-    if backend.name == "builtin":
-        import dataclasses
-
-        for module in (backend.model, backend.ae):
-            h.update(json.dumps(_frame_config(module.config), sort_keys=True,
-                                default=str).encode())
-            for name, tensor in sorted(module.state_dict().items()):
-                h.update(name.encode())
-                h.update(tensor.detach().float().cpu().contiguous().numpy().tobytes())
-        settings = dataclasses.asdict(backend.config)
-        settings.pop("cpu_threads")  # frames may differ across thread counts; files do not
-        settings.pop("max_states")
-        for key, default in _RETIRED_SETTINGS.items():
-            if settings.get(key, default) == default:
-                settings.pop(key, None)
-        if settings.get("colour_prior"):
-            settings["colour_prior"].pop("source")  # a note on how it was fitted, not frames
-        h.update(json.dumps(settings, sort_keys=True, default=str).encode())
-        h.update(str(backend.ae_dtype).encode())
-    elif backend.name == "sim":
-        from worldstream.engine.worlds import scenes, simulator
-
-        _hash_module_files(h, simulator, scenes)
-    elif backend.name in ("avatar", "avatar-sim"):
-        from worldstream.engine.worlds.avatar import actions, looks, simulator, visemes
-
-        # the controls turn keys, expressions and speech into action ids: their source decides
-        # frames as much as the model or the simulator does
-        _hash_module_files(h, actions, visemes)
-        if backend.name == "avatar":
-            h.update(model_version(backend.builtin).encode())
-        else:
-            _hash_module_files(h, simulator, looks)
-    elif str(backend.name).startswith("matrix-game-2:"):
-        _hash_matrix_game(h, backend)
-    elif hasattr(backend, "frame_version"):
-        # a game world: its code, and what the backend says decides its frames (env, frame
-        # size, key map, package versions)
-        import sys
-
-        from worldstream.engine.backends.game import keys as game_keys
-        from worldstream.engine.worlds.game import env, frames, keymap
-
-        _hash_module_files(h, sys.modules[type(backend).__module__], game_keys, env, frames,
-                           keymap)
-        h.update(backend.frame_version().encode())
-        if str(backend.name).startswith("game-builtin:"):
-            _hash_game_world(h, backend.model)
+    if isinstance(backend, SavesState):
+        backend.hash_frames(h)
     else:
         h.update(repr(type(backend)).encode())
     version = h.hexdigest()

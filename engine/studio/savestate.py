@@ -1,8 +1,7 @@
-"""A backend state to and from a save point's arrays and scalars, by backend: the built-in
-model, the simulator, the avatar world, a game world's env, a game's learned world and
-Matrix-Game 2.0 (:mod:`engine.backends.builtin.savestate`, ``savestate_sim``,
-``savestate_avatar``, ``savestate_game``, ``savestate_game_world``,
-``savestate_matrix_game``); the file around them is :mod:`engine.studio.savepoint`."""
+"""A backend state to and from a save point's arrays and scalars, through the backend's
+:class:`~engine.core.backend.SavesState` (each family's own save-state module:
+``engine/backends/<family>/savestate*.py``); the file around them is
+:mod:`engine.studio.savepoint`."""
 
 from __future__ import annotations
 
@@ -11,40 +10,23 @@ from typing import Any
 
 import numpy as np
 
-from worldstream.engine.backends.avatar.savestate import export_avatar, import_avatar
-from worldstream.engine.backends.builtin.savestate import export_builtin, import_builtin
-from worldstream.engine.backends.game.savestate_sim import check_game, export_game, import_game
-from worldstream.engine.backends.game.savestate_world import (
-    check_game_world,
-    export_game_world,
-    import_game_world,
-)
-from worldstream.engine.backends.matrix_game.savestate import (
-    export_matrix_game,
-    import_matrix_game,
-)
-from worldstream.engine.backends.sim.savestate import check_sim, export_sim, import_sim
 from worldstream.engine.core.api import CapacityError
+from worldstream.engine.core.backend import SavesState, backend_info
 from worldstream.engine.core.limits import DIRECTION_KEYS
 from worldstream.engine.studio.savepoint import SavepointError
+
+
+def _saves(backend: Any, verb: str) -> SavesState:
+    """``backend`` as a :class:`SavesState`; SavepointError for one that saves no state."""
+    if not isinstance(backend, SavesState):
+        raise SavepointError(f"model {backend.name!r} cannot {verb} its state")
+    return backend
 
 
 def export_state(backend: Any, state: Any) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """``(arrays, scalars)`` of a backend state (call where nothing generates it, e.g. the
     engine thread). SavepointError for a backend that cannot save its state."""
-    if backend.name == "builtin":
-        return export_builtin(backend, state)
-    if backend.name == "sim":
-        return {}, export_sim(state)
-    if backend.name in ("avatar", "avatar-sim"):
-        return export_avatar(backend, state)
-    if _is_game_env(backend):
-        return export_game(state)
-    if _is_game_world(backend):
-        return export_game_world(state)
-    if _is_matrix_game(backend):
-        return export_matrix_game(backend, state)
-    raise SavepointError(f"model {backend.name!r} cannot save its state")
+    return _saves(backend, "save").export_state(state)
 
 
 def check_saved(backend: Any, session: Any, scalars: dict[str, Any],
@@ -55,12 +37,7 @@ def check_saved(backend: Any, session: Any, scalars: dict[str, Any],
     family's fields are known and in range, its arrays no larger than the world needs.
     SavepointError (one line) otherwise."""
     _check_action(backend, session)
-    if _is_game_env(backend):
-        check_game(backend, scalars, layout)
-    elif _is_game_world(backend):
-        check_game_world(backend, scalars, layout)
-    elif backend.name == "sim":
-        check_sim(backend, scalars, layout)
+    _saves(backend, "load").check_saved(scalars, layout)
 
 
 def _check_action(backend: Any, session: Any) -> None:
@@ -74,9 +51,10 @@ def _check_action(backend: Any, session: Any) -> None:
             raise SavepointError(f"the save point's action {session.action} is not that of its "
                                  f"held keys {session.keys} ({action})")
     else:  # a file saved before the keys were: an action the world has
-        count = getattr(backend, "num_actions", None)
+        info = backend_info(backend)
+        count = info.num_actions
         if count is None:
-            keys = tuple(getattr(backend, "wire_keys", None) or DIRECTION_KEYS)[:8]
+            keys = tuple(info.wire_keys or DIRECTION_KEYS)[:8]
             possible = {backend.key_action(frozenset(k for j, k in enumerate(keys)
                                                      if i >> j & 1))
                         for i in range(2 ** len(keys))}
@@ -93,7 +71,7 @@ def prepare_import(backend: Any, arrays: dict[str, np.ndarray],
     without emulator state in the file replays its actions: seconds), and the returned
     function, cheap, on the engine thread. SavepointError here for contents that do not fit;
     the returned function raises CapacityError or SavepointError like ``import_state``."""
-    if not _is_game_env(backend):
+    if not _saves(backend, "load").imports_off_thread:
         return lambda: import_state(backend, arrays, scalars)
     return _Made(backend, import_state(backend, arrays, scalars))
 
@@ -120,36 +98,10 @@ def import_state(backend: Any, arrays: dict[str, np.ndarray], scalars: dict[str,
     """A new backend state from :func:`export_state`'s output; counts against the backend's
     state budget (free it with ``backend.free``). CapacityError when full, SavepointError for
     contents that do not fit the backend (nothing is held then)."""
+    saves = _saves(backend, "load")
     try:
-        if backend.name == "builtin":
-            return import_builtin(backend, arrays, scalars)
-        if backend.name == "sim":
-            return import_sim(backend, scalars)
-        if backend.name in ("avatar", "avatar-sim"):
-            return import_avatar(backend, arrays, scalars)
-        if _is_game_env(backend):
-            return import_game(backend, arrays, scalars)
-        if _is_game_world(backend):
-            return import_game_world(backend, arrays, scalars)
-        if _is_matrix_game(backend):
-            return import_matrix_game(backend, arrays, scalars)
+        return saves.import_state(arrays, scalars)
     except (CapacityError, SavepointError):
         raise
     except Exception as err:  # a hand-edited or damaged file that passed the header checks
         raise SavepointError(f"the save point's state does not fit this model ({err!r})") from None
-    raise SavepointError(f"model {backend.name!r} cannot load a saved state")
-
-
-def _is_game_env(backend: Any) -> bool:
-    """A game world played by its env (``game-sim:ENV``)."""
-    return str(backend.name).startswith("game-sim:")
-
-
-def _is_game_world(backend: Any) -> bool:
-    """A game's learned world (``game-builtin:ENV``)."""
-    return str(backend.name).startswith("game-builtin:")
-
-
-def _is_matrix_game(backend: Any) -> bool:
-    """Matrix-Game 2.0 (``matrix-game-2:VARIANT``)."""
-    return str(backend.name).startswith("matrix-game-2:")

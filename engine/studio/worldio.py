@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from worldstream.engine.core.api import CapacityError, PromptCommand
+from worldstream.engine.core.backend import PromptPrefetch
 from worldstream.engine.core.inputlog import InputLog
 from worldstream.engine.core.session import Session
 from worldstream.engine.studio.picture import PictureError, fit_picture, png_base64
@@ -117,7 +118,7 @@ def start_from_picture(engine: Any, session_id: str, data: bytes) -> Future:
     one. The future's result: ``{"width", "height", "frame_index"}`` (the stream's frame index
     from which the new world shows)."""
     backend = engine.backend
-    if not getattr(backend, "starts_from_frames", False):
+    if not engine.info.starts_from_frames:
         raise PictureError(f"model {backend.name!r} cannot start from a picture")
     picture = fit_picture(data, backend.width, backend.height)
     frames = np.repeat(picture[None], backend.chunk_frames, axis=0)
@@ -141,10 +142,9 @@ def play_story(engine: Any, session_id: str, story: Storyboard) -> Future:
     beat's prompt at its seed, then its events at their chunks (:class:`StoryPlayer`). The
     session emits ``story`` events (``beat``, ``beats``; ``done`` at the end). The future's
     result: ``{"beats", "chunks", "frames", "duration_s", "beat_chunks", "frame_index"}``."""
-    prepare = getattr(engine.backend, "prepare_prompt", None)
-    if prepare is not None:  # encode the prompts here, not on the engine thread
+    if isinstance(engine.backend, PromptPrefetch):  # the prompts here, not on the engine thread
         for beat in story.beats:
-            prepare(beat.prompt, beat.blend.text if beat.blend else None,
+            engine.backend.prepare_prompt(beat.prompt, beat.blend.text if beat.blend else None,
                     beat.blend.weight if beat.blend else 0.0)
 
     def run(s: Session) -> dict[str, Any]:

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from worldstream.engine.studio.savepoint import _frame_config
+from worldstream.engine.studio.savepoint import frame_config
 
 _PRINT_VERSIONS = (
     "from worldstream.engine.core.registry import load_backend\n"
@@ -33,11 +33,11 @@ def test_the_version_is_the_same_in_every_process():
     assert first == second and len(first.split()) == 2
 
 
-def test_the_frame_config_drops_bookkeeping_and_retired_keys_at_their_defaults():
+def test_theframe_config_drops_bookkeeping_and_retired_keys_at_their_defaults():
     config = {"_class_name": "WorldDiT", "_name_or_path": "/somewhere/transformer",
               "_use_default_values": ["skip_floor", "base_warp"], "_diffusers_version": "0.42",
               "depth": 6, "base_warp": None, "noise_scale": 2.0, "backdrop_fill": False}
-    assert _frame_config(config) == {"_class_name": "WorldDiT", "depth": 6}
+    assert frame_config(config) == {"_class_name": "WorldDiT", "depth": 6}
     # a retired key at another value is part of what decides frames: kept, so the version
     # differs from the shipped model's
-    assert _frame_config({"noise_scale": 1.0}) == {"noise_scale": 1.0}
+    assert frame_config({"noise_scale": 1.0}) == {"noise_scale": 1.0}

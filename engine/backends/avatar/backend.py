@@ -15,6 +15,7 @@ from collections import deque
 from dataclasses import replace
 from pathlib import Path
 
+from worldstream.engine.backends.avatar.savestate import AvatarSaves
 from worldstream.engine.backends.avatar.sim import AvatarControlsMixin, AvatarState, start_frames
 from worldstream.engine.backends.builtin import (
     BuiltinBackend,
@@ -29,7 +30,7 @@ from worldstream.engine.worlds.avatar.actions import NUM_ACTIONS, encode_action
 from worldstream.engine.worlds.catalog import world
 
 
-class AvatarModelBackend(AvatarControlsMixin):
+class AvatarModelBackend(AvatarControlsMixin, AvatarSaves):
     """A :class:`BuiltinBackend` whose model was trained on the avatar world, behind the
     ``WorldBackend`` contract; a backend whose config names no neutral action gets the avatar
     world's stream settings (``assets/avatar/stream_config.json``). ValueError when the
@@ -119,6 +120,12 @@ class AvatarModelBackend(AvatarControlsMixin):
     def configure(self, state: AvatarState, **settings) -> None:
         """The built-in model's per-session settings (``memory_frames``, ``attention``)."""
         self.builtin.configure(self._live(state).inner, **settings)
+
+    def hash_renderer(self, h) -> None:
+        """What draws the frames: the wrapped built-in model (its model version)."""
+        from worldstream.engine.studio.savepoint import model_version
+
+        h.update(model_version(self.builtin).encode())
 
     def generate(self, jobs: list[ChunkJob]) -> list[ChunkResult]:
         """One chunk per job, batched by the built-in backend; a job whose state or directions are

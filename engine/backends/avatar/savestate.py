@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from worldstream.engine.backends.builtin.savestate import export_builtin, import_builtin
-from worldstream.engine.studio.savepoint import SavepointError
+from worldstream.engine.studio.savepoint import SavepointError, hash_module_files
 
 _AVATAR_SIM_FIELDS = ("seed", "look", "t", "yaw", "pitch", "gaze", "_gaze_target",
                       "_next_saccade", "_next_blink", "_blink_frame", "face", "mouth_open",
@@ -85,3 +85,32 @@ def import_avatar(backend, arrays: dict[str, np.ndarray], scalars: dict[str, Any
         inner = (_avatar_sim_from(scalars["sim"]),
                  deque(_avatar_sim_from(d) for d in scalars["sims"]))
     return AvatarState(inner, controls, history)
+
+
+class AvatarSaves:
+    """Save points of the avatar world, learned or simulated
+    (:class:`engine.core.backend.SavesState`); the controls' source (keys, expressions and
+    speech to action ids) decides frames as much as the model or the simulator does."""
+
+    imports_off_thread = False
+
+    def export_state(self, state):
+        return export_avatar(self, state)
+
+    def check_saved(self, scalars, layout) -> None:
+        pass  # the wrapped state's own checks run as it is imported
+
+    def import_state(self, arrays, scalars):
+        return import_avatar(self, arrays, scalars)
+
+    def hash_frames(self, h) -> None:
+        from worldstream.engine.worlds.avatar import actions, visemes
+
+        hash_module_files(h, actions, visemes)
+        self.hash_renderer(h)
+
+    def hash_renderer(self, h) -> None:
+        """What draws the frames: the simulator's source (the learned avatar overrides it)."""
+        from worldstream.engine.worlds.avatar import looks, simulator
+
+        hash_module_files(h, simulator, looks)

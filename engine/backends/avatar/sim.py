@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from worldstream.engine.backends.avatar.savestate import AvatarSaves
 from worldstream.engine.backends.sim.backend import (
     check_job,
     pop_history,
@@ -101,7 +102,7 @@ class AvatarControlsMixin:
         state.controls = state.history.pop()
 
 
-class AvatarSimBackend(AvatarControlsMixin):
+class AvatarSimBackend(AvatarControlsMixin, AvatarSaves):
     """The avatar simulator as a backend (zero model cost). A prompt selects the nearest look
     (``look_for``, default ``engine.models.builtin.text.look_for_prompt``, loaded on first
     use); the job seed is ignored (the world is deterministic given its creation seed and

@@ -30,6 +30,7 @@ from worldstream.engine.backends.builtin import compositing, guidance, memory, p
 from worldstream.engine.backends.builtin import noise as noise_stage
 from worldstream.engine.backends.builtin.bases import BaseCache
 from worldstream.engine.backends.builtin.config import BuiltinConfig
+from worldstream.engine.backends.builtin.savestate import BuiltinSaves
 from worldstream.engine.backends.builtin.state import BuiltinState, ChunkRecord
 from worldstream.engine.backends.paged_context import PagedAttentionContext
 from worldstream.engine.backends.runner import PagedRunner
@@ -76,7 +77,7 @@ def _to(module: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> to
         diffusers_logging.set_verbosity(verbosity)
 
 
-class BuiltinBackend(PagedRunner):
+class BuiltinBackend(PagedRunner, BuiltinSaves):
     """``engine.core.backend.WorldBackend`` for a trained :class:`WorldDiT` + autoencoder:
     the shared :class:`~engine.backends.runner.PagedRunner` walking :data:`STAGES`."""
 

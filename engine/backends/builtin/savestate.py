@@ -11,7 +11,10 @@ from typing import Any
 import numpy as np
 
 from worldstream.engine.backends.paged_savestate import restored_pages
-from worldstream.engine.studio.savepoint import SavepointError
+from worldstream.engine.studio.savepoint import SavepointError, frame_config, hash_tensors
+
+#: generator settings of experiments retired at 60fcd8b, and their defaults
+_RETIRED_SETTINGS = {"decode_refining": False, "world_noise_period": 0, "world_noise_hold": 64}
 
 
 def _optional_float(value) -> float | None:
@@ -194,3 +197,39 @@ def import_builtin(gen, arrays: dict[str, np.ndarray], scalars: dict[str, Any]):
                             # older files: the stream's own prompt
                             reference_prompt=str(scalars.get("reference_prompt",
                                                              scalars["prompt"])))
+
+
+class BuiltinSaves:
+    """Save points of the built-in model (:class:`engine.core.backend.SavesState`); its
+    frames are decided by the transformer's and autoencoder's weights and configs, the
+    generator settings and the autoencoder's dtype."""
+
+    imports_off_thread = False
+
+    def export_state(self, state):
+        return export_builtin(self, state)
+
+    def check_saved(self, scalars, layout) -> None:
+        pass  # the pages' sizes are checked against the pool as they are restored
+
+    def import_state(self, arrays, scalars):
+        return import_builtin(self, arrays, scalars)
+
+    def hash_frames(self, h) -> None:
+        import dataclasses
+        import json
+
+        for module in (self.model, self.ae):
+            h.update(json.dumps(frame_config(module.config), sort_keys=True,
+                                default=str).encode())
+            hash_tensors(h, module, exact=False)
+        settings = dataclasses.asdict(self.config)
+        settings.pop("cpu_threads")  # frames may differ across thread counts; files do not
+        settings.pop("max_states")
+        for key, default in _RETIRED_SETTINGS.items():
+            if settings.get(key, default) == default:
+                settings.pop(key, None)
+        if settings.get("colour_prior"):
+            settings["colour_prior"].pop("source")  # a note on how it was fitted, not frames
+        h.update(json.dumps(settings, sort_keys=True, default=str).encode())
+        h.update(str(self.ae_dtype).encode())

@@ -85,3 +85,15 @@ class GameKeys:
         return json.dumps({"env": self.env_id, "size": self.size,
                            "keymap": self.keymap.to_json(), "versions": package_versions(),
                            **extra}, sort_keys=True)
+
+    def hash_game(self, h: Any) -> None:
+        """This game's code (the backend's module, the keys, env, frames and key-map modules)
+        and :meth:`frame_version` into a model-version hash (``SavesState.hash_frames``)."""
+        import sys
+
+        from worldstream.engine.studio.savepoint import hash_module_files
+        from worldstream.engine.worlds.game import env, frames
+
+        hash_module_files(h, sys.modules[type(self).__module__], sys.modules[__name__], env,
+                          frames, keymaps)
+        h.update(self.frame_version().encode())

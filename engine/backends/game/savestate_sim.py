@@ -164,7 +164,7 @@ def import_game(backend: Any, arrays: dict[str, np.ndarray], scalars: dict[str, 
                         [arrays[f"{p}.actions"] for p in prefixes])
     (snap, episode), *history = [_snapshot_from(p, m, arrays, backend, a)
                                  for p, m, a in zip(prefixes, metas, actions, strict=True)]
-    native = getattr(backend, "native_state", False)
+    native = backend.native_state
     with _replaying:
         if not native:
             snap, history = _replayed(backend, snap, history)
@@ -243,3 +243,23 @@ def _check_history(state: Any, now: Any, history: list[tuple[Any, int]]) -> None
             raise SavepointError(f"the save point's snapshot history.{i} is damaged "
                                  f"({type(err).__name__})") from None
     state.game.restore(now)
+
+
+class GameEnvSaves:
+    """Save points of a game played by its env (:class:`engine.core.backend.SavesState`):
+    its import may replay the saved actions (a game without emulator state), so it runs off
+    the engine thread."""
+
+    imports_off_thread = True
+
+    def export_state(self, state):
+        return export_game(state)
+
+    def check_saved(self, scalars, layout) -> None:
+        check_game(self, scalars, layout)
+
+    def import_state(self, arrays, scalars):
+        return import_game(self, arrays, scalars)
+
+    def hash_frames(self, h) -> None:
+        self.hash_game(h)

@@ -99,3 +99,40 @@ def _step(arrays: dict[str, np.ndarray], prefix: str) -> int:
 
 def _count(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+class GameWorldSaves:
+    """Save points of a game's learned world (:class:`engine.core.backend.SavesState`): its
+    frames are decided by the game's code, the network's code, config and tensors, its
+    palette and the decoding's change weight."""
+
+    imports_off_thread = False
+
+    def export_state(self, state):
+        return export_game_world(state)
+
+    def check_saved(self, scalars, layout) -> None:
+        check_game_world(self, scalars, layout)
+
+    def import_state(self, arrays, scalars):
+        return import_game_world(self, arrays, scalars)
+
+    def hash_frames(self, h) -> None:
+        import json
+
+        from worldstream.engine.models.game import palette, unet
+        from worldstream.engine.models.game import world as world_module
+        from worldstream.engine.studio.savepoint import (
+            frame_config,
+            hash_module_files,
+            hash_tensors,
+        )
+
+        self.hash_game(h)
+        world = self.model
+        hash_module_files(h, unet, world_module, palette)
+        h.update(json.dumps(frame_config(world.unet.config), sort_keys=True,
+                            default=str).encode())
+        hash_tensors(h, world.unet, exact=False)
+        h.update(np.ascontiguousarray(world.palette.colours, dtype=np.uint8).tobytes())
+        h.update(repr(float(world.change_weight)).encode())

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from worldstream.engine.backends.game.keys import GameKeys, load_keymap
+from worldstream.engine.backends.game.savestate_sim import GameEnvSaves
 from worldstream.engine.backends.sim.backend import check_job, pop_history, push_history
 from worldstream.engine.core.backend import ChunkJob, ChunkResult
 from worldstream.engine.worlds.game.env import GameEnv, Snapshot
@@ -52,7 +53,7 @@ class GameState:
         return self.game.snapshot(), self.episode
 
 
-class GameEnvBackend(GameKeys):
+class GameEnvBackend(GameKeys, GameEnvSaves):
     """A Gymnasium game streamed as it is; its keys, controls and ``frame_version`` are
     :class:`~engine.backends.game.keys.GameKeys`.
 

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from worldstream.engine.backends.game.keys import GameKeys, load_keymap
+from worldstream.engine.backends.game.savestate_world import GameWorldSaves
 from worldstream.engine.backends.game.sim import episode_seed
 from worldstream.engine.backends.sim.backend import check_job, pop_history, push_history
 from worldstream.engine.core.backend import ChunkJob, ChunkResult
@@ -88,7 +89,7 @@ class _Rollout:
     error: Exception | None = None
 
 
-class GameWorldBackend(GameKeys):
+class GameWorldBackend(GameKeys, GameWorldSaves):
     """A trained game world streamed through the engine.
 
     Args:

@@ -38,6 +38,7 @@ import torch
 from worldstream.engine.backends import stages as shared
 from worldstream.engine.backends.matrix_game import stages as mg
 from worldstream.engine.backends.matrix_game.attention import ActionPools, MatrixGameAttention
+from worldstream.engine.backends.matrix_game.savestate import MatrixGameSaves
 from worldstream.engine.backends.runner import PagedAttentionContext, PagedRunner, RunnerState
 from worldstream.engine.backends.stages import Stage
 from worldstream.engine.backends.stream_config import StreamConfig
@@ -120,7 +121,7 @@ class MatrixGameState(RunnerState):
     decode: WanDecodeCache = field(default_factory=WanDecodeCache)
 
 
-class MatrixGameBackend(PagedRunner):
+class MatrixGameBackend(PagedRunner, MatrixGameSaves):
     """``engine.core.backend.WorldBackend`` over a Matrix-Game 2.0 DiT
     (:func:`~engine.models.matrix_game.transformer.build_transformer` with weights), its
     ``model_config``, the Wan VAE (``AutoencoderKLWan``) and the CLIP image encoder.

@@ -184,3 +184,37 @@ def import_matrix_game(gen, arrays: dict[str, np.ndarray], scalars: dict[str, An
                                bool(scalars["needs_recache"]), attention=attention,
                                cond=cond, decode=WanDecodeCache(entries,
                                                                 bool(dec["started"])))
+
+
+class MatrixGameSaves:
+    """Save points of Matrix-Game 2.0 (:class:`engine.core.backend.SavesState`); its frames
+    are decided by the variant (in its name), the DiT's, VAE's and image encoder's tensors, the
+    model config, the streaming settings and the default start picture."""
+
+    imports_off_thread = False
+
+    def export_state(self, state):
+        return export_matrix_game(self, state)
+
+    def check_saved(self, scalars, layout) -> None:
+        pass  # sizes are checked against the pools as the pages are restored
+
+    def import_state(self, arrays, scalars):
+        return import_matrix_game(self, arrays, scalars)
+
+    def hash_frames(self, h) -> None:
+        import dataclasses
+        import json
+
+        from worldstream.engine.studio.savepoint import hash_tensors
+
+        for module in (self.model.transformer, self.vae, self.image_encoder):
+            hash_tensors(h, module)
+        h.update(json.dumps(dataclasses.asdict(self.model_config), sort_keys=True,
+                            default=str).encode())
+        settings = dataclasses.asdict(self.config)
+        settings.pop("max_states")  # how many states fit, not what they show
+        settings.pop("start_image")  # a path: the picture's pixels are hashed instead
+        h.update(json.dumps(settings, sort_keys=True, default=str).encode())
+        h.update(str(self.vae_dtype).encode())
+        h.update(np.ascontiguousarray(self._default_image).tobytes())

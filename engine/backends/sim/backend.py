@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from worldstream.engine.backends.sim.savestate import SimSaves
 from worldstream.engine.core.backend import ChunkJob, ChunkResult
 from worldstream.engine.core.limits import MAX_STEPS, check_prompt, heavier_prompt
 from worldstream.engine.worlds.actions import action_to_direction, keys_to_action
@@ -47,7 +48,7 @@ class SimState:
         return self.sim.scene
 
 
-class SimBackend:
+class SimBackend(SimSaves):
     """The built-in world simulator behind the ``WorldBackend`` contract.
 
     Args:

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from worldstream.engine.core.limits import MAX_SEED
-from worldstream.engine.studio.savepoint import SavepointError
+from worldstream.engine.studio.savepoint import SavepointError, hash_module_files
 
 _SIM_FIELDS = ("seed", "scene", "_prev_scene", "_transition", "pos", "vel", "facing", "t")
 
@@ -92,3 +92,24 @@ def import_sim(backend, scalars: dict[str, Any]):
         raise SavepointError("the save point keeps more rewind history than this server")
     sims = [_sim_from(scalars["sim"])] + [_sim_from(d) for d in scalars["history"]]
     return SimState(sims[0], deque(sims[1:]))
+
+
+class SimSaves:
+    """Save points of the landscape simulator (:class:`engine.core.backend.SavesState`); its
+    frames are decided by the simulator's and the scenes' source."""
+
+    imports_off_thread = False
+
+    def export_state(self, state):
+        return {}, export_sim(state)
+
+    def check_saved(self, scalars, layout) -> None:
+        check_sim(self, scalars, layout)
+
+    def import_state(self, arrays, scalars):
+        return import_sim(self, scalars)
+
+    def hash_frames(self, h) -> None:
+        from worldstream.engine.worlds import scenes, simulator
+
+        hash_module_files(h, simulator, scenes)
