@@ -15,10 +15,10 @@ SHEET_FRAMES = 240
 
 
 def register(sub) -> None:
-    from worldstream.engine.core.registry import GAME_WORLDS
+    from worldstream.engine.core.registry import WORLDS
 
     p = sub.add_parser("eval", help="evaluate a world model against its simulator or game")
-    p.add_argument("--world", choices=("landscape", "avatar", *GAME_WORLDS), default=None,
+    p.add_argument("--world", choices=WORLDS, default=None,
                    help="the world to evaluate (default landscape)")
     p.add_argument("--env", default=None,
                    help="a game's Gymnasium env id: evaluate --model-path against the game")

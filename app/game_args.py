@@ -12,9 +12,9 @@ from pathlib import Path
 
 def world_choices() -> tuple[str, ...]:
     """``--world`` values: the built-in worlds and the named game worlds."""
-    from worldstream.engine.core.registry import GAME_WORLDS
+    from worldstream.engine.core import registry
 
-    return ("landscape", "avatar", *GAME_WORLDS)
+    return registry.WORLDS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

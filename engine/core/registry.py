@@ -21,8 +21,11 @@ class Family:
     ``path_argument``: the factory argument a model folder (``--model-path``) goes to; None:
     the family takes none. ``checkpoint``: weights may come from a separate file
     (``--checkpoint``). ``hint``: what to do when its weights are missing (``{env}``: the
-    game, ``{folder}``: the missing folder). The id is what save points and input logs
-    record as their model."""
+    game, ``{folder}``: the missing folder). ``model``: its ``--model`` name (the second axis,
+    beside ``--world``); ``worlds``: the worlds it plays (``--world``; for a family keyed by
+    env, the named game worlds of :data:`GAME_WORLDS` it plays, each as ``NAME:ENV``); none:
+    it is a world of its own (``--model NAME`` alone). The id is what save points and input
+    logs record as their model."""
 
     name: str
     factory: str
@@ -31,65 +34,94 @@ class Family:
     path_argument: str | None = None
     checkpoint: bool = False
     hint: str = ""
+    model: str = ""
+    worlds: tuple[str, ...] = ()
 
+
+#: named game worlds (``--world NAME``) -> their env
+GAME_WORLDS: dict[str, str] = {"pong": "ALE/Pong-v5", "breakout": "ALE/Breakout-v5"}
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
-    Family("sim", "worldstream.engine.backends.sim.backend:SimBackend"),
     Family("builtin", "worldstream.engine.backends.builtin:load_builtin_backend",
-           path_argument="path",
+           path_argument="path", model="builtin", worlds=("landscape",),
            hint="train them with `worldstream train-ae` and `worldstream train-world`, or "
                 "restore the shipped assets/builtin from git"),
+    Family("sim", "worldstream.engine.backends.sim.backend:SimBackend",
+           model="sim", worlds=("landscape",)),
     Family("wan-causal", "worldstream.engine.backends.wan.backend:load_wan_backend",
-           path_argument="model_path", checkpoint=True,
+           path_argument="model_path", checkpoint=True, model="wan-causal",
+           worlds=("landscape",),
            hint="pass --model-path DIR holding the diffusers-format Wan2.1-T2V-1.3B base "
                 "(transformer/, vae/, text_encoder/, tokenizer/) and the causal checkpoint"),
-    Family("avatar-sim", "worldstream.engine.backends.avatar.sim:AvatarSimBackend"),
     Family("avatar", "worldstream.engine.backends.avatar.backend:load_avatar_backend",
-           path_argument="path",
+           path_argument="path", model="builtin", worlds=("avatar",),
            hint="train them with `worldstream train-ae --world avatar` and `worldstream "
                 "train-world --world avatar`, or restore the shipped assets/avatar from git"),
+    Family("avatar-sim", "worldstream.engine.backends.avatar.sim:AvatarSimBackend",
+           model="sim", worlds=("avatar",)),
     # a simulation of a GPU model (the simulator's frames, a published model's chunk time
     # spent waiting): scale-out measured where no accelerator is (engine/backends/emulated.py)
-    Family("emulated", "worldstream.engine.backends.emulated:load_emulated_backend"),
+    Family("emulated", "worldstream.engine.backends.emulated:load_emulated_backend",
+           model="emulated", worlds=("landscape",)),
     # Matrix-Game 2.0 (keys and mouse, GPU): input logs record its variant,
     # matrix-game-2:universal (load_backend takes that id, or variant=)
     Family("matrix-game-2",
            "worldstream.engine.backends.matrix_game.backend:load_matrix_game_backend",
            keyed="variant", key_optional=True, path_argument="model_path",
+           model="matrix-game-2",
            hint="pass --model-path DIR holding the Skywork/Matrix-Game-2.0 release "
                 "(base_distilled_model/, gta_distilled_model/, templerun_distilled_model/, "
                 "Wan2.1_VAE.pth, the CLIP .pth)"),
     # game worlds, FAMILY:ENV; ENV is a Gymnasium id or ``module:factory``
-    Family("game-sim", "worldstream.engine.backends.game.sim:load_game_backend", keyed="env"),
+    Family("game-sim", "worldstream.engine.backends.game.sim:load_game_backend", keyed="env",
+           model="sim", worlds=tuple(GAME_WORLDS)),
     Family("game-builtin", "worldstream.engine.backends.game.world:load_game_world_backend",
-           keyed="env", path_argument="path",
+           keyed="env", path_argument="path", model="builtin", worlds=tuple(GAME_WORLDS),
            hint="train with `worldstream train --env {env} --out {folder}`"),
 )}
 #: the families whose key is a game's env
-_ENV_FAMILIES = frozenset(f.name for f in FAMILIES.values() if f.keyed == "env")
-
+_ENV_FAMILIES: frozenset[str] = frozenset()
 #: model family (``--model``) -> backend family of a game world (``--env ID``); ``sim`` is the
 #: game itself, ``builtin`` its learned world model (a folder of ``worldstream train``)
-ENV_MODELS: dict[str, str] = {"sim": "game-sim", "builtin": "game-builtin"}
-#: named game worlds (``--world NAME``) -> their env
-GAME_WORLDS: dict[str, str] = {"pong": "ALE/Pong-v5", "breakout": "ALE/Breakout-v5"}
-
+ENV_MODELS: dict[str, str] = {}
 #: (world, model family) -> backend id: the two axes of ``--world`` and ``--model``
-WORLD_MODELS: dict[tuple[str, str], str] = {
-    ("landscape", "builtin"): "builtin",
-    ("landscape", "sim"): "sim",
-    ("landscape", "wan-causal"): "wan-causal",
-    ("landscape", "emulated"): "emulated",
-    ("avatar", "builtin"): "avatar",
-    ("avatar", "sim"): "avatar-sim",
-    **{(world, model): f"{ENV_MODELS[model]}:{env}" for world, env in GAME_WORLDS.items()
-       for model in ("builtin", "sim")},
-}
-
-#: ``--model`` values of a world (``--world``, ``--env``), in the order of WORLD_MODELS
-WORLD_MODEL_NAMES: tuple[str, ...] = tuple(dict.fromkeys(m for _, m in WORLD_MODELS))
+WORLD_MODELS: dict[tuple[str, str], str] = {}
+#: ``--world`` values, and the ``--model`` values of a world (``--world``, ``--env``)
+WORLDS: tuple[str, ...] = ()
+WORLD_MODEL_NAMES: tuple[str, ...] = ()
 #: ``--model`` values that are a world of their own (Matrix-Game 2.0 starts from a picture)
-OWN_WORLD_MODELS: tuple[str, ...] = ("matrix-game-2",)
+OWN_WORLD_MODELS: tuple[str, ...] = ()
+
+
+def _derive() -> None:
+    """The tables above, from :data:`FAMILIES` (each family's row is the one place it is
+    written)."""
+    global _ENV_FAMILIES, WORLDS, WORLD_MODEL_NAMES, OWN_WORLD_MODELS
+    _ENV_FAMILIES = frozenset(f.name for f in FAMILIES.values() if f.keyed == "env")
+    ENV_MODELS.clear()
+    ENV_MODELS.update({f.model: f.name for f in FAMILIES.values() if f.keyed == "env"})
+    WORLD_MODELS.clear()
+    for f in FAMILIES.values():
+        for world in f.worlds:
+            WORLD_MODELS[(world, f.model)] = (f"{f.name}:{GAME_WORLDS[world]}"
+                                              if f.keyed == "env" else f.name)
+    WORLDS = tuple(dict.fromkeys(w for w, _ in WORLD_MODELS))
+    WORLD_MODEL_NAMES = tuple(dict.fromkeys(m for _, m in WORLD_MODELS))
+    OWN_WORLD_MODELS = tuple(f.model for f in FAMILIES.values() if f.model and not f.worlds)
+
+
+def register(family: Family) -> None:
+    """Add a model family (its one row) to those ``--model``, ``load_backend``, input logs and
+    save points know; ValueError for a name or (world, model) pair already taken."""
+    taken = {(w, family.model) for w in family.worlds} & set(WORLD_MODELS)
+    if family.name in FAMILIES or taken:
+        raise ValueError(f"model family {family.name!r}: already registered "
+                         f"({sorted(taken) or family.name})")
+    FAMILIES[family.name] = family
+    _derive()
+
+
+_derive()
 
 
 def env_backend_id(env: str, model: str = "sim") -> str:
