@@ -16,11 +16,12 @@ from typing import Any
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 from fastapi import FastAPI, Request, WebSocket  # noqa: E402
-from fastapi.responses import JSONResponse, Response  # noqa: E402
+from fastapi.responses import Response  # noqa: E402
 from fastapi.staticfiles import StaticFiles  # noqa: E402
 from starlette.middleware.trustedhost import TrustedHostMiddleware  # noqa: E402
 
 from worldstream.app.access import AccessPolicy, page_only  # noqa: E402
+from worldstream.app.errors import ApiError  # noqa: E402
 from worldstream.app.metrics import metrics_body  # noqa: E402
 from worldstream.engine.core.api import CapacityError, EngineAPI, SessionClosedError  # noqa: E402
 from worldstream.streaming import messages as m  # noqa: E402
@@ -43,22 +44,6 @@ STATIC_DIR = Path(__file__).parent / "static"
 #: the session prompt of a world that takes no text (a game), where the request gives none:
 #: what its page sends, so input logs and replays read the same either way
 NO_TEXT_PROMPT = "play"
-
-
-class ApiError(Exception):
-    """An HTTP error reply ``{"error": message, "field": field?}`` (plus ``extra`` keys)."""
-
-    def __init__(self, status: int, message: str, field: str | None = None,
-                 headers: dict[str, str] | None = None, **extra: Any):
-        super().__init__(message)
-        self.status, self.message, self.field = status, message, field
-        self.headers, self.extra = headers, extra
-
-    def response(self) -> JSONResponse:
-        body: dict[str, Any] = {"error": self.message, **self.extra}
-        if self.field is not None:
-            body["field"] = self.field
-        return JSONResponse(body, status_code=self.status, headers=self.headers)
 
 
 #: the answer to a request whose session closed while it was under way

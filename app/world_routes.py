@@ -50,7 +50,7 @@ def register(app: FastAPI, engine: Any, authorized: Callable, client_of: Callabl
              bearer: Callable) -> None:
     """Add the routes to ``app``; ``authorized(session_id, token, client)`` is the server's
     session check (raises its ApiError)."""
-    from worldstream.app.server import ApiError
+    from worldstream.app.errors import ApiError
     from worldstream.engine.studio import worldio
 
     def studio(op: str, session_id: str, *args: Any) -> Any:

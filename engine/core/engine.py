@@ -43,9 +43,10 @@ from worldstream.engine.core.config import EngineConfig
 from worldstream.engine.core.figures import latency_budget, session_metrics
 from worldstream.engine.core.inputlog import InputLog
 from worldstream.engine.core.limits import check_prompt
+from worldstream.engine.core.playout import DegradeController
 from worldstream.engine.core.prompts import PromptPrefetcher
 from worldstream.engine.core.recache import check_history, observe_history
-from worldstream.engine.core.scheduler import DegradeController, Scheduler
+from worldstream.engine.core.scheduler import Scheduler
 from worldstream.engine.core.session import Session
 from worldstream.engine.core.stream_defaults import check_seed_and_fps, resolve_stream_defaults
 

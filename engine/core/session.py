@@ -15,7 +15,7 @@ import numpy as np
 
 from worldstream.engine.core.api import ActionCommand, Event, EventQueue, Frame, FrameSlot
 from worldstream.engine.core.inputlog import InputLog
-from worldstream.engine.core.scheduler import NS, DegradeController, PlayoutClock
+from worldstream.engine.core.playout import NS, DegradeController, PlayoutClock
 
 
 @dataclass

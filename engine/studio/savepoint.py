@@ -30,8 +30,9 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from worldstream.engine.core import fields
-from worldstream.engine.core.backend import SavesState
+from worldstream.engine.core.backend import SavesState, backend_info
 from worldstream.engine.core.limits import (
+    DIRECTION_KEYS,
     MAX_CHUNK_FRAMES,
     MAX_PROMPT_CHARS,
     MAX_SEED,
@@ -225,7 +226,6 @@ def decode(data: bytes, backend: Any) -> tuple[dict[str, np.ndarray], dict[str, 
     from safetensors.numpy import load
 
     from worldstream.engine.core.fields import ANY_KEY
-    from worldstream.engine.studio.savestate import check_saved
 
     try:
         meta["session"] = SavedSession.model_validate(meta.get("session"),
@@ -245,6 +245,44 @@ def decode(data: bytes, backend: Any) -> tuple[dict[str, np.ndarray], dict[str, 
     except (SafetensorError, ValueError) as err:
         raise SavepointError(f"the save file is damaged or cut short ({err})") from None
     return arrays, meta
+
+
+def check_saved(backend: Any, session: Any, scalars: dict[str, Any],
+                layout: dict[str, tuple[str, tuple[int, ...]]]) -> None:
+    """A save point's session (a ``SavedSession``), state scalars and arrays (``layout``:
+    name -> (dtype, shape), from the file's header) against the world it loads into, before
+    any array is decoded: the held keys are the world's and give the saved action, and each
+    family's fields are known and in range, its arrays no larger than the world needs.
+    SavepointError (one line) otherwise."""
+    _check_action(backend, session)
+    if not isinstance(backend, SavesState):
+        raise SavepointError(f"model {backend.name!r} cannot load its state")
+    backend.check_saved(scalars, layout)
+
+
+def _check_action(backend: Any, session: Any) -> None:
+    if "keys" in session.model_fields_set:
+        try:
+            action = backend.key_action(frozenset(session.keys))
+        except ValueError as err:
+            raise SavepointError(f"the save point's held keys are not this world's: "
+                                 f"{' '.join(str(err).split())[:200]}") from None
+        if action != session.action:
+            raise SavepointError(f"the save point's action {session.action} is not that of its "
+                                 f"held keys {session.keys} ({action})")
+    else:  # a file saved before the keys were: an action the world has
+        info = backend_info(backend)
+        count = info.num_actions
+        if count is None:
+            keys = tuple(info.wire_keys or DIRECTION_KEYS)[:8]
+            possible = {backend.key_action(frozenset(k for j, k in enumerate(keys)
+                                                     if i >> j & 1))
+                        for i in range(2 ** len(keys))}
+        else:
+            possible = range(int(count))
+        if session.action not in possible:
+            raise SavepointError(f"the save point's action {session.action} is not one of "
+                                 f"model {backend.name!r}")
 
 
 def file_sha256(data: bytes) -> str:

@@ -11,8 +11,7 @@ from typing import Any
 import numpy as np
 
 from worldstream.engine.core.api import CapacityError
-from worldstream.engine.core.backend import SavesState, backend_info
-from worldstream.engine.core.limits import DIRECTION_KEYS
+from worldstream.engine.core.backend import SavesState
 from worldstream.engine.studio.savepoint import SavepointError
 
 
@@ -27,42 +26,6 @@ def export_state(backend: Any, state: Any) -> tuple[dict[str, np.ndarray], dict[
     """``(arrays, scalars)`` of a backend state (call where nothing generates it, e.g. the
     engine thread). SavepointError for a backend that cannot save its state."""
     return _saves(backend, "save").export_state(state)
-
-
-def check_saved(backend: Any, session: Any, scalars: dict[str, Any],
-                layout: dict[str, tuple[str, tuple[int, ...]]]) -> None:
-    """A save point's session (a ``SavedSession``), state scalars and arrays (``layout``:
-    name -> (dtype, shape), from the file's header) against the world it loads into, before
-    any array is decoded: the held keys are the world's and give the saved action, and each
-    family's fields are known and in range, its arrays no larger than the world needs.
-    SavepointError (one line) otherwise."""
-    _check_action(backend, session)
-    _saves(backend, "load").check_saved(scalars, layout)
-
-
-def _check_action(backend: Any, session: Any) -> None:
-    if "keys" in session.model_fields_set:
-        try:
-            action = backend.key_action(frozenset(session.keys))
-        except ValueError as err:
-            raise SavepointError(f"the save point's held keys are not this world's: "
-                                 f"{' '.join(str(err).split())[:200]}") from None
-        if action != session.action:
-            raise SavepointError(f"the save point's action {session.action} is not that of its "
-                                 f"held keys {session.keys} ({action})")
-    else:  # a file saved before the keys were: an action the world has
-        info = backend_info(backend)
-        count = info.num_actions
-        if count is None:
-            keys = tuple(info.wire_keys or DIRECTION_KEYS)[:8]
-            possible = {backend.key_action(frozenset(k for j, k in enumerate(keys)
-                                                     if i >> j & 1))
-                        for i in range(2 ** len(keys))}
-        else:
-            possible = range(int(count))
-        if session.action not in possible:
-            raise SavepointError(f"the save point's action {session.action} is not one of "
-                                 f"model {backend.name!r}")
 
 
 def prepare_import(backend: Any, arrays: dict[str, np.ndarray],

@@ -53,3 +53,61 @@ def test_procedural_world_imports_no_model_or_serving_code():
     forbidden = ("engine.backends", "engine.models", "engine.training", "engine.evaluation",
                  "engine.cluster")
     assert _offenders(["engine/worlds"], forbidden) == []
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """Product module -> the product modules it imports, at any depth of the file (a function's
+    lazy import counts; an import under ``if TYPE_CHECKING:``, for annotations only, does
+    not). ``from package import module`` counts as importing the module, not the package."""
+    files = {}
+    for top in ("app", "engine", "kernels", "streaming"):
+        for path in (ROOT / top).rglob("*.py"):
+            name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+            files[name.removesuffix(".__init__")] = path
+
+    def typing_only(node: ast.AST) -> bool:
+        return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+
+    graph = {}
+    for name, path in files.items():
+        found, todo = set(), [ast.parse(path.read_text())]
+        while todo:
+            node = todo.pop()
+            for child in ast.iter_child_nodes(node):
+                if not typing_only(child):
+                    todo.append(child)
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                subs = [f"{node.module}.{a.name}" for a in node.names]
+                whole = [s.removeprefix("worldstream.") for s in subs]
+                targets = subs if all(s in files for s in whole) else [node.module]
+            else:
+                continue
+            found |= {t.removeprefix("worldstream.") for t in targets} & files.keys()
+        graph[name] = found - {name}
+    return graph
+
+
+def test_no_import_circles():
+    # a circle means two modules that cannot be read (or changed) apart: each has one job and
+    # its users import it, never the other way round
+    graph = _module_graph()
+    circles, seen = [], set()
+    for start in sorted(graph):
+        stack, path = [(start, iter(sorted(graph[start])))], [start]
+        while stack:
+            node, children = stack[-1]
+            child = next(children, None)
+            if child is None:
+                stack.pop()
+                path.pop()
+            elif child == start:
+                cycle = tuple(sorted(path))
+                if cycle not in seen:
+                    seen.add(cycle)
+                    circles.append(" -> ".join([*path, start]))
+            elif child not in path and child > start:
+                stack.append((child, iter(sorted(graph[child]))))
+                path.append(child)
+    assert circles == []

@@ -7,13 +7,8 @@ from types import SimpleNamespace
 import pytest
 
 from worldstream.engine.core.config import EngineConfig
-from worldstream.engine.core.scheduler import (
-    NS,
-    ChunkRequest,
-    DegradeController,
-    PlayoutClock,
-    plan_batch,
-)
+from worldstream.engine.core.playout import NS, DegradeController, PlayoutClock
+from worldstream.engine.core.scheduler import ChunkRequest, plan_batch
 
 MS = 1_000_000
 

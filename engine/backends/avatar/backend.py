@@ -16,7 +16,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from worldstream.engine.backends.avatar.savestate import AvatarSaves
-from worldstream.engine.backends.avatar.sim import AvatarControlsMixin, AvatarState, start_frames
+from worldstream.engine.backends.avatar.sim import AvatarControlsMixin, start_frames
+from worldstream.engine.backends.avatar.state import AvatarState
 from worldstream.engine.backends.builtin import (
     BuiltinBackend,
     BuiltinConfig,

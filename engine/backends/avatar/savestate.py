@@ -70,7 +70,7 @@ def export_avatar(backend, state) -> tuple[dict[str, np.ndarray], dict[str, Any]
 
 
 def import_avatar(backend, arrays: dict[str, np.ndarray], scalars: dict[str, Any]):
-    from worldstream.engine.backends.avatar.sim import AvatarState
+    from worldstream.engine.backends.avatar.state import AvatarState
 
     controls = _controls_from(scalars["controls"])
     history = deque(_controls_from(c) for c in scalars["controls_history"])

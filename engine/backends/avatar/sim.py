@@ -13,12 +13,11 @@ from __future__ import annotations
 import copy
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
 from worldstream.engine.backends.avatar.savestate import AvatarSaves
+from worldstream.engine.backends.avatar.state import AvatarState
 from worldstream.engine.backends.sim.backend import (
     check_job,
     pop_history,
@@ -28,7 +27,7 @@ from worldstream.engine.backends.sim.backend import (
 from worldstream.engine.core.backend import ChunkJob, ChunkResult
 from worldstream.engine.core.limits import check_prompt, heavier_prompt
 from worldstream.engine.worlds.actions import IDLE, keys_to_action
-from worldstream.engine.worlds.avatar.actions import AvatarControls, expression_index
+from worldstream.engine.worlds.avatar.actions import expression_index
 from worldstream.engine.worlds.avatar.looks import LOOKS
 from worldstream.engine.worlds.avatar.simulator import SIZE, AvatarSimulator
 from worldstream.engine.worlds.avatar.visemes import check_say
@@ -45,18 +44,6 @@ def start_frames(prompt_or_look: str, seed: int, frames: int) -> np.ndarray:
         look = look_for_prompt(prompt_or_look)
     sim = AvatarSimulator(seed, look)
     return np.stack([sim.step(IDLE) for _ in range(frames)])
-
-
-@dataclass
-class AvatarState:
-    """One session's (or branch's) avatar: the wrapped backend's state (a simulator or the
-    world model's state), its controls, and the controls as they were before each of its
-    newest chunks (oldest first, for rewind)."""
-
-    inner: Any
-    controls: AvatarControls = field(default_factory=AvatarControls)
-    history: deque[AvatarControls] = field(default_factory=deque)
-    freed: bool = False
 
 
 class AvatarControlsMixin:

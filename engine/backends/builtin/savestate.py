@@ -115,7 +115,7 @@ def export_builtin(gen, state) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
 def import_builtin(gen, arrays: dict[str, np.ndarray], scalars: dict[str, Any]):
     import torch
 
-    from worldstream.engine.backends.builtin import BuiltinState, ChunkRecord
+    from worldstream.engine.backends.builtin.state import BuiltinState, ChunkRecord
     from worldstream.engine.models.builtin.spatial_memory import SpatialMemory, UndoRecord, _Tile
 
     f = gen.chunk_frames

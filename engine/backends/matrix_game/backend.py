@@ -28,7 +28,7 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections import OrderedDict, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,8 @@ from worldstream.engine.backends import stages as shared
 from worldstream.engine.backends.matrix_game import stages as mg
 from worldstream.engine.backends.matrix_game.attention import ActionPools, MatrixGameAttention
 from worldstream.engine.backends.matrix_game.savestate import MatrixGameSaves
-from worldstream.engine.backends.runner import PagedAttentionContext, PagedRunner, RunnerState
+from worldstream.engine.backends.matrix_game.state import MatrixGameState
+from worldstream.engine.backends.runner import PagedAttentionContext, PagedRunner
 from worldstream.engine.backends.stages import Stage
 from worldstream.engine.backends.stream_config import StreamConfig
 from worldstream.engine.backends.wan.backend import redecode, show_stream
@@ -109,16 +110,6 @@ class MatrixGameBackendConfig(StreamConfig):
             raise ValueError("need latent_frames >= 1 and cond_frames >= 2")
         if not self.mouse_sensitivity > 0 or not self.mouse_limit > 0:
             raise ValueError("mouse_sensitivity and mouse_limit must be > 0")
-
-
-@dataclass
-class MatrixGameState(RunnerState):
-    """One session's (or branch's) state: the shared ones (``text``: the projected image
-    tokens ``(257, dim)``), the picture's condition ``(20, cond_frames, h, w)`` and the VAE
-    decoder's causal cache."""
-
-    cond: torch.Tensor | None = None
-    decode: WanDecodeCache = field(default_factory=WanDecodeCache)
 
 
 class MatrixGameBackend(PagedRunner, MatrixGameSaves):

@@ -147,7 +147,7 @@ def import_matrix_game(gen, arrays: dict[str, np.ndarray], scalars: dict[str, An
     (nothing is held then)."""
     import torch
 
-    from worldstream.engine.backends.matrix_game.backend import MatrixGameState
+    from worldstream.engine.backends.matrix_game.state import MatrixGameState
     from worldstream.engine.models.wan.vae_stream import WanDecodeCache, new_decode_cache
 
     cfg, f = gen.config, gen.pages_per_chunk

@@ -13,12 +13,12 @@ import copy
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from worldstream.engine.backends.sim.savestate import SimSaves
+from worldstream.engine.backends.sim.state import SimState
 from worldstream.engine.core.backend import ChunkJob, ChunkResult
 from worldstream.engine.core.limits import MAX_STEPS, check_prompt, heavier_prompt
 from worldstream.engine.worlds.actions import action_to_direction, keys_to_action
@@ -32,20 +32,6 @@ _SHARED_CACHES = ("_tiles", "_colour")
 def _copy_sim(sim: WorldSimulator) -> WorldSimulator:
     memo = {id(getattr(sim, name)): getattr(sim, name) for name in _SHARED_CACHES}
     return copy.deepcopy(sim, memo)
-
-
-@dataclass
-class SimState:
-    """One session's (or branch's) world: the simulator and the snapshots taken before each
-    of its newest chunks (oldest first, at most ``rewind_chunks``)."""
-
-    sim: WorldSimulator
-    history: deque[WorldSimulator] = field(default_factory=deque)
-    freed: bool = False
-
-    @property
-    def scene(self) -> str:
-        return self.sim.scene
 
 
 class SimBackend(SimSaves):

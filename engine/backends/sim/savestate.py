@@ -86,7 +86,7 @@ def export_sim(state) -> dict[str, Any]:
 
 
 def import_sim(backend, scalars: dict[str, Any]):
-    from worldstream.engine.backends.sim.backend import SimState
+    from worldstream.engine.backends.sim.state import SimState
 
     if len(scalars["history"]) > backend.rewind_chunks:
         raise SavepointError("the save point keeps more rewind history than this server")
