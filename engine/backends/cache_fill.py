@@ -29,8 +29,8 @@ def fill(runner: Any, states: list, records: list, pages: list[list[int]],
                 eps = torch.randn(rec.latents.shape, generator=state.rng)
                 rec.context = (1 - cfg.ctx_sigma) * rec.latents + cfg.ctx_sigma * eps
     x = torch.stack([r.context for r in records]).to(runner.device)
-    runner._forward(x, cfg.ctx_sigma, runner._conditioning(states, records),
-                    runner._context(pages, contexts, attention=states[0].attention))
+    runner.forward(x, cfg.ctx_sigma, runner.conditioning(states, records),
+                    runner.attention_context(pages, contexts, attention=states[0].attention))
 
 
 def append(runner: Any, state: Any, records: list) -> None:
@@ -40,7 +40,7 @@ def append(runner: Any, state: Any, records: list) -> None:
         pages = runner.allocator.allocate(runner.pages_per_chunk)
         if pages is None:
             raise CapacityError("KV page pool exhausted", POOL_RETRY_S)
-        with runner._returned_on_failure([pages]):
+        with runner.returned_on_failure([pages]):
             fill(runner, [state], [rec], [pages], [state.table.attended_pages()])
         state.table.append_chunk(pages)
         state.history.append(rec)
@@ -58,7 +58,7 @@ def recache(runner: Any, state: Any) -> None:
         if pages is None:
             raise CapacityError("KV page pool exhausted", POOL_RETRY_S)
         old = window[n * f:(n + 1) * f]
-        with runner._returned_on_failure([pages]):
+        with runner.returned_on_failure([pages]):
             fill(runner, [state], [rec], [pages], [state.table.sink_pages() + window[:n * f]])
         for o, p in zip(old, pages):
             state.table.replace_page(o, p)

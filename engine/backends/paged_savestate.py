@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 def restored_pages(gen, pools: list[tuple[torch.Tensor, torch.Tensor]],
                    scalars: dict[str, Any], pages_per_chunk: int
                    ) -> Iterator[tuple[PageTable, Any]]:
-    """Under the backend's lock (``gen._settled``): ``(table, attention)`` for the saved pages,
+    """Under the backend's lock (``gen.settled``): ``(table, attention)`` for the saved pages,
     each ``(pool, values)`` pair written at the new page ids (``values``:
     ``(layers, pages, ...)`` in the pool's dtype and device, checked by the caller). The body
     builds the rest of the state; an exception there frees every page taken here.
@@ -34,7 +34,7 @@ def restored_pages(gen, pools: list[tuple[torch.Tensor, torch.Tensor]],
     cfg, f = gen.config, pages_per_chunk
     n = int(scalars["table"]["pages"])
     sink = int(scalars["table"]["sink_pages"])
-    with gen._settled():
+    with gen.settled():
         pages = gen.allocator.allocate(n) if n else []
         if pages is None:
             raise CapacityError("KV page pool exhausted", 2.0)

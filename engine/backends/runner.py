@@ -2,13 +2,18 @@
 (new, fork, free, rewind, prompt switch with recache), batching, and the walk of a chunk's
 stages.
 
-A family subclasses :class:`PagedRunner`, supplies its services (``_embed``, ``_make_state``,
-``_fork_state``, ``_conditioning``, ``_forward``, ``_noise``; optionally ``_to_x0``,
-``_attended``, ``_extra_context``, ``_prefill``, ``_on_prompt``, ``_undo_extra``) and lists
+A family subclasses :class:`PagedRunner`, supplies its hooks (``_embed``, ``_make_state``,
+``_fork_state``, ``conditioning``, ``forward``, ``noise``; optionally ``to_x0``,
+``attended``, ``extra_context``, ``_prefill``, ``_on_prompt``, ``_undo_extra``) and lists
 its chunk path as named stages (:mod:`engine.backends.stages`): ``stages`` run before the
 frames are delivered, ``after_delivery`` (the cache fill and the commit) when the engine
 calls :meth:`PagedRunner.finish`, off the action-to-photon path. All public methods take one
 lock: the engine thread generates while other threads fork or free.
+
+The services a stage calls are public and typed: ``attended``, ``extra_context``,
+``attention_context``, ``conditioning``, ``noise``, ``forward``, ``to_x0``,
+``returned_on_failure``, ``trim_history``, ``settled``, ``live`` (a family adds its own:
+the built-in's ``base_cache``, ``exclude``, ``scratch_pages``).
 """
 
 from __future__ import annotations
@@ -106,7 +111,7 @@ class PagedRunner(ABC):
         # forward write the keys/values nobody reads after it (PagedAttentionContext.
         # with_negatives)
         scratch = self.negative_forwards * pages_per_chunk * config.max_states
-        self._scratch_pages = list(range(num_pages, num_pages + scratch))
+        self.scratch_pages = list(range(num_pages, num_pages + scratch))
         shape = (layers, num_pages + scratch, heads, page_size, head_dim)
         self.k_pool = torch.zeros(shape, dtype=dtype, device=device)
         self.v_pool = torch.zeros(shape, dtype=dtype, device=device)
@@ -146,21 +151,21 @@ class PagedRunner(ABC):
         return None  # optional hook: nothing by default
 
     @abstractmethod
-    def _conditioning(self, states: list[RunnerState], records: list) -> Any:
+    def conditioning(self, states: list[RunnerState], records: list) -> Any:
         """The conditioning of one forward of ``records`` (computed once per batch)."""
 
     @abstractmethod
-    def _forward(self, x: torch.Tensor, sigma: float, cond: Any,
+    def forward(self, x: torch.Tensor, sigma: float, cond: Any,
                  ctx: PagedAttentionContext) -> torch.Tensor:
         """One forward of chunks ``x`` at noise ``sigma``; writes their keys/values through
         ``ctx``."""
 
-    def _to_x0(self, x: torch.Tensor, sigma: float, out: torch.Tensor) -> torch.Tensor:
+    def to_x0(self, x: torch.Tensor, sigma: float, out: torch.Tensor) -> torch.Tensor:
         """The clean-latent prediction from the model output (x0-parameterised by default)."""
         return out
 
     @abstractmethod
-    def _noise(self, generator: torch.Generator) -> torch.Tensor:
+    def noise(self, generator: torch.Generator) -> torch.Tensor:
         """Standard normal noise of one chunk drawn from ``generator``."""
 
     def step_cost(self, steps: int) -> int:
@@ -183,7 +188,7 @@ class PagedRunner(ABC):
 
     # -- locking and deferred work ------------------------------------------------------
     @contextlib.contextmanager
-    def _settled(self):
+    def settled(self):
         """The runner's lock, taken with the deferred work of the last generate() done
         first, so every call sees committed states."""
         with self._lock:
@@ -222,7 +227,7 @@ class PagedRunner(ABC):
         (e.g. start frames). ValueError for a bad prompt. Pages are taken chunk by chunk, so a
         full pool shows as a chunk's ``CapacityError``."""
         text = self._embed(prompt, None, 0.0)
-        with self._settled():
+        with self.settled():
             cfg = self.config
             table = PageTable(self.allocator, pages_per_chunk=self.pages_per_chunk,
                               window_chunks=cfg.window_chunks, sink=cfg.sink,
@@ -235,19 +240,19 @@ class PagedRunner(ABC):
         """Switch the prompt (optionally blended) from the next chunk on; the window is
         recached under it first. ValueError for a bad prompt or weight, nothing changed."""
         emb = self._embed(text, blend_text, blend_weight)
-        with self._settled():
+        with self.settled():
             state.prompt, state.text = text, emb
             state.needs_recache = self.config.recache and bool(state.history)
             self._on_prompt(state, blend_text, blend_weight)
 
     def fork(self, state: RunnerState) -> RunnerState:
         """A copy-on-write copy of ``state`` (shared pages, its own noise generator)."""
-        with self._settled():
+        with self.settled():
             return self._fork_state(state, state.table.fork(), fork_rng(state.rng))
 
     def free(self, state: RunnerState) -> None:
         """Release the state's pages. Idempotent."""
-        with self._settled():
+        with self.settled():
             if not state.freed:
                 state.table.free()
                 state.freed = True
@@ -262,7 +267,7 @@ class PagedRunner(ABC):
         (``kernels.available_backends``; ``auto`` = the runner's). ValueError, nothing
         changed, for a value outside those.
         """
-        with self._settled():
+        with self.settled():
             chunks = backend = None
             if memory_frames is not None:
                 chunks = -(-memory_frames // self.chunk_frames)
@@ -283,7 +288,7 @@ class PagedRunner(ABC):
     def rewind(self, state: RunnerState, chunks: int) -> None:
         """Drop the newest ``chunks`` chunks: their pages and what the family kept of them.
         ValueError, with nothing changed, beyond the retained history (the first chunk stays)."""
-        with self._settled():
+        with self.settled():
             limit = max(min(len(state.history) - 1, state.table.max_rewind()), 0)
             if isinstance(chunks, bool) or not isinstance(chunks, int) or not (
                 0 <= chunks <= limit
@@ -302,7 +307,7 @@ class PagedRunner(ABC):
         failures (pool exhausted, bad actions, freed state) come back as ``ChunkResult.error`` and
         leave the other jobs' results valid."""
         results: list[ChunkResult | None] = [None] * len(jobs)
-        with self._settled():
+        with self.settled():
             groups: dict[tuple[int, int, str | None, int], list[int]] = {}
             for i, job in enumerate(jobs):
                 try:
@@ -331,7 +336,7 @@ class PagedRunner(ABC):
             raise ValueError(f"steps must be in [1, {MAX_STEPS}], got {job.steps}")
         self._validate_job(job)
 
-    def _context(self, pages: list[list[int]], contexts: list[list[int]],
+    def attention_context(self, pages: list[list[int]], contexts: list[list[int]],
                  candidates: list[list[int]] | None = None,
                  attention: str | None = None) -> PagedAttentionContext:
         new = torch.tensor([p for ps in pages for p in ps], device=self.device)
@@ -340,16 +345,16 @@ class PagedRunner(ABC):
                                      candidates or [[] for _ in pages], self.topk_pages,
                                      attention or self.attention_backend)
 
-    def _attended(self, state: RunnerState, record: Any) -> list[int]:
+    def attended(self, state: RunnerState, record: Any) -> list[int]:
         """The pages a new chunk attends besides its own and the extra context: sink and
         window (a family may leave some out)."""
         return state.table.attended_pages()
 
-    def _extra_context(self, state: RunnerState, record: Any) -> list[int]:
+    def extra_context(self, state: RunnerState, record: Any) -> list[int]:
         """Older pages a family brings back into the attention context (default none)."""
         return []
 
-    def _trim_history(self, state: RunnerState) -> None:
+    def trim_history(self, state: RunnerState) -> None:
         while len(state.history) > self.config.memory_chunks + (1 if self.config.sink else 0):
             state.history.popleft()
 
@@ -361,11 +366,11 @@ class PagedRunner(ABC):
         ]
         if not live:
             return results
-        with self._returned_on_failure(pages):
+        with self.returned_on_failure(pages):
             return self._generate_live(jobs, live, pages, results)
 
     @contextlib.contextmanager
-    def _returned_on_failure(self, pages: list[list[int]]):
+    def returned_on_failure(self, pages: list[list[int]]):
         """Give freshly allocated ``pages`` back to the pool when the block raises (a failed
         forward must not leak them: the pool is shared by every session)."""
         try:

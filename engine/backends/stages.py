@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
 import torch
@@ -26,26 +26,34 @@ from worldstream.engine.backends.sampler import denoise as flow_denoise
 from worldstream.engine.backends.sampler import step_sigmas
 from worldstream.engine.core.backend import ChunkJob
 
+if TYPE_CHECKING:
+    from worldstream.engine.backends.runner import PagedRunner
+
+
+#: what a family's ``plan`` leaves for its ``show`` (the built-in's ``MemoryViews``)
+ViewsT = TypeVar("ViewsT")
+
 
 @dataclass
-class ChunkBatch:
+class ChunkBatch(Generic[ViewsT]):
     """The chunks of one batch on their way through the stages (one row per job).
 
     ``pages``: each job's freshly allocated KV pages. ``records``: each chunk's record (the
     family's dataclass: ``position``, ``num_frames``, ``latents``, ``context``). ``views``:
-    what the family's ``show`` needs from its ``plan``. ``contexts``/``candidates``: pages each
-    row attends always / may pick by key similarity. ``noise``/``x0``: ``(B, *chunk shape)``
-    float32 initial noise and clean latents. ``frames``: each row's ``(F, H, W, 3)`` uint8.
+    what the family's ``show`` needs from its ``plan``. ``cond``: the family's conditioning
+    (``PagedRunner.conditioning``: text embedding, picture, actions), a tuple of tensors.
+    ``contexts``/``candidates``: pages each row attends always / may pick by key similarity.
+    ``noise``/``x0``: ``(B, *chunk shape)`` float32 initial noise and clean latents. ``frames``: each row's ``(F, H, W, 3)`` uint8.
     """
 
     jobs: list[ChunkJob]
     pages: list[list[int]]
     records: list = field(default_factory=list)
-    views: Any = None
+    views: ViewsT | None = None
     contexts: list[list[int]] = field(default_factory=list)
     candidates: list[list[int]] | None = None
     attention: PagedAttentionContext | None = None
-    cond: Any = None
+    cond: tuple[Any, ...] | None = None
     noise: torch.Tensor | None = None
     x0: torch.Tensor | None = None
     frames: list[np.ndarray] = field(default_factory=list)
@@ -80,69 +88,69 @@ def replace_stage(stages: tuple[Stage, ...], name: str,
 
 
 # -- the shared stages --------------------------------------------------------------------
-def select_pages(backend: Any, batch: ChunkBatch) -> None:
+def select_pages(backend: PagedRunner, batch: ChunkBatch) -> None:
     """Each row's attended pages (sink + window, the family's extra context), then the
     batch's attention context (:func:`attend`)."""
-    attend(backend, batch, [backend._attended(s, r) + backend._extra_context(s, r)
+    attend(backend, batch, [backend.attended(s, r) + backend.extra_context(s, r)
                             for s, r in zip(batch.states, batch.records)])
 
 
-def attend(backend: Any, batch: ChunkBatch, contexts: list[list[int]]) -> None:
+def attend(backend: PagedRunner, batch: ChunkBatch, contexts: list[list[int]]) -> None:
     """The batch's attention over ``contexts`` (each row's attended pages) and, with top-k
     selection, each row's older candidate pages."""
     batch.contexts = contexts
     if backend.topk_pages:
         batch.candidates = [[p for p in s.table.older_pages() if p not in c]
                             for s, c in zip(batch.states, contexts)]
-    batch.attention = backend._context(batch.pages, contexts, batch.candidates,
+    batch.attention = backend.attention_context(batch.pages, contexts, batch.candidates,
                                        batch.states[0].attention)
 
 
-def condition(backend: Any, batch: ChunkBatch) -> None:
+def condition(backend: PagedRunner, batch: ChunkBatch) -> None:
     """The batch's conditioning (the family's tensors, computed once per batch)."""
-    batch.cond = backend._conditioning(batch.states, batch.records)
+    batch.cond = backend.conditioning(batch.states, batch.records)
 
 
-def noise(backend: Any, batch: ChunkBatch) -> None:
+def noise(backend: PagedRunner, batch: ChunkBatch) -> None:
     """Each row's initial noise: from the job's seed, else from the state's generator."""
     batch.noise = torch.stack([
-        backend._noise(torch.Generator().manual_seed(job.seed) if job.seed is not None
+        backend.noise(torch.Generator().manual_seed(job.seed) if job.seed is not None
                       else job.state.rng)
         for job in batch.jobs]).to(backend.device)
 
 
-def denoise(backend: Any, batch: ChunkBatch) -> None:
+def denoise(backend: PagedRunner, batch: ChunkBatch) -> None:
     """Flow-matching denoise of the batch (every step rewrites the chunks' keys/values in
     their pages); the clean latents go to the records."""
     cond, ctx = batch.cond, batch.attention
 
     def predict_x0(x, sigma):
-        return backend._to_x0(x, sigma, backend._forward(x, sigma, cond, ctx))
+        return backend.to_x0(x, sigma, backend.forward(x, sigma, cond, ctx))
 
     batch.x0 = flow_denoise(predict_x0, batch.noise, batch.steps, backend.config.shift)
     keep_latents(backend, batch)
 
 
-def keep_latents(backend: Any, batch: ChunkBatch) -> None:
+def keep_latents(backend: PagedRunner, batch: ChunkBatch) -> None:
     """The denoised latents, float32 on the CPU, into each chunk's record."""
     for rec, lat in zip(batch.records, batch.x0):
         rec.latents = lat.float().cpu() if backend.device.type != "cpu" else lat.float()
 
 
-def cache_fill(backend: Any, batch: ChunkBatch) -> None:
+def cache_fill(backend: PagedRunner, batch: ChunkBatch) -> None:
     """One forward of the clean chunks at ``ctx_sigma`` into their pages, the keys/values
     later chunks attend to; skipped where the last step's are kept
     (``StreamConfig.last_step_cache_sigma``)."""
     keep = backend.config.last_step_cache_sigma
     if keep is None or step_sigmas(batch.steps, backend.config.shift)[-1] > keep + 1e-6:
-        with backend._returned_on_failure(batch.pages):
+        with backend.returned_on_failure(batch.pages):
             cache_fill_ops.fill(backend, batch.states, batch.records, batch.pages, batch.contexts)
 
 
-def commit(backend: Any, batch: ChunkBatch) -> None:
+def commit(backend: PagedRunner, batch: ChunkBatch) -> None:
     """Append each chunk to its state: pages to the page table, record to the history (the
     oldest beyond ``memory_chunks`` dropped)."""
     for state, rec, pages in zip(batch.states, batch.records, batch.pages):
         state.table.append_chunk(pages)
         state.history.append(rec)
-        backend._trim_history(state)
+        backend.trim_history(state)

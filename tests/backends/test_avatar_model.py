@@ -119,7 +119,7 @@ def test_still_camera_encodes_its_memory_picture_once(monkeypatch):
     monkeypatch.setattr(cached.builtin, "encode_frames",
                         lambda x: calls.append(len(x)) or encode(x))
     for _ in range(4):
-        fresh.builtin._base_cache.clear()  # the reference encodes and decodes every base anew
+        fresh.builtin.base_cache.clear()  # the reference encodes and decodes every base anew
         got = [b.generate([ChunkJob(s, [RIGHT], 2, seed=7)])[0].frames
                for b, s in zip((cached, fresh), states)]
         np.testing.assert_array_equal(got[0], got[1])

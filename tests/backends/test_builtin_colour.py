@@ -93,7 +93,7 @@ def test_a_prompt_switch_restarts_the_colour_anchor_at_its_first_generated_frame
     spy = compositing.anchor_colours
 
     def anchor_colours(backend, states, records, rgb, views):
-        generated = (~views.current | views.refining) & ~gen._exclude
+        generated = (~views.current | views.refining) & ~gen.exclude
         seen.append(rgb[0][generated[0]].astype(np.float64).mean(axis=0))  # first frame
         spy(backend, states, records, rgb, views)
 

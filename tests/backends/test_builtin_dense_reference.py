@@ -93,14 +93,14 @@ def test_last_step_cache_equals_the_dense_forward_over_noisy_context():
     for steps, fills in ((4, False), (2, True)):
         gen = tiny_generator(last_step_cache_sigma=0.3, window_chunks=8, memory_chunks=8)
         calls = []  # (x, σ, output) of every forward
-        forward = gen._forward
+        forward = gen.forward
 
         def spy(x, sigma, cond, ctx, forward=forward, calls=calls):
             out = forward(x, sigma, cond, ctx)
             calls.append((x.clone(), sigma, out.clone()))
             return out
 
-        gen._forward = spy
+        gen.forward = spy
         state = gen.new_state("a green meadow", seed=3)
         rng = np.random.default_rng(0)
         for n in range(4):

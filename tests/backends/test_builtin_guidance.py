@@ -204,13 +204,13 @@ def test_steady_guidance_guides_every_chunk_at_its_high_noise_steps_only(batched
         assert torch.allclose(want, recs[last].latents, atol=1e-4)
         assert (c - recs[last].latents).abs().max() > 1e-2
     seen = []
-    forward = gen._forward
+    forward = gen.forward
 
     def spy(x, sigma, cond, ctx):  # each row: is its text dropped?
         seen.append((round(float(sigma), 3), tuple(bool((t == 0).all()) for t in cond[4])))
         return forward(x, sigma, cond, ctx)
 
-    gen._forward = spy
+    gen.forward = spy
     (res,) = gen.generate([ChunkJob(state, [2, 2], steps=2, seed=200)])
     assert res.error is None
     gen.finish()

@@ -63,7 +63,7 @@ def test_memory_settle_px_is_how_far_inside_new_ground_is_rewritten():
             for x0, y0 in origins:
                 ys, xs = slice(y0 - lo, y0 - lo + 128), slice(x0 - lo, x0 - lo + 128)
                 seen = np.full((128, 128), settle) if real else view
-                new = np.where(gen._exclude, canvas[ys, xs], np.maximum(canvas[ys, xs], seen))
+                new = np.where(gen.exclude, canvas[ys, xs], np.maximum(canvas[ys, xs], seen))
                 canvas[ys, xs] = seen if real else new
         x0, y0 = state.history[-1].origins[0]
         old = canvas[y0 - lo : y0 - lo + 128, x0 - lo : x0 - lo + 128]

@@ -151,8 +151,8 @@ def test_memory_frames_and_attention_settings_reach_the_attention_context():
     gen.configure(state, memory_frames=F + 1, attention="reference")  # rounds up to 2 chunks
     assert len(state.table.window_pages()) == 2 * F and state.attention == "reference"
     seen = []
-    context = gen._context
-    gen._context = lambda pages, contexts, *a, **k: seen.append(contexts) or context(
+    context = gen.attention_context
+    gen.attention_context = lambda pages, contexts, *a, **k: seen.append(contexts) or context(
         pages, contexts, *a, **k)
     gen.generate([ChunkJob(state, [4] * F, 1, seed=9)])
     assert len(seen[0][0]) == 2 * F  # the denoise attends the narrowed window only
@@ -188,14 +188,14 @@ def test_negative_rows_write_to_scratch_pages_outside_the_allocator():
     chunk's own pages swapped for scratch pages, which lie past the allocator's pages (never
     handed to a stream); too few scratch pages is an error."""
     gen = tiny_generator(guidance=2.0, max_states=2)
-    scratch = gen._scratch_pages
+    scratch = gen.scratch_pages
     assert scratch == list(range(gen.allocator.num_pages, gen.k_pool.shape[1]))
     assert len(scratch) == gen.negative_forwards * F * 2
-    ctx = gen._context([[0, 1]], [[5, 6]])  # the chunk's pages 0, 1; its context 5, 6
+    ctx = gen.attention_context([[0, 1]], [[5, 6]])  # the chunk's pages 0, 1; its context 5, 6
     guided = ctx.with_negatives(2, scratch)
     s = scratch
     assert guided.always == [[5, 6, s[0], s[1]], [5, 6, s[2], s[3]], [5, 6, 0, 1]]
     assert guided.new_pages.tolist() == [s[0], s[1], s[2], s[3], 0, 1]
     assert ctx.with_negatives(2, scratch) is guided  # planned once a chunk
     with pytest.raises(ValueError, match="scratch"):
-        gen._context([[0, 1]], [[5, 6]]).with_negatives(2, scratch[:3])
+        gen.attention_context([[0, 1]], [[5, 6]]).with_negatives(2, scratch[:3])

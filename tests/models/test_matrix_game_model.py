@@ -67,7 +67,7 @@ def test_streamed_chunks_equal_the_dense_block_causal_reference(variant):
     assert worst <= 1e-4, worst
     # the local window mattered: chunk 3 attends 3 frames before it (universal, Temple Run)
     # or 1 (GTA) of the 9 the stream has
-    assert backend._attended(state, None) == state.table.attended_pages()[
+    assert backend.attended(state, None) == state.table.attended_pages()[
         -(cfg.local_attn_size - 3):]
 
 

@@ -57,7 +57,7 @@ class AvatarModelBackend(AvatarControlsMixin, AvatarSaves):
         """The built-in backend's forwards a chunk (``PagedRunner.step_cost``)."""
         return self.builtin.step_cost(steps)
 
-    def _live(self, state: AvatarState) -> AvatarState:
+    def live(self, state: AvatarState) -> AvatarState:
         if not isinstance(state, AvatarState) or state.freed:
             raise ValueError("state is freed or not an avatar state")
         return state
@@ -88,7 +88,7 @@ class AvatarModelBackend(AvatarControlsMixin, AvatarSaves):
         restyling what it remembers) turned the character into a patchwork of colours in the
         page: the avatar's training data switch looks once in ~200 frames, too rarely for the
         model to learn to redraw a whole character from a stale picture."""
-        inner = self._live(state).inner
+        inner = self.live(state).inner
         look = look_for_prompt(text)
         self.builtin.set_prompt(inner, text, blend_text, blend_weight)
         self.builtin.observe(inner, start_frames(look, inner.noise_seed, self.chunk_frames),
@@ -96,7 +96,7 @@ class AvatarModelBackend(AvatarControlsMixin, AvatarSaves):
         inner.restyle_left = 0  # the memory picture is the new look's, current
 
     def fork(self, state: AvatarState) -> AvatarState:
-        self._live(state)
+        self.live(state)
         return AvatarState(self.builtin.fork(state.inner), state.controls.copy(),
                            deque(c.copy() for c in state.history))
 
@@ -109,7 +109,7 @@ class AvatarModelBackend(AvatarControlsMixin, AvatarSaves):
     def rewind(self, state: AvatarState, chunks: int) -> None:
         """Back to the stream and controls of ``chunks`` chunks ago; ValueError (nothing
         changed) beyond the kept history."""
-        self._live(state)
+        self.live(state)
         if not isinstance(chunks, int) or not 1 <= chunks <= len(state.history):
             raise ValueError(f"can rewind 1..{len(state.history)} chunks, got {chunks!r}")
         self.builtin.rewind(state.inner, chunks)
@@ -120,7 +120,7 @@ class AvatarModelBackend(AvatarControlsMixin, AvatarSaves):
 
     def configure(self, state: AvatarState, **settings) -> None:
         """The built-in model's per-session settings (``memory_frames``, ``attention``)."""
-        self.builtin.configure(self._live(state).inner, **settings)
+        self.builtin.configure(self.live(state).inner, **settings)
 
     def hash_renderer(self, h) -> None:
         """What draws the frames: the wrapped built-in model (its model version)."""
@@ -135,7 +135,7 @@ class AvatarModelBackend(AvatarControlsMixin, AvatarSaves):
         inner_jobs, where, before = [], [], []
         for i, job in enumerate(jobs):
             try:
-                state = self._live(job.state)
+                state = self.live(job.state)
                 snapshot = state.controls.copy()
                 actions = self._actions(state, job.actions, self.rewind_chunks + 1)
             except ValueError as err:

@@ -58,7 +58,7 @@ def _controls_from(d: dict[str, Any]):
 
 
 def export_avatar(backend, state) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    backend._live(state)
+    backend.live(state)
     controls = {"controls": _controls_dict(state.controls),
                 "controls_history": [_controls_dict(c) for c in state.history]}
     if backend.name == "avatar":

@@ -112,7 +112,7 @@ class AvatarSimBackend(AvatarControlsMixin, AvatarSaves):
             from worldstream.engine.models.builtin.text import look_for_prompt as look_for
         self._look_for = look_for
 
-    def _live(self, state: AvatarState) -> AvatarState:
+    def live(self, state: AvatarState) -> AvatarState:
         if not isinstance(state, AvatarState) or state.freed:
             raise ValueError("state is freed or not an avatar state")
         return state
@@ -131,11 +131,11 @@ class AvatarSimBackend(AvatarControlsMixin, AvatarSaves):
                    blend_weight: float = 0.0) -> None:
         """Switch to the look of the heavier prompt; ValueError (nothing changes) for a bad
         prompt or weight."""
-        self._live(state)
+        self.live(state)
         state.inner[0].set_look(self._look_for(heavier_prompt(text, blend_text, blend_weight)))
 
     def fork(self, state: AvatarState) -> AvatarState:
-        self._live(state)
+        self.live(state)
         sim, sims = state.inner
         return AvatarState((copy.deepcopy(sim), deque(copy.deepcopy(s) for s in sims)),
                            state.controls.copy(), deque(c.copy() for c in state.history))
@@ -149,13 +149,13 @@ class AvatarSimBackend(AvatarControlsMixin, AvatarSaves):
     def rewind(self, state: AvatarState, chunks: int) -> None:
         """Back to the avatar (and its controls) of ``chunks`` chunks ago; ValueError beyond
         the history."""
-        self._live(state)
+        self.live(state)
         sims = state.inner[1]
         state.inner = (pop_history(sims, chunks), sims)
         self._rewind_controls(state, chunks)
 
     def _generate_one(self, job: ChunkJob) -> np.ndarray:
-        state = self._live(job.state)
+        state = self.live(job.state)
         check_job(job)
         actions = self._actions(state, job.actions, self.rewind_chunks)
         sim, sims = state.inner

@@ -119,11 +119,11 @@ class BuiltinBackend(PagedRunner, BuiltinSaves):
         self.chunk_frames = mc.chunk_frames
         self.width = self.height = mc.image_size
         self.downsample = mc.image_size // mc.latent_size
-        self._exclude = centre_box(mc.image_size, mc.view_box)
+        self.exclude = centre_box(mc.image_size, mc.view_box)
         # the rig whose pose path conditions each frame (the model's ``pose_path``), None
         self.pose_rig = make_base_warp(mc.pose_path, mc.image_size) if mc.pose_path else None
-        self._base_cache = BaseCache()
-        self._net: torch.nn.Module = self.model  # what _forward calls (or its compiled form)
+        self.base_cache = BaseCache()
+        self._net: torch.nn.Module = self.model  # what forward calls (or its compiled form)
         if cfg.compile:
             self._compile()
 
@@ -215,7 +215,7 @@ class BuiltinBackend(PagedRunner, BuiltinSaves):
         produced them) to the state's context and memory instead of generating them: teacher
         forcing, and restoring a session from its recent frames. The camera follows the
         actions through the model's camera dynamics."""
-        with self._settled():
+        with self.settled():
             self._prefill(state)
             if state.needs_recache:
                 cache_fill.recache(self, state)
@@ -236,14 +236,14 @@ class BuiltinBackend(PagedRunner, BuiltinSaves):
         rec.colour_mean = rec.colour_reference = state.colour_reference
         cache_fill.append(self, state, [rec])
         memory.write(self, state, rec, frames, settled=True)
-        self._trim_history(state)
+        self.trim_history(state)
 
     # -- the model's services to the stages ----------------------------------------------
     def _validate_job(self, job: ChunkJob) -> None:
         if any(not 0 <= a < self.model.config.num_actions for a in job.actions):
             raise ValueError(f"action ids must be in [0, {self.model.config.num_actions})")
 
-    def _noise(self, generator: torch.Generator) -> torch.Tensor:
+    def noise(self, generator: torch.Generator) -> torch.Tensor:
         """Fresh white noise ``(F, C, h, w)`` float32 from ``generator``."""
         mc = self.model.config
         return torch.randn((self.chunk_frames, mc.latent_channels, mc.latent_size,
@@ -252,7 +252,7 @@ class BuiltinBackend(PagedRunner, BuiltinSaves):
     def _first_step_skipped(self, steps: int) -> bool:
         return guidance.first_step_skipped(self.config, steps)
 
-    def _conditioning(self, states: list[BuiltinState], records: list[ChunkRecord]) -> tuple:
+    def conditioning(self, states: list[BuiltinState], records: list[ChunkRecord]) -> tuple:
         """Conditioning tensors of a batch of chunks (one record per state): memory bases,
         their noise level, current/stale planes, actions, text, frame positions, which rows
         are guided ``(B,)`` bool, the second skip source (None for a model without
@@ -273,7 +273,7 @@ class BuiltinBackend(PagedRunner, BuiltinSaves):
                 if self.pose_rig is not None else None)
         return base, base_sigma, known, actions, txt, pos, guided, skip, pose
 
-    def _forward(self, x, sigma: float, cond: tuple, ctx: PagedAttentionContext) -> torch.Tensor:
+    def forward(self, x, sigma: float, cond: tuple, ctx: PagedAttentionContext) -> torch.Tensor:
         base, base_sigma, known, actions, txt, pos, _, skip, pose = cond
         sig = torch.full(actions.shape, sigma, device=self.device)
         # NOTE: fresh contiguous inputs: a compiled graph guards on its inputs' strides and on

@@ -8,9 +8,12 @@ space; averaged over seconds, a lake or a clearing passing by does not pull it.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from worldstream.engine.backends.builtin.backend import BuiltinBackend
 
 #: the running mean keeps this much of itself a frame (~100 frames: a few seconds of moving)
 ANCHOR_DECAY = 0.99
@@ -32,13 +35,13 @@ def anchor_colour(pixels: np.ndarray, mean: np.ndarray, reference: np.ndarray,
     return pixels * gain + lift
 
 
-def anchor_colours(backend: Any, states: list, records: list, rgb: np.ndarray,
+def anchor_colours(backend: BuiltinBackend, states: list, records: list, rgb: np.ndarray,
                    views: Any) -> None:
     """Correct the generated ground of frames ``rgb (N, H, W, 3)`` uint8, in place, against
     each stream's reference; each record keeps the running mean after its last frame and the
     reference it was kept against (a rewind takes both back with the record)."""
     tolerance = backend.config.colour_anchor
-    generated = (~views.current | views.refining) & ~backend._exclude
+    generated = (~views.current | views.refining) & ~backend.exclude
     f = backend.chunk_frames
     for n, (state, rec) in enumerate(zip(states, records)):
         reference = state.colour_reference

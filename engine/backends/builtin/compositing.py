@@ -11,7 +11,7 @@ refined is kept as shading and limited (``refining_detail_*``); then the colour 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 from scipy import ndimage
@@ -20,17 +20,20 @@ from worldstream.engine.backends.builtin.colour import anchor_colours
 from worldstream.engine.backends.builtin.state import MemoryViews
 from worldstream.engine.backends.stages import ChunkBatch
 
+if TYPE_CHECKING:
+    from worldstream.engine.backends.builtin.backend import BuiltinBackend
+
 #: side (px) of the square over which ``residual_gate`` averages the change's magnitude, so
 #: that one noisy pixel does not switch alone (a speckle of memory and decode)
 GATE_WINDOW = 5
 
 
-def show(backend: Any, batch: ChunkBatch) -> None:
+def show(backend: BuiltinBackend, batch: ChunkBatch) -> None:
     """Stage: each row's frames ``(F, H, W, 3)`` uint8."""
     batch.frames = compose(backend, batch.states, batch.records, batch.x0, batch.views)
 
 
-def compose(backend: Any, states: list, records: list, x0, views: MemoryViews
+def compose(backend: BuiltinBackend, states: list, records: list, x0, views: MemoryViews
             ) -> list[np.ndarray]:
     """Each state's frames ``(F, H, W, 3)`` uint8 for its latents ``x0 (B, F, C, h, w)``."""
     cfg = backend.config
@@ -39,7 +42,7 @@ def compose(backend: Any, states: list, records: list, x0, views: MemoryViews
         rgb = backend.decode_latents(flat)
     else:
         model = backend.decode_latents(flat.float().cpu()).astype(np.int16)
-        decoded = np.stack([backend._base_cache.decoded(backend, k, z)
+        decoded = np.stack([backend.base_cache.decoded(backend, k, z)
                             for k, z in zip(views.keys, views.base)])
         change = model - decoded
         pictures = views.pictures
@@ -60,7 +63,7 @@ def compose(backend: Any, states: list, records: list, x0, views: MemoryViews
                             backend.width, 3))
 
 
-def refining_detail(backend: Any, states: list, views: MemoryViews,
+def refining_detail(backend: BuiltinBackend, states: list, views: MemoryViews,
                     decoded: np.ndarray) -> np.ndarray:
     """The memory pictures ``(N, H, W, 3)`` int16 with the detail on each frame's refining
     pixels (picture less its decoded base ``decoded``) kept as shading of the decoded colour

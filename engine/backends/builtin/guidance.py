@@ -11,7 +11,7 @@ diffusion, Liu et al. 2022). The negative forwards run beside the conditional on
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -20,20 +20,23 @@ from worldstream.engine.backends.paged_context import batched_forwards
 from worldstream.engine.backends.sampler import denoise as flow_denoise
 from worldstream.engine.backends.stages import ChunkBatch, keep_latents
 
+if TYPE_CHECKING:
+    from worldstream.engine.backends.builtin.backend import BuiltinBackend
 
-def denoise(backend: Any, batch: ChunkBatch) -> None:
+
+def denoise(backend: BuiltinBackend, batch: ChunkBatch) -> None:
     """Stage: the batch's clean latents ``(B, F, C, h, w)`` float32, into its records."""
     cond, ctx = batch.cond, batch.attention
 
     def predict_x0(x, sigma):
-        return backend._to_x0(x, sigma, guided_forward(backend, x, sigma, cond, ctx))
+        return backend.to_x0(x, sigma, guided_forward(backend, x, sigma, cond, ctx))
 
     batch.x0 = flow_denoise(predict_x0, batch.noise, batch.steps, backend.config.shift,
                             first_x0=first_x0(backend, batch.records, cond, batch.steps))
     keep_latents(backend, batch)
 
 
-def guided_forward(backend: Any, x: torch.Tensor, sigma: float, cond: tuple,
+def guided_forward(backend: BuiltinBackend, x: torch.Tensor, sigma: float, cond: tuple,
                    ctx: Any) -> torch.Tensor:
     """One denoising step's prediction for chunks ``x`` at ``sigma``: guided on the prompt
     for guided rows (all rows at σ >= ``steady_guidance_sigma``) and on the action for rows
@@ -53,9 +56,9 @@ def guided_forward(backend: Any, x: torch.Tensor, sigma: float, cond: tuple,
         if bool(asked.any()):
             terms.append((torch.where(asked, cfg.action_guidance - 1.0, 0.0),
                           (base, base_sigma, known, neutral, txt, pos, guided, skip, pose)))
-    *negatives, out = batched_forwards(backend._forward, x, sigma,
+    *negatives, out = batched_forwards(backend.forward, x, sigma,
                                        [neg for _, neg in terms] + [cond], ctx,
-                                       backend._scratch_pages, cfg.batched_guidance)
+                                       backend.scratch_pages, cfg.batched_guidance)
     guided_out = out
     for (scale, _), negative in zip(terms, negatives):
         scale = scale.to(out.dtype).view(-1, *([1] * (out.dim() - 1)))
@@ -63,7 +66,7 @@ def guided_forward(backend: Any, x: torch.Tensor, sigma: float, cond: tuple,
     return guided_out
 
 
-def neutral_actions(backend: Any, actions: torch.Tensor) -> torch.Tensor:
+def neutral_actions(backend: BuiltinBackend, actions: torch.Tensor) -> torch.Tensor:
     """The negative condition of action guidance for int64 ids ``actions (B, F)``: the
     neutral action, with the ``kept_factors`` of each id as asked (factored ids
     ``a_0 + f_0 * (a_1 + f_1 * ...)``, as ``WorldDiTActionEmbedding`` reads them)."""
@@ -86,7 +89,7 @@ def first_step_skipped(config: Any, steps: int) -> bool:
     return least is not None and steps >= least
 
 
-def first_x0(backend: Any, records: list[ChunkRecord], cond: tuple,
+def first_x0(backend: BuiltinBackend, records: list[ChunkRecord], cond: tuple,
              steps: int) -> torch.Tensor | None:
     """The chunks' memory bases ``(B, F, C, h, w)`` (with their context noise, as the model
     reads them) as the first step's prediction (SDEdit's start from a noised guide), in

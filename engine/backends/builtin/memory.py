@@ -4,7 +4,7 @@ anchor hold generated ground to are taken from real frames."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -14,20 +14,23 @@ from worldstream.engine.models.builtin import text as text_encoder
 from worldstream.engine.worlds.actions import IDLE
 from worldstream.engine.worlds.simulator import WorldSimulator
 
+if TYPE_CHECKING:
+    from worldstream.engine.backends.builtin.backend import BuiltinBackend
 
-def remember(backend: Any, batch: ChunkBatch) -> None:
+
+def remember(backend: BuiltinBackend, batch: ChunkBatch) -> None:
     """Stage (after delivery): each chunk's frames into its state's spatial memory."""
     for state, rec, frames in zip(batch.states, batch.records, batch.frames):
         write(backend, state, rec, frames)
 
 
-def write(backend: Any, state: BuiltinState, rec: ChunkRecord, frames: np.ndarray,
+def write(backend: BuiltinBackend, state: BuiltinState, rec: ChunkRecord, frames: np.ndarray,
           settled: bool = False) -> None:
     """Write a chunk's frames ``(F, H, W, 3)`` uint8 into the state's memory at the chunk's
     windows (the centred player sprite excluded), keeping the undo records on ``rec``;
     ``settled`` for real frames (final up to their border)."""
     for (x0, y0), rgb in zip(rec.origins, frames):
-        rec.undo.append(state.memory.write(x0, y0, rgb, backend._exclude, settled=settled))
+        rec.undo.append(state.memory.write(x0, y0, rgb, backend.exclude, settled=settled))
 
 
 def undo(state: BuiltinState, rec: ChunkRecord) -> None:
@@ -36,14 +39,14 @@ def undo(state: BuiltinState, rec: ChunkRecord) -> None:
         state.memory.undo(record)
 
 
-def simulated_start(backend: Any, prompt: str, seed: int) -> np.ndarray:
+def simulated_start(backend: BuiltinBackend, prompt: str, seed: int) -> np.ndarray:
     """Simulator frames ``(chunk_frames, H, W, 3)`` uint8 of the prompt's nearest scene at
     world ``seed``, the camera at rest: a stream's default start."""
     sim = WorldSimulator(seed, text_encoder.scene_for_prompt(prompt))
     return np.stack([sim.step(IDLE) for _ in range(backend.chunk_frames)])
 
 
-def set_references(backend: Any, state: BuiltinState, frames: np.ndarray,
+def set_references(backend: BuiltinBackend, state: BuiltinState, frames: np.ndarray,
                    latents=None) -> None:
     """The stream's detail and colour references from real frames ``(F, H, W, 3)`` uint8
     (those switched off stay None): the RMS of what the autoencoder loses on them, and their

@@ -7,15 +7,18 @@ frames that generate the same new ground refine one sample of it; else fresh whi
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from worldstream.engine.backends.stages import ChunkBatch
 from worldstream.engine.models.builtin.world_noise import chunk_noise
 
+if TYPE_CHECKING:
+    from worldstream.engine.backends.builtin.backend import BuiltinBackend
 
-def noise(backend: Any, batch: ChunkBatch) -> None:
+
+def noise(backend: BuiltinBackend, batch: ChunkBatch) -> None:
     """Stage: ``(B, F, C, h, w)`` float32 initial noise, from the field of each job's seed
     (else its stream's) or, without the field, from the job's seed or the state's
     generator."""
@@ -28,6 +31,6 @@ def noise(backend: Any, batch: ChunkBatch) -> None:
             rows.append(chunk_noise(seed, rec.origins, backend.downsample, mc.latent_channels,
                                     mc.latent_size))
         else:
-            rows.append(backend._noise(torch.Generator().manual_seed(job.seed)
+            rows.append(backend.noise(torch.Generator().manual_seed(job.seed)
                                        if job.seed is not None else state.rng))
     batch.noise = torch.stack(rows).to(backend.device)

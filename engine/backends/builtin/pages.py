@@ -9,7 +9,7 @@ pages the attention may pick by key similarity.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -17,14 +17,17 @@ from worldstream.engine.backends.builtin.state import BuiltinState, ChunkRecord
 from worldstream.engine.backends.stages import ChunkBatch, attend
 from worldstream.engine.models.builtin.spatial_memory import select_by_overlap
 
+if TYPE_CHECKING:
+    from worldstream.engine.backends.builtin.backend import BuiltinBackend
 
-def select_pages(backend: Any, batch: ChunkBatch) -> None:
+
+def select_pages(backend: BuiltinBackend, batch: ChunkBatch) -> None:
     """Stage: each row's attended pages, then the batch's attention context."""
     attend(backend, batch, [attended(backend, s, r) + spatial_pages(backend, s, r.origins)
                             for s, r in zip(batch.states, batch.records)])
 
 
-def attended(backend: Any, state: BuiltinState, record: ChunkRecord) -> list[int]:
+def attended(backend: BuiltinBackend, state: BuiltinState, record: ChunkRecord) -> list[int]:
     """The sink and window pages, less the window frames posed more than
     ``window_pose_tolerance`` from the new chunk's first frame (a model with a rig)."""
     pages = state.table.attended_pages()
@@ -43,7 +46,7 @@ def attended(backend: Any, state: BuiltinState, record: ChunkRecord) -> list[int
     return [p for p in pages if p not in far]
 
 
-def spatial_pages(backend: Any, state: BuiltinState, origins: np.ndarray) -> list[int]:
+def spatial_pages(backend: BuiltinBackend, state: BuiltinState, origins: np.ndarray) -> list[int]:
     """Up to ``spatial_pages`` older pages whose frame's camera window overlaps the view at
     ``origins[-1]`` most (overlap > 0), oldest first."""
     k = backend.config.spatial_pages

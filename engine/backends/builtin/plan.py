@@ -8,7 +8,7 @@ once, with planes saying where memory holds current and stale content.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -18,14 +18,17 @@ from worldstream.engine.backends.builtin.state import BuiltinState, ChunkRecord,
 from worldstream.engine.backends.stages import ChunkBatch
 from worldstream.engine.models.builtin.spatial_memory import model_inputs
 
+if TYPE_CHECKING:
+    from worldstream.engine.backends.builtin.backend import BuiltinBackend
 
-def plan(backend: Any, batch: ChunkBatch) -> None:
+
+def plan(backend: BuiltinBackend, batch: ChunkBatch) -> None:
     """Stage: the batch's records and memory views from its jobs' actions."""
     batch.records, batch.views = plan_chunks(backend, batch.states,
                                              [job.actions for job in batch.jobs])
 
 
-def plan_chunks(backend: Any, states: list[BuiltinState], actions: list[list[int]],
+def plan_chunks(backend: BuiltinBackend, states: list[BuiltinState], actions: list[list[int]],
                 move: bool = True) -> tuple[list[ChunkRecord], MemoryViews]:
     """Each state's next chunk up to its latents, and what memory showed each frame.
 
@@ -72,8 +75,8 @@ def plan_chunks(backend: Any, states: list[BuiltinState], actions: list[list[int
             field_times=np.zeros(len(acts), np.int64),
             pose=np.zeros(2) if poses is None else poses[-1], poses=poses))
     keys = [picture_key(p) for p in pictures]
-    base = backend._base_cache.encode(backend, pictures, keys)
-    skip = (backend._base_cache.encode(backend, warped, [picture_key(p) for p in warped])
+    base = backend.base_cache.encode(backend, pictures, keys)
+    skip = (backend.base_cache.encode(backend, warped, [picture_key(p) for p in warped])
             if warped else None)
     views = MemoryViews(np.stack(pictures), np.stack(current), base, keys, np.stack(refining))
     f = len(actions[0])

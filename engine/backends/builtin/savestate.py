@@ -45,7 +45,7 @@ def _t2n(x) -> np.ndarray:
 def export_builtin(gen, state) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     import torch
 
-    with gen._settled():  # the last chunk's deferred cache fill and memory write first
+    with gen.settled():  # the last chunk's deferred cache fill and memory write first
         if state.freed:
             raise SavepointError("the state was freed")
         pages = state.table.all_pages()

@@ -51,7 +51,7 @@ class GameKeys:
     action_meanings: tuple[str, ...]
     keymap: keymaps.KeyMap
     #: the state if it is live, else ValueError (each backend checks its own state type)
-    _live: Callable[[Any], Any]
+    live: Callable[[Any], Any]
 
     @property
     def wire_keys(self) -> tuple[str, ...]:
@@ -75,7 +75,7 @@ class GameKeys:
                    blend_weight: float = 0.0) -> None:
         """A game has no text prompt: ValueError (a freed state's error first), nothing
         changes."""
-        self._live(state)
+        self.live(state)
         raise ValueError(f"the game {self.env_id} has no text prompt; steer it with its keys")
 
     def frame_version(self, **extra: Any) -> str:

@@ -114,7 +114,7 @@ class GameEnvBackend(GameKeys, GameEnvSaves):
                 return self._spare.pop()
         return GameEnv(self.env_id, size=self.size)
 
-    def _live(self, state: GameState) -> GameState:
+    def live(self, state: GameState) -> GameState:
         if not isinstance(state, GameState) or state.freed:
             raise ValueError("state is freed or not a GameEnvBackend state")
         return state
@@ -145,7 +145,7 @@ class GameEnvBackend(GameKeys, GameEnvSaves):
 
     def fork(self, state: GameState) -> GameState:
         """An independent copy (its own env restored from a snapshot, with the history)."""
-        self._live(state)
+        self.live(state)
         return self.state_from(state.seed, state.episode, state.game.snapshot(),
                                list(state.history))
 
@@ -170,7 +170,7 @@ class GameEnvBackend(GameKeys, GameEnvSaves):
 
     def rewind(self, state: GameState, chunks: int) -> None:
         """Back to the game as it was ``chunks`` chunks ago; ValueError beyond the history."""
-        self._live(state)
+        self.live(state)
         snap, episode = pop_history(state.history, chunks)
         state.game.restore(snap)
         state.episode = episode
@@ -189,7 +189,7 @@ class GameEnvBackend(GameKeys, GameEnvSaves):
                        "message": f"game over: episode {state.episode + 1} begins"}
 
     def _generate_one(self, job: ChunkJob) -> tuple[np.ndarray, list]:
-        state = self._live(job.state)
+        state = self.live(job.state)
         check_job(job)
         for action in job.actions:  # all checked before the game moves
             if not isinstance(action, int | np.integer) or not 0 <= action < self.num_actions:

@@ -177,7 +177,7 @@ class GameWorldBackend(GameKeys, GameWorldSaves):
                                      batch_invariant=self.batch_invariant, **extra)
 
     # ------------------------------------------------------------ states
-    def _live(self, state: WorldState) -> WorldState:
+    def live(self, state: WorldState) -> WorldState:
         if not isinstance(state, WorldState) or state.freed:
             raise ValueError("state is freed or not a GameWorldBackend state")
         return state
@@ -230,7 +230,7 @@ class GameWorldBackend(GameKeys, GameWorldSaves):
 
     def fork(self, state: WorldState) -> WorldState:
         """An independent copy with the history (the arrays are shared: never written)."""
-        self._live(state)
+        self.live(state)
         return WorldState(state.seed, state.frames, state.actions, deque(state.history),
                           step=state.step)
 
@@ -246,7 +246,7 @@ class GameWorldBackend(GameKeys, GameWorldSaves):
 
     def rewind(self, state: WorldState, chunks: int) -> None:
         """Back to the context of ``chunks`` chunks ago; ValueError beyond the history."""
-        self._live(state)
+        self.live(state)
         state.frames, state.actions, state.step = pop_history(state.history, chunks)
 
     # ------------------------------------------------------------ generation
@@ -268,7 +268,7 @@ class GameWorldBackend(GameKeys, GameWorldSaves):
         return nxt.to("cpu").numpy().astype(np.uint8)
 
     def _rollout(self, job: ChunkJob) -> _Rollout:
-        state = self._live(job.state)
+        state = self.live(job.state)
         check_job(job)
         for action in job.actions:  # all checked before the world moves
             if not isinstance(action, int | np.integer) or not 0 <= action < self.num_actions:

@@ -221,7 +221,7 @@ class MatrixGameBackend(PagedRunner, MatrixGameSaves):
         check_prompt(prompt)
         frame = self._default_image if start_frames is None else np.asarray(start_frames)[0]
         context, cond = self._encode_image(frame)
-        with self._settled():
+        with self.settled():
             cfg = self.config
             table = PageTable(self.allocator, pages_per_chunk=self.pages_per_chunk,
                               window_chunks=cfg.window_chunks, sink=cfg.sink,
@@ -262,21 +262,22 @@ class MatrixGameBackend(PagedRunner, MatrixGameSaves):
         redecode(self, state)  # the action windows' history is the last record's
 
     # -- a chunk -----------------------------------------------------------------------------
-    def _attended(self, state: MatrixGameState, record: Any) -> list[int]:
+    def attended(self, state: MatrixGameState, record: Any) -> list[int]:
         """The local window: the last ``local_attn_size - latent_frames`` frames before the
         chunk (a page is a frame)."""
         keep = self.model_config.local_attn_size - self.config.latent_frames
         pages = state.table.attended_pages()
         return pages[len(pages) - keep:] if keep > 0 else []
 
-    def _context(self, pages, contexts, candidates=None, attention=None) -> MatrixGameAttention:
-        return MatrixGameAttention(super()._context(pages, contexts, candidates, attention),
-                                   self.action_pools)
+    def attention_context(self, pages, contexts, candidates=None,
+                          attention=None) -> MatrixGameAttention:
+        return MatrixGameAttention(
+            super().attention_context(pages, contexts, candidates, attention), self.action_pools)
 
-    def _noise(self, generator: torch.Generator) -> torch.Tensor:
+    def noise(self, generator: torch.Generator) -> torch.Tensor:
         return torch.randn(self.latent_shape, generator=generator)
 
-    def _conditioning(self, states: list[MatrixGameState], records: list) -> tuple:
+    def conditioning(self, states: list[MatrixGameState], records: list) -> tuple:
         f = self.config.latent_frames
         cond = torch.stack([mg.condition_frames(s.cond, r.position, f)
                             for s, r in zip(states, records)])
@@ -286,17 +287,17 @@ class MatrixGameBackend(PagedRunner, MatrixGameSaves):
                 torch.tensor([r.position for r in records]), mouse,
                 torch.stack([r.keyboard for r in records]).to(self.device))
 
-    def _forward(self, x, sigma: float, cond: tuple, ctx: PagedAttentionContext
+    def forward(self, x, sigma: float, cond: tuple, ctx: PagedAttentionContext
                  ) -> torch.Tensor:
         """Flow prediction of chunks ``x`` ``(B, 16, F, h, w)`` at noise ``sigma`` (every
-        frame), conditioned by :meth:`_conditioning`."""
+        frame), conditioned by :meth:`conditioning`."""
         image, context, starts, mouse, keyboard = cond
         t = torch.full((x.shape[0], x.shape[2]), sigma * NUM_TRAIN_TIMESTEPS,
                        device=self.device)
         return self.model.forward_chunk(x, image, t, context, starts, mouse, keyboard,
                                         ctx).float()
 
-    def _to_x0(self, x: torch.Tensor, sigma: float, out: torch.Tensor) -> torch.Tensor:
+    def to_x0(self, x: torch.Tensor, sigma: float, out: torch.Tensor) -> torch.Tensor:
         return x - sigma * out  # the model predicts the flow noise - x0
 
 

@@ -75,7 +75,7 @@ def export_matrix_game(gen, state) -> tuple[dict[str, np.ndarray], dict[str, Any
     too large for a save file."""
     import torch
 
-    with gen._settled():  # the last chunk's deferred cache fill and commit first
+    with gen.settled():  # the last chunk's deferred cache fill and commit first
         if state.freed:
             raise SavepointError("the state was freed")
         pages = state.table.all_pages()

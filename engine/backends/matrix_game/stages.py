@@ -11,7 +11,7 @@ next level with fresh noise from the chunk's generator (not an ODE step).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -22,6 +22,9 @@ from worldstream.engine.models.matrix_game.conditions import (
     chunk_raw_frames,
     raw_inputs,
 )
+
+if TYPE_CHECKING:
+    from worldstream.engine.backends.matrix_game.backend import MatrixGameBackend
 
 
 def warped_sigmas(timesteps: tuple[int, ...], shift: float,
@@ -58,7 +61,7 @@ class MatrixGameChunk:
         return self.latents.shape[1]
 
 
-def job_controls(backend: Any, job) -> torch.Tensor:
+def job_controls(backend: MatrixGameBackend, job) -> torch.Tensor:
     """The job's per-frame action vectors ``(T, size)``: its ``controls``, or (a job of an
     action script) its action ids decoded (held keys, no mouse motion)."""
     space = backend.action_space
@@ -71,7 +74,7 @@ def job_controls(backend: Any, job) -> torch.Tensor:
     return torch.tensor(rows, dtype=torch.float32)
 
 
-def plan(backend: Any, batch: ChunkBatch) -> None:
+def plan(backend: MatrixGameBackend, batch: ChunkBatch) -> None:
     """Stage: each chunk's record (position, action windows, history after it, noise
     generator)."""
     cfg, variant = backend.model_config.action, backend.variant
@@ -100,20 +103,20 @@ def plan(backend: Any, batch: ChunkBatch) -> None:
     batch.records = records
 
 
-def noise(backend: Any, batch: ChunkBatch) -> None:
+def noise(backend: MatrixGameBackend, batch: ChunkBatch) -> None:
     """Stage: each chunk's initial noise from its record's generator."""
     batch.noise = torch.stack([torch.randn(backend.latent_shape, generator=r.rng)
                                for r in batch.records]).to(backend.device)
 
 
-def denoise(backend: Any, batch: ChunkBatch) -> None:
+def denoise(backend: MatrixGameBackend, batch: ChunkBatch) -> None:
     """Stage: the variant's distilled steps (the first ``steps`` of them): predict x0 at each
     level, noise it afresh to the next; the last prediction is the chunk."""
     sigmas = backend.sigmas[:max(1, min(batch.steps, len(backend.sigmas)))]
     x, x0 = batch.noise, batch.noise
     for i, sigma in enumerate(sigmas):
-        out = backend._forward(x, sigma, batch.cond, batch.attention)
-        x0 = backend._to_x0(x, sigma, out)
+        out = backend.forward(x, sigma, batch.cond, batch.attention)
+        x0 = backend.to_x0(x, sigma, out)
         if i + 1 < len(sigmas):
             nxt = sigmas[i + 1]
             eps = torch.stack([torch.randn(backend.latent_shape, generator=r.rng)

@@ -81,7 +81,7 @@ class SimBackend(SimSaves):
         ValueError naming an unknown key."""
         return keys_to_action(keys)
 
-    def _live(self, state: SimState) -> SimState:
+    def live(self, state: SimState) -> SimState:
         if not isinstance(state, SimState) or state.freed:
             raise ValueError("state is freed or not a SimBackend state")
         return state
@@ -104,12 +104,12 @@ class SimBackend(SimSaves):
                    blend_weight: float = 0.0) -> None:
         """Cross-fade to the scene of the heavier prompt (``blend_text`` when its weight is
         above 0.5). ValueError (nothing changes) for a bad prompt or weight."""
-        self._live(state)
+        self.live(state)
         state.sim.set_scene(self._scene_for(heavier_prompt(text, blend_text, blend_weight)))
 
     def fork(self, state: SimState) -> SimState:
         """An independent copy (with its history)."""
-        self._live(state)
+        self.live(state)
         return SimState(_copy_sim(state.sim), deque(_copy_sim(s) for s in state.history))
 
     def free(self, state: SimState) -> None:
@@ -119,11 +119,11 @@ class SimBackend(SimSaves):
 
     def rewind(self, state: SimState, chunks: int) -> None:
         """Back to the world as it was ``chunks`` chunks ago; ValueError beyond the history."""
-        self._live(state)
+        self.live(state)
         state.sim = pop_history(state.history, chunks)
 
     def _generate_one(self, job: ChunkJob) -> np.ndarray:
-        state = self._live(job.state)
+        state = self.live(job.state)
         check_job(job)
         for action in job.actions:  # all checked before the world moves
             action_to_direction(action)

@@ -241,20 +241,20 @@ class WanBackend(PagedRunner):
         redecode(self, state)
 
     # -- a chunk -------------------------------------------------------------------------
-    def _noise(self, generator: torch.Generator) -> torch.Tensor:
+    def noise(self, generator: torch.Generator) -> torch.Tensor:
         return torch.randn(self.latent_shape, generator=generator)
 
-    def _conditioning(self, states: list[WanState], records: list[_WanChunk]) -> tuple:
+    def conditioning(self, states: list[WanState], records: list[_WanChunk]) -> tuple:
         return torch.stack([s.text for s in states]), [r.position for r in records]
 
-    def _forward(self, x, sigma: float, cond: tuple, ctx: PagedAttentionContext) -> torch.Tensor:
+    def forward(self, x, sigma: float, cond: tuple, ctx: PagedAttentionContext) -> torch.Tensor:
         """Flow prediction of a batch of chunks ``x`` ``(B, C, F, h, w)`` at noise ``sigma``
         under texts ``(B, 512, inner_dim)``, first frames at the records' positions."""
         texts, starts = cond
         t = torch.full((x.shape[0],), sigma * NUM_TRAIN_TIMESTEPS, device=self.device)
         return self.model.forward_chunk(x, t, texts, torch.tensor(starts), ctx).float()
 
-    def _to_x0(self, x: torch.Tensor, sigma: float, out: torch.Tensor) -> torch.Tensor:
+    def to_x0(self, x: torch.Tensor, sigma: float, out: torch.Tensor) -> torch.Tensor:
         return x - sigma * out  # the transformer predicts the flow noise - x0
 
 
