@@ -43,7 +43,8 @@ class ChunkBatch(Generic[ViewsT]):
     what the family's ``show`` needs from its ``plan``. ``cond``: the family's conditioning
     (``PagedRunner.conditioning``: text embedding, picture, actions), a tuple of tensors.
     ``contexts``/``candidates``: pages each row attends always / may pick by key similarity.
-    ``noise``/``x0``: ``(B, *chunk shape)`` float32 initial noise and clean latents. ``frames``: each row's ``(F, H, W, 3)`` uint8.
+    ``noise``/``x0``: ``(B, *chunk shape)`` float32 initial noise and clean latents.
+    ``frames``: each row's ``(F, H, W, 3)`` uint8.
     """
 
     jobs: list[ChunkJob]
