@@ -18,7 +18,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from worldstream.engine.core.api import CapacityError, SessionClosedError
+from worldstream.engine.core.api import CapacityError, RunsStudio, SessionClosedError
 from worldstream.engine.studio.picture import MAX_PICTURE_BYTES, PictureError
 from worldstream.engine.studio.savepoint import MAX_SAVEPOINT_BYTES, SavepointError
 from worldstream.engine.studio.story import MAX_STORY_BYTES, parse_story
@@ -56,7 +56,7 @@ def register(app: FastAPI, engine: Any, authorized: Callable, client_of: Callabl
     def studio(op: str, session_id: str, *args: Any) -> Any:
         """The engine's future of studio operation ``op`` (``engine.studio.worldio``); the
         scale-out router runs it on the session's replica (``RayEngine.studio``)."""
-        if hasattr(engine, "studio"):
+        if isinstance(engine, RunsStudio):
             return engine.studio(op, session_id, *args)
         return getattr(worldio, op)(engine, session_id, *args)
 

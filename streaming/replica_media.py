@@ -274,6 +274,8 @@ class MediaReplica(EngineReplica):
     (WebRTC, the WebSocket fallback) listen on: the front end's bind address in a cluster of
     this host alone; None: this host's address in the Ray cluster."""
 
+    serves_media = True
+
     def __init__(self, model: str, config: EngineConfig, model_kwargs: dict | None = None,
                  threads: int | None = None, limits: Limits | None = None,
                  media_host: str | None = None):

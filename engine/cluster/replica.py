@@ -60,6 +60,9 @@ class EngineReplica:
             (:meth:`local_events`).
     """
 
+    #: whether its sessions' media leave from its own host (a subclass with a transport)
+    serves_media: bool = False
+
     def __init__(self, model: str, config: EngineConfig, model_kwargs: dict | None = None,
                  threads: int | None = None, forward_all: bool = True):
         if threads is not None:

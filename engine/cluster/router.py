@@ -117,7 +117,7 @@ class RayEngine:
         self._lock = threading.RLock()
         self._pool = ReplicaPool(model, self.config, model_kwargs or {}, threads,
                                  self._resources, self._lock, replica_cls, replica_kwargs)
-        self.media_on_replicas = hasattr(replica_cls, "media_answer")
+        self.media_on_replicas = replica_cls.serves_media
         #: called (public session id, note) for each note a replica's transport sends
         self.note_handler: Callable[[str, dict], None] | None = None
         self._hang_after_s = hang_after_s

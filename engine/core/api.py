@@ -9,8 +9,9 @@ from __future__ import annotations
 import queue
 import threading
 from collections import deque
+from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -280,3 +281,11 @@ class EngineAPI(Protocol):
     def metrics(self) -> dict[str, Any]: ...
 
     def latency_budget(self, session_id: str) -> dict[str, Any]: ...  # raises SessionClosedError
+
+
+@runtime_checkable
+class RunsStudio(Protocol):
+    """An engine that runs the studio operations itself (``engine.studio.worldio``'s
+    functions by name: the scale-out router runs each on the session's replica)."""
+
+    def studio(self, op: str, session_id: str, *args: Any) -> Future: ...
