@@ -147,8 +147,8 @@ def test_the_sheet_outlines_each_moving_object():
 
 
 def test_evaluate_reports_the_object_table():
-    """Through ``evaluate`` with an untrained tiny world on the tiny game (drawing each frame by
-    its flow, as a shipped world may): every key, the twins at 1.0."""
+    """Through ``evaluate`` with an untrained tiny world on the tiny game (with a latent, as
+    the recipe's default, fed its prior mean at play): every key, the twins at 1.0."""
     import torch
 
     from tests.fixtures.tiny_game import TINY
@@ -159,7 +159,7 @@ def test_evaluate_reports_the_object_table():
 
     torch.manual_seed(0)
     unet = GameUNet(num_colours=3, num_actions=3, context=4, channels=(8, 16), size=16,
-                    flow_steps=2).eval()
+                    latent_dim=4).eval()
     palette = Palette(np.array([[0, 0, 80], [200, 200, 0], [255, 255, 255]], np.uint8))
     world = GameWorld(unet, palette, TINY, 16, ("NOOP", "LEFT", "RIGHT"), 1.0)
     # few model steps: one rollout start of 16 frames, 40 frames of free play

@@ -24,8 +24,7 @@ def _loss(monkeypatch, kl_weight: float, kl_free: float) -> tuple[float, float, 
                           latent_dim=DIM, kl_weight=kl_weight, kl_free=kl_free)
     changed = (frames[:, 2] != frames[:, 1]).sum().item()
     weights = BATCH * SIZE * SIZE + (cfg.change_weight - 1) * changed
-    loss, kl = _clip_loss(unet, frames, actions, cfg, torch.Generator().manual_seed(2),
-                          torch.zeros(3, 3))
+    loss, kl = _clip_loss(unet, frames, actions, cfg, torch.Generator().manual_seed(2))
     return loss.item(), kl, weights
 
 

@@ -90,6 +90,44 @@ def test_a_changed_recipe_does_not_resume_an_old_checkpoint(trained, tmp_path):
         game.train(cfg, progress=False)
 
 
+def test_retired_settings_load_at_todays_value_and_name_their_commit_otherwise(trained,
+                                                                              tmp_path):
+    """A folder, checkpoint or record written while ``flow_steps`` / ``latent_prior`` existed
+    (``unet.RETIRED``) holds them at their off values: it loads, plays the same frames,
+    resumes and gets its chain; any other value is refused naming the commit with the code."""
+    import shutil
+
+    from worldstream.engine.training.game.card import chain
+
+    out, world = trained
+    older = tmp_path / "older"
+    shutil.copytree(out, older, ignore=shutil.ignore_patterns("data", "checkpoint.pt"))
+    config = json.loads((older / "unet" / "config.json").read_text())
+    (older / "unet" / "config.json").write_text(json.dumps(
+        {**config, "flow_steps": 0, "latent_prior": False}))
+    frames = torch.randint(0, len(world.palette), (2, world.context, 16, 16))
+    actions = torch.randint(0, 3, (2, world.context))
+    assert torch.equal(load_world(out).next_frame(frames, actions),
+                       load_world(older).next_frame(frames, actions))
+    record = json.loads((out / "training.json").read_text())
+    record["config"] |= {"flow_steps": 0}
+    assert chain(record, out) == chain(json.loads((out / "training.json").read_text()), out)
+    (older / "unet" / "config.json").write_text(json.dumps({**config, "flow_steps": 3}))
+    with pytest.raises(WorldFolderError, match="flow_steps=3.*commit d42b936"):
+        load_world(older)
+    record["config"] |= {"flow_steps": 3}
+    with pytest.raises(ValueError, match="flow_steps=3.*commit d42b936"):
+        chain(record, out)
+    # the checkpoint of a run started before the removal resumes (here: already finished)
+    data = str(out / "data")
+    train(_cfg(tmp_path / "r", data), progress=False)
+    ckpt = tmp_path / "r" / "checkpoint.pt"
+    state = torch.load(ckpt, weights_only=False)
+    state["config"] |= {"flow_steps": 0}
+    torch.save(state, ckpt)
+    train(_cfg(tmp_path / "r", data), progress=False)
+
+
 def test_the_saved_folder_plays_the_same_frames_as_the_trained_world(trained):
     out, world = trained
     loaded = load_world(out)

@@ -3,11 +3,14 @@ before each chunk of the rewind history.
 
 Arrays per context ``P`` (``now``, ``history.0`` ... oldest first): ``P.frames``
 ``(context, S, S)`` uint8 palette indices (oldest first) and ``P.actions`` ``(context - 1,)``
-int32 (the action after each frame but the last), ``P.step`` ``(1,)`` int64 (frames generated
-so far: with the seed it picks each frame's latent; 0 when absent). Scalars: the session seed
-and the history length. The weights and palette are not in the file:
-``savepoint.model_version`` hashes them, so a save made with other weights is refused before
-this module reads it.
+int32 (the action after each frame but the last). Scalars: the session seed and the history
+length. The weights and palette are not in the file: ``savepoint.model_version`` hashes them,
+so a save made with other weights is refused before this module reads it.
+
+A save written while worlds could sample (commit 137aaf9 until the flow head's code left; it
+lives at d42b936) also holds ``P.step`` ``(1,)`` int64, the frame index that picked each
+frame's draw: it is checked and ignored, since every world that loads now is deterministic
+and never read it.
 """
 
 from __future__ import annotations
@@ -23,12 +26,11 @@ from worldstream.engine.studio.savepoint import SavepointError
 def export_game_world(state: Any) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """``(arrays, scalars)`` of a :class:`~engine.backends.game.world.WorldState`."""
     arrays: dict[str, np.ndarray] = {}
-    contexts = [("now", state.frames, state.actions, state.step)]
-    contexts += [(f"history.{i}", *entry) for i, entry in enumerate(state.history)]
-    for prefix, frames, actions, step in contexts:
+    contexts = [("now", state.frames, state.actions)]
+    contexts += [(f"history.{i}", f, a) for i, (f, a) in enumerate(state.history)]
+    for prefix, frames, actions in contexts:
         arrays[f"{prefix}.frames"] = np.ascontiguousarray(frames, dtype=np.uint8)
         arrays[f"{prefix}.actions"] = np.asarray(actions, dtype=np.int32)
-        arrays[f"{prefix}.step"] = np.asarray([step], dtype=np.int64)
     return arrays, {"seed": int(state.seed), "history": len(state.history)}
 
 
@@ -56,7 +58,7 @@ def check_game_world(backend: Any, scalars: dict[str, Any],
     for prefix in ["now", *(f"history.{i}" for i in range(count))]:
         for name, shape, needed in ((f"{prefix}.frames", (c, size, size), True),
                                     (f"{prefix}.actions", (c - 1,), True),
-                                    (f"{prefix}.step", (1,), False)):
+                                    (f"{prefix}.step", (1,), False)):  # older saves
             got = layout.get(name)
             if got is None and not needed:
                 continue
@@ -79,22 +81,25 @@ def import_game_world(backend: Any, arrays: dict[str, np.ndarray],
         raise SavepointError(f"the save point's seed and history length are {seed!r} and "
                              f"{count!r}; ints >= 0 expected")
     try:
-        contexts = [(arrays[f"{p}.frames"], arrays[f"{p}.actions"], _step(arrays, p))
-                    for p in ["now", *(f"history.{i}" for i in range(count))]]
-        return backend.state_from(seed, *contexts[0][:2], contexts[1:], step=contexts[0][2])
+        prefixes = ["now", *(f"history.{i}" for i in range(count))]
+        for p in prefixes:
+            _check_step(arrays, p)
+        contexts = [(arrays[f"{p}.frames"], arrays[f"{p}.actions"]) for p in prefixes]
+        return backend.state_from(seed, *contexts[0], contexts[1:])
     except KeyError as err:
         raise SavepointError(f"the save point lacks the array {err.args[0]!r}") from None
     except ValueError as err:
         raise SavepointError(f"the save point's state does not fit this model: {err}") from None
 
 
-def _step(arrays: dict[str, np.ndarray], prefix: str) -> int:
+def _check_step(arrays: dict[str, np.ndarray], prefix: str) -> None:
+    """An older save's frame index (see the module doc), when it has one: one int in
+    [0, 2**63); SavepointError otherwise."""
     step = np.asarray(arrays.get(f"{prefix}.step", np.zeros(1, np.int64)))
     if step.shape != (1,) or not np.issubdtype(step.dtype, np.integer) or step[0] < 0 or \
             step[0] > MAX_SEED:
         raise SavepointError(f"the save point's {prefix}.step is {step!r}; one int >= 0 "
                              "expected")
-    return int(step[0])
 
 
 def _count(value: Any) -> TypeGuard[int]:

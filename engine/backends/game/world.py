@@ -65,15 +65,13 @@ class WorldState:
     """One session's (or branch's) learned game. ``frames``: ``(context, S, S)`` uint8 palette
     indices, oldest first; ``actions``: ``(context - 1,)`` int64, the action taken after each
     frame but the last. Both are replaced, never written in place, so forks and the history
-    share them. ``step``: frames generated so far (with the seed, it picks each frame's
-    latent). ``history``: ``(frames, actions, step)`` before each of the newest chunks."""
+    share them. ``history``: ``(frames, actions)`` before each of the newest chunks."""
 
     seed: int
     frames: np.ndarray
     actions: np.ndarray
-    history: deque[tuple[np.ndarray, np.ndarray, int]] = field(default_factory=deque)
+    history: deque[tuple[np.ndarray, np.ndarray]] = field(default_factory=deque)
     freed: bool = False
-    step: int = 0
 
 
 @dataclass
@@ -84,7 +82,6 @@ class _Rollout:
     actions: list[int]
     frames: np.ndarray
     context_actions: np.ndarray
-    step: int
     out: list[np.ndarray] = field(default_factory=list)
     error: Exception | None = None
 
@@ -201,18 +198,15 @@ class GameWorldBackend(GameKeys, GameWorldSaves):
         return WorldState(int(seed), frames, actions)
 
     def state_from(self, seed: int, frames: np.ndarray, actions: np.ndarray,
-                   history: list[tuple[np.ndarray, np.ndarray, int]],
-                   step: int = 0) -> WorldState:
-        """A state holding the given context (a save point's) at frame ``step``, ``history``
-        ``(frames, actions, step)`` oldest first; ValueError naming what does not fit this
-        model: shapes, palette indices, action ids, a history too long."""
+                   history: list[tuple[np.ndarray, np.ndarray]]) -> WorldState:
+        """A state holding the given context (a save point's), ``history`` ``(frames,
+        actions)`` oldest first; ValueError naming what does not fit this model: shapes,
+        palette indices, action ids, a history too long."""
         if len(history) > self.rewind_chunks:
             raise ValueError(f"{len(history)} chunks of history; this backend keeps "
                              f"{self.rewind_chunks}")
-        checked = [(*self._check_context(f, a), int(n))
-                   for f, a, n in [(frames, actions, step), *history]]
-        now = checked[0]
-        return WorldState(int(seed), now[0], now[1], deque(checked[1:]), step=now[2])
+        checked = [self._check_context(f, a) for f, a in [(frames, actions), *history]]
+        return WorldState(int(seed), *checked[0], deque(checked[1:]))
 
     def _check_context(self, frames: np.ndarray,
                        actions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -231,8 +225,7 @@ class GameWorldBackend(GameKeys, GameWorldSaves):
     def fork(self, state: WorldState) -> WorldState:
         """An independent copy with the history (the arrays are shared: never written)."""
         self.live(state)
-        return WorldState(state.seed, state.frames, state.actions, deque(state.history),
-                          step=state.step)
+        return WorldState(state.seed, state.frames, state.actions, deque(state.history))
 
     def free(self, state: WorldState) -> None:
         """Release the state. Idempotent."""
@@ -247,24 +240,18 @@ class GameWorldBackend(GameKeys, GameWorldSaves):
     def rewind(self, state: WorldState, chunks: int) -> None:
         """Back to the context of ``chunks`` chunks ago; ValueError beyond the history."""
         self.live(state)
-        state.frames, state.actions, state.step = pop_history(state.history, chunks)
+        state.frames, state.actions = pop_history(state.history, chunks)
 
     # ------------------------------------------------------------ generation
-    def predict(self, frames: np.ndarray, actions: np.ndarray,
-                draws: list[tuple[int, int]] | None = None) -> np.ndarray:
+    def predict(self, frames: np.ndarray, actions: np.ndarray) -> np.ndarray:
         """The next frame of each row: ``frames`` ``(B, context, S, S)`` palette indices,
-        ``actions`` ``(B, context)`` (the last one leads to the predicted frame), ``draws``
-        each row's ``(seed, frame index)``, which picks its latent where the world samples
-        one (None: the prior's mean) -> ``(B, S, S)`` uint8 palette indices; no grad, bf16
-        autocast where ``self.bf16``."""
+        ``actions`` ``(B, context)`` (the last one leads to the predicted frame) ->
+        ``(B, S, S)`` uint8 palette indices; no grad, bf16 autocast where ``self.bf16``."""
         x = torch.from_numpy(np.ascontiguousarray(frames, dtype=np.int64)).to(self.device)
         a = torch.from_numpy(np.ascontiguousarray(actions, dtype=np.int64)).to(self.device)
-        noise = None
-        if draws is not None and self.model.samples:
-            noise = torch.stack([self.model.noise(*row) for row in draws]).to(self.device)
         with torch.no_grad(), torch.autocast(self.device.type, dtype=torch.bfloat16,
                                              enabled=self.bf16):
-            nxt = self.model.next_frame(x, a, noise)
+            nxt = self.model.next_frame(x, a)
         return nxt.to("cpu").numpy().astype(np.uint8)
 
     def _rollout(self, job: ChunkJob) -> _Rollout:
@@ -274,8 +261,7 @@ class GameWorldBackend(GameKeys, GameWorldSaves):
             if not isinstance(action, int | np.integer) or not 0 <= action < self.num_actions:
                 raise ValueError(f"action must be an int in [0, {self.num_actions}), got "
                                  f"{action!r}")
-        return _Rollout(state, [int(a) for a in job.actions], state.frames, state.actions,
-                        state.step)
+        return _Rollout(state, [int(a) for a in job.actions], state.frames, state.actions)
 
     def _step(self, rows: list[_Rollout], k: int) -> None:
         """Frame ``k`` of each row in one ``predict`` call; where that fails for several rows,
@@ -283,8 +269,7 @@ class GameWorldBackend(GameKeys, GameWorldSaves):
         try:
             nxt = self.predict(np.stack([r.frames for r in rows]),
                                np.stack([np.append(r.context_actions, r.actions[k])
-                                         for r in rows]),
-                               [(r.state.seed, r.step + k) for r in rows])
+                                         for r in rows]))
         except Exception as exc:  # isolate: retry the rows one by one
             if len(rows) == 1:
                 rows[0].error = exc
@@ -325,10 +310,8 @@ class GameWorldBackend(GameKeys, GameWorldSaves):
                 outputs.append(r.error)
                 continue
             state = r.state
-            push_history(state.history, (state.frames, state.actions, state.step),
-                         self.rewind_chunks)
+            push_history(state.history, (state.frames, state.actions), self.rewind_chunks)
             state.frames, state.actions = r.frames, r.context_actions
-            state.step = r.step + len(r.actions)
             outputs.append(self.model.palette.decode(np.stack(r.out)))
         stages = {"predict": (t1 - t0) * 1e3, "decode": (time.perf_counter() - t1) * 1e3}
         return [ChunkResult(None, dict(stages), out) if isinstance(out, Exception)

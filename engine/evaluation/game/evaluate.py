@@ -43,46 +43,35 @@ class GameEvalConfig:
 
 
 class _Model:
-    """Batched palette-index rollouts of a GameWorld; where the world ``samples``, each
-    predicted frame draws its noise as play does (seeded: the figures repeat), one draw per
-    row, or one for every row with ``shared`` (the action effect compares actions under the
-    same draw)."""
+    """Batched palette-index rollouts of a GameWorld (deterministic, as play is)."""
 
-    def __init__(self, world: GameWorld, seed: int = 0):
+    def __init__(self, world: GameWorld):
         self.world = world
         self.c = world.context
-        self.gen = torch.Generator().manual_seed(seed)
 
     def encode(self, frames: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(self.world.palette.encode(frames).astype(np.int64))
 
-    def step(self, context: torch.Tensor, actions: torch.Tensor,
-             shared: bool = False) -> torch.Tensor:
-        noise = None
-        if self.world.samples:
-            size = self.world.size
-            noise = torch.randn(1 if shared else len(context), 3, size, size,
-                                generator=self.gen).expand(len(context), -1, -1, -1)
+    def step(self, context: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
         # the numerics the backend plays with: bf16 only where the CPU computes it natively
         with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16,
                                              enabled=cpu_has_fast_bf16()):
-            return self.world.next_frame(context, actions, noise)
+            return self.world.next_frame(context, actions)
 
-    def rollout_indices(self, context: torch.Tensor, actions: torch.Tensor, steps: int,
-                        shared: bool = False) -> np.ndarray:
+    def rollout_indices(self, context: torch.Tensor, actions: torch.Tensor,
+                        steps: int) -> np.ndarray:
         """``context`` ``(B, c, H, W)``, ``actions`` ``(B, c - 1 + steps)`` -> palette indices
         ``(B, steps, H, W)``."""
         out = []
         for k in range(steps):
-            nxt = self.step(context, actions[:, k:k + self.c], shared)
+            nxt = self.step(context, actions[:, k:k + self.c])
             out.append(nxt)
             context = torch.cat([context[:, 1:], nxt[:, None]], 1)
         return torch.stack(out, 1).numpy()
 
-    def rollout(self, context: torch.Tensor, actions: torch.Tensor, steps: int,
-                shared: bool = False) -> np.ndarray:
+    def rollout(self, context: torch.Tensor, actions: torch.Tensor, steps: int) -> np.ndarray:
         """As ``rollout_indices``, as RGB frames ``(B, steps, H, W, 3)`` uint8."""
-        return self.world.palette.decode(self.rollout_indices(context, actions, steps, shared))
+        return self.world.palette.decode(self.rollout_indices(context, actions, steps))
 
 
 def _teacher_forced(model: _Model, trajs) -> dict:
@@ -154,7 +143,7 @@ def _action_effect(model: _Model, game: GameEnv, cfg: GameEvalConfig) -> dict:
         ctx = model.encode(tr.frames[:c])[None].repeat(n, 1, 1, 1)
         head = torch.from_numpy(tr.actions[:c - 1])[None].repeat(n, 1)
         held = torch.arange(n)[:, None].repeat(1, 4)
-        pred = model.rollout(ctx, torch.cat([head, held], 1), 4, shared=True)
+        pred = model.rollout(ctx, torch.cat([head, held], 1), 4)
         for a, b in itertools.combinations(range(n), 2):
             m1 += [pred[a, 0], pred[b, 0]]
             m4 += [pred[a, 3], pred[b, 3]]
@@ -229,7 +218,7 @@ def evaluate(world: GameWorld, cfg: GameEvalConfig | None = None
     """The metrics dict and the free-play frames ``(model, env)`` for the sheet."""
     cfg = cfg or GameEvalConfig()
     game = GameEnv(world.env_id, size=world.size)
-    model = _Model(world, cfg.seed)
+    model = _Model(world)
     trajs = [held_out(game, i, cfg.length, seed=cfg.seed) for i in range(cfg.episodes)]
     result = {"env": world.env_id, "held_out_episodes": cfg.episodes}
     result |= _teacher_forced(model, trajs)

@@ -56,10 +56,6 @@ class Palette:
             index[missing] = dist.argmin(1)[inverse.ravel()]
         return index.astype(np.uint8)
 
-    def signed(self) -> np.ndarray:
-        """The colours as ``(K, 3)`` float32 in [-1, 1] (a flow world's pixel space)."""
-        return self.colours.astype(np.float32) / 127.5 - 1.0
-
     def decode(self, index: np.ndarray) -> np.ndarray:
         """``(..., H, W)`` indices -> ``(..., H, W, 3)`` uint8 RGB."""
         return self.colours[index]

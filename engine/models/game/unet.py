@@ -11,12 +11,8 @@ VAE): in training ``posterior`` infers it from the true next frame, so what the 
 actions leave open (a serve's moment, an enemy's step) is explained by ``z`` instead of pulling
 every prediction towards "nothing changes"; play feeds the N(0, I) prior's mean, ``z = 0``.
 
-With ``flow_steps > 0`` the network is also a flow-matching denoiser of the next frame
-(DIAMOND, toy-wm): it reads the frame in RGB at noise level ``t`` (``x_t = t x + (1 - t) e``,
-``x`` the palette colours in [-1, 1], ``e`` standard normal) and gives the clean frame's palette
-logits; play integrates from a seeded noise draw in ``flow_steps`` Euler steps
-(``GameWorld.next_frame``), so where the past leaves the next frame open the draw picks one
-outcome and the steps after it carry that outcome through the whole frame.
+Settings that left the network (``RETIRED``) are read from an older ``config.json`` only at
+the value the network has now, so a folder saved before their removal loads as before.
 """
 
 from __future__ import annotations
@@ -26,6 +22,21 @@ import torch.nn.functional as F
 from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.models.modeling_utils import ModelMixin
 from torch import nn
+
+#: setting -> (the value the code has now, the commit whose code has the setting): probes that
+#: did not ship (assets/games/EXPERIMENTS.md); a config or record holding another value needs
+#: that commit's code
+RETIRED = {"latent_prior": (False, "b2905c2"), "flow_steps": (0, "d42b936")}
+
+
+def drop_retired(config: dict) -> dict:
+    """``config`` (a ``config.json``'s or a training record's) without its ``RETIRED``
+    settings; ValueError naming the commit for one not at the value the code has now."""
+    for key, (now, commit) in RETIRED.items():
+        if key in config and config[key] != now:
+            raise ValueError(f"{key}={config[key]!r}: a setting that left the code (a probe "
+                             f"that did not ship); its code is at commit {commit}")
+    return {k: v for k, v in config.items() if k not in RETIRED}
 
 
 class _Block(nn.Module):
@@ -69,28 +80,17 @@ class _Posterior(nn.Module):
         return mu, logvar.clamp(-8.0, 4.0)
 
 
-def _level_features(t: torch.Tensor, bands: int = 8) -> torch.Tensor:
-    """Noise levels ``(B,)`` in [0, 1] -> ``(B, 2 * bands)`` sines and cosines."""
-    freq = torch.pi * 2.0 ** torch.arange(bands, device=t.device, dtype=torch.float32)
-    angle = t.float()[:, None] * freq
-    return torch.cat([angle.sin(), angle.cos()], 1)
-
-
 class GameUNet(ModelMixin, ConfigMixin):
     """Args (saved in ``config.json``):
         num_colours: palette size K. num_actions: the env's action count.
         context: context frames (and context actions). channels: widths per resolution
         (each level halves the frame). colour_dim: embedding width of a palette colour.
         action_dim: embedding width of an action. latent_dim: width of the per-frame latent
-        ``z`` (0: none). size: frame size (pixels). flow_steps: Euler steps of play's
-        flow over the next frame (0: no flow input; the next frame is the argmax).
-    ``forward(frames, actions, z=None, noisy=None, level=None) -> logits``: frames
-    ``(B, context, H, W)`` long palette indices (oldest first), actions ``(B, context)`` long
-    (the action after each context frame; the last one leads to the predicted frame), ``z``
-    ``(B, latent_dim)`` float (None: zeros, the prior's mean, as in play), with
-    ``flow_steps``: ``noisy`` ``(B, 3, H, W)`` float, the next frame at noise level ``level``
-    ``(B,)`` float in [0, 1] (both required)
-    -> ``(B, K, H, W)`` float logits of the clean next frame.
+        ``z`` (0: none). size: frame size (pixels).
+    ``forward(frames, actions, z=None) -> logits``: frames ``(B, context, H, W)`` long palette
+    indices (oldest first), actions ``(B, context)`` long (the action after each context
+    frame; the last one leads to the predicted frame), ``z`` ``(B, latent_dim)`` float (None:
+    zeros, the prior's mean, as in play) -> ``(B, K, H, W)`` float logits.
     ``posterior(next_frame, last_frame)``: ``(mu, logvar)`` of ``z`` from two ``(B, H, W)``
     long frames (training).
     """
@@ -98,16 +98,14 @@ class GameUNet(ModelMixin, ConfigMixin):
     @register_to_config
     def __init__(self, num_colours: int = 16, num_actions: int = 4, context: int = 4,
                  channels: tuple[int, ...] = (32, 64, 96), colour_dim: int = 8,
-                 action_dim: int = 32, size: int = 64, latent_dim: int = 0,
-                 flow_steps: int = 0):
+                 action_dim: int = 32, size: int = 64, latent_dim: int = 0):
         super().__init__()
         self.colour = nn.Embedding(num_colours, colour_dim)
         self.action = nn.Embedding(num_actions, action_dim)
         cond = 2 * action_dim
-        flow = 1 if flow_steps else 0
-        self.cond = nn.Sequential(nn.Linear(context * action_dim + latent_dim + 16 * flow, cond),
-                                  nn.SiLU(), nn.Linear(cond, cond))
-        self.stem = nn.Conv2d(context * colour_dim + 3 * flow, channels[0], 3, padding=1)
+        self.cond = nn.Sequential(nn.Linear(context * action_dim + latent_dim, cond), nn.SiLU(),
+                                  nn.Linear(cond, cond))
+        self.stem = nn.Conv2d(context * colour_dim, channels[0], 3, padding=1)
         self.down = nn.ModuleList()
         self.pool = nn.ModuleList()
         for i, ch in enumerate(channels):
@@ -126,6 +124,11 @@ class GameUNet(ModelMixin, ConfigMixin):
         nn.init.zeros_(self.out.bias)
         self.posterior_net = _Posterior(colour_dim, latent_dim, size) if latent_dim else None
 
+    @classmethod
+    def extract_init_dict(cls, config_dict: dict, **kwargs):
+        # diffusers would only warn about a retired key and build the network without it
+        return super().extract_init_dict(drop_retired(config_dict), **kwargs)
+
     def posterior(self, next_frame: torch.Tensor,
                   last_frame: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.posterior_net is None:
@@ -140,19 +143,13 @@ class GameUNet(ModelMixin, ConfigMixin):
         return x, self.action(actions).reshape(b, -1)
 
     def forward(self, frames: torch.Tensor, actions: torch.Tensor,
-                z: torch.Tensor | None = None, noisy: torch.Tensor | None = None,
-                level: torch.Tensor | None = None) -> torch.Tensor:
+                z: torch.Tensor | None = None) -> torch.Tensor:
         b = len(frames)
         x, cond = self._inputs(frames, actions)
         if self.config.latent_dim:
             if z is None:
                 z = cond.new_zeros(b, self.config.latent_dim)
             cond = torch.cat([cond, z.to(cond.dtype)], 1)
-        if self.config.get("flow_steps", 0):
-            if noisy is None or level is None:
-                raise ValueError("a flow network needs the noisy next frame and its level")
-            x = torch.cat([x, noisy.to(x.dtype)], 1)
-            cond = torch.cat([cond, _level_features(level).to(cond.dtype)], 1)
         c = self.cond(cond)
         x = self.stem(x)
         skips = []

@@ -42,65 +42,22 @@ class GameWorld:
     def context(self) -> int:
         return int(self.unet.config.context)
 
-    @property
-    def samples(self) -> bool:
-        """Whether play draws each frame (a flow from a seeded noise draw; else the world is
-        a function of its context and actions, the argmax of its logits)."""
-        return self.flow_steps > 0
-
-    @property
-    def flow_steps(self) -> int:
-        return int(self.unet.config.get("flow_steps", 0))
-
-    @property
-    def rgb(self) -> torch.Tensor:
-        """The palette's colours in the flow's space: ``(K, 3)`` float32 in [-1, 1]."""
-        return torch.from_numpy(self.palette.signed())
-
-    def noise(self, seed: int, step: int) -> torch.Tensor:
-        """The standard normal draw behind frame ``step`` of a session of ``seed``:
-        ``(3, size, size)`` float32, a pure function of the two (replay, forks and save points
-        need no generator state); numpy's generator, the same on every machine."""
-        rng = np.random.default_rng([int(seed), int(step)])
-        return torch.from_numpy(rng.standard_normal((3, self.size, self.size),
-                                                    dtype=np.float32))
-
-    def logits(self, frames: torch.Tensor, actions: torch.Tensor,
-               noisy: torch.Tensor | None = None,
-               level: torch.Tensor | None = None) -> torch.Tensor:
+    def logits(self, frames: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
         """Calibrated logits ``(B, K, H, W)``: the network's, less ``log(change_weight)`` on
         every colour that differs from the last frame's (weighted cross-entropy learns odds
-        multiplied by that weight). ``noisy``/``level``: a flow world's noisy next frame
-        ``(B, 3, H, W)`` and its noise level ``(B,)``."""
-        logits = self.unet(frames, actions, None, noisy, level).float()
+        multiplied by that weight)."""
+        logits = self.unet(frames, actions).float()
         if self.change_weight != 1.0:
             last = torch.nn.functional.one_hot(frames[:, -1], len(self.palette))
             logits = logits - math.log(self.change_weight) * (1 - last.permute(0, 3, 1, 2))
         return logits
 
     @torch.no_grad()
-    def next_frame(self, frames: torch.Tensor, actions: torch.Tensor,
-                   noise: torch.Tensor | None = None) -> torch.Tensor:
-        """The next frame ``(B, H, W)`` long palette indices. A flow world integrates from
-        ``noise`` ``(B, 3, H, W)`` standard normal (None: zeros) in ``flow_steps`` Euler steps
-        at levels ``0, 1/n, ...``: each step moves the frame towards the network's expected
-        clean frame, and the last step's argmax is the frame; otherwise the argmax of
-        ``logits``."""
-        if not self.samples:
-            return self.logits(frames, actions).argmax(1)
-        n = self.flow_steps
-        b, _, h, w = frames.shape
-        x = (torch.zeros(b, 3, h, w, device=frames.device) if noise is None
-             else noise.to(frames.device, torch.float32))
-        rgb = self.rgb.to(frames.device)
-        for i in range(n):
-            t = i / n
-            logits = self.logits(frames, actions, x, torch.full((b,), t, device=frames.device))
-            if i == n - 1:
-                return logits.argmax(1)
-            clean = torch.einsum("bkhw,kc->bchw", logits.softmax(1), rgb)
-            x = x + (clean - x) / (n - i)  # Euler: dt / (1 - t) with dt = 1 / n
-        raise AssertionError("unreachable")
+    def next_frame(self, frames: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        """The most likely next frame ``(B, H, W)`` long palette indices (``frames``
+        ``(B, context, H, W)`` and ``actions`` ``(B, context)`` long, as ``GameUNet``
+        reads them): a function of the two, so play, replay and forks repeat exactly."""
+        return self.logits(frames, actions).argmax(1)
 
     def save(self, folder: str | Path) -> None:
         """Write the folder; the weights as bf16 (half the bytes; the CPU computes in bf16

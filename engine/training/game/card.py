@@ -83,8 +83,6 @@ def write_card(folder: Path) -> Path:
         + (f"a {cfg['latent_dim']}-dim latent per frame inferred from the true frame (KL "
            f"×{cfg['kl_weight']:g}, {cfg['kl_free']:g} free nats; play feeds its prior mean), "
            if cfg.get("latent_dim") else "")
-        + (f"each frame drawn by flow matching in {cfg['flow_steps']} Euler steps from a noise "
-           "draw seeded by the session and frame index, " if cfg.get("flow_steps") else "")
         + f"AdamW {cfg['lr']:g}, EMA {cfg['ema']}; {training['train_seconds'] / 60:.0f} min of "
         f"training on {_machine(training)}"
         + (f" at commit {training['commit']}" if training.get("commit") else "")
@@ -132,13 +130,17 @@ def chain(training: dict, folder: Path) -> list[str]:
     """The commands that rebuild the world of ``training`` (a ``training.json``), one a line:
     a ``worldstream record`` of its data where the run read a separate recording, then the
     ``worldstream train`` with every setting that differs from today's defaults as ``--set``
-    (a setting the record lacks counts as what it was before the field existed). ValueError
-    for a setting today's recipe no longer has."""
+    (a setting the record lacks counts as what it was before the field existed; a retired
+    one at today's value is dropped). ValueError for a setting today's recipe no longer has."""
     import dataclasses
 
+    from worldstream.engine.models.game.unet import drop_retired
     from worldstream.engine.training.game.train import GameTrainConfig
 
-    cfg = training["config"]
+    try:
+        cfg = drop_retired(training["config"])
+    except ValueError as err:
+        raise ValueError(f"{folder}/training.json: {err}") from None
     unknown = set(cfg) - {f.name for f in dataclasses.fields(GameTrainConfig)}
     if unknown:
         raise ValueError(f"{folder}/training.json: settings the recipe no longer has: "

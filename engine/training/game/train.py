@@ -3,13 +3,11 @@
 Records play when no dataset is given, fits the palette, then trains ``GameUNet`` on
 cross-entropy over palette colours with changed pixels weighted (``change_weight``; undone at
 decoding) and a per-frame latent inferred from the true next frame (a conditional VAE: the KL
-to ``N(0, I)`` joins the loss; play feeds its mean); with ``flow_steps`` the network also reads
-the next frame at a random noise level (flow matching with a clean-frame cross-entropy, so
-play can draw the frame in a few steps). Partly on its own predictions: each step predicts
-``unroll`` frames in a row, each from the context that holds the previous predictions (argmax,
-no gradient through it), so the model learns to continue from its own frames (DIAMOND,
-Self-Forcing). Resumable (checkpoint
-every ``checkpoint_every`` steps), EMA weights, tqdm.
+to ``N(0, I)`` joins the loss; play feeds its mean), partly on its own predictions: each step
+predicts ``unroll`` frames in a row, each from the context that holds the previous predictions
+(argmax, no gradient through it), so the model learns to continue from its own frames
+(DIAMOND, Self-Forcing). Resumable (checkpoint every ``checkpoint_every`` steps), EMA weights,
+tqdm.
 """
 
 from __future__ import annotations
@@ -28,7 +26,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from worldstream.engine.models.game.palette import Palette
-from worldstream.engine.models.game.unet import GameUNet
+from worldstream.engine.models.game.unet import GameUNet, drop_retired
 from worldstream.engine.models.game.world import GameWorld
 from worldstream.engine.training.common import (
     autocast,
@@ -71,9 +69,6 @@ class GameTrainConfig:
     latent_dim: int = 16
     """Per-frame latent width (0: none): it takes what the past cannot settle (a serve, an
     enemy's step), so the network is not pulled towards freezing the frame."""
-    flow_steps: int = 0
-    """Play draws each frame by flow matching in this many Euler steps from a seeded noise
-    draw (0: the argmax of one prediction)."""
     kl_weight: float = 1.0
     """Weight of the latent's KL (nats per frame) against the weighted cross-entropy summed
     over pixels."""
@@ -120,19 +115,10 @@ def corrupt_context(context: torch.Tensor, rate: float, gen: torch.Generator) ->
     return torch.where(mask, shuffled, context)
 
 
-def flow_levels(b: int, steps: int, gen: torch.Generator) -> torch.Tensor:
-    """Training noise levels ``(b,)`` in [0, 1): half on play's grid ``0, 1/steps, ...``, half
-    uniform (the network must be right where play asks, and smooth between)."""
-    grid = torch.randint(0, steps, (b,), generator=gen).float() / steps
-    return torch.where(torch.rand(b, generator=gen) < 0.5, grid, torch.rand(b, generator=gen))
-
-
 def _clip_loss(unet: GameUNet, frames: torch.Tensor, actions: torch.Tensor,
-               cfg: GameTrainConfig, gen: torch.Generator,
-               rgb: torch.Tensor) -> tuple[torch.Tensor, float]:
+               cfg: GameTrainConfig, gen: torch.Generator) -> tuple[torch.Tensor, float]:
     """Mean weighted cross-entropy (plus the latent's KL) over the ``unroll`` predicted frames
-    of a clip batch, and the KL in nats per frame (how much the latent carries). ``rgb``
-    ``(K, 3)``: the palette in the flow's space (``GameWorld.rgb``)."""
+    of a clip batch, and the KL in nats per frame (how much the latent carries)."""
     c = cfg.context
     context = frames[:, :c]
     if cfg.corrupt > 0:
@@ -149,13 +135,7 @@ def _clip_loss(unet: GameUNet, frames: torch.Tensor, actions: torch.Tensor,
             kl = 0.5 * (mu.square() + logvar.exp() - 1 - logvar).sum()
             kl_nats += kl.item() / len(mu) / cfg.unroll
             kl = torch.clamp(kl, min=cfg.kl_free * len(mu))
-        noisy = level = None
-        if cfg.flow_steps:
-            level = flow_levels(len(target), cfg.flow_steps, gen).to(target.device)
-            eps = torch.randn((len(target), 3, *target.shape[1:]), generator=gen)
-            t = level[:, None, None, None]
-            noisy = t * rgb[target].permute(0, 3, 1, 2) + (1 - t) * eps.to(target.device)
-        logits = unet(context, actions[:, k:k + c], z, noisy, level).float()
+        logits = unet(context, actions[:, k:k + c], z).float()
         weight = 1.0 + (cfg.change_weight - 1.0) * (target != context[:, -1]).float()
         loss = F.cross_entropy(logits, target, reduction="none")
         total = total + ((loss * weight).sum() + cfg.kl_weight * kl) / weight.sum()
@@ -194,7 +174,7 @@ def train(cfg: GameTrainConfig, progress: bool = True) -> GameWorld:
     device = torch.device(cfg.device)
     unet = GameUNet(num_colours=len(palette), num_actions=len(meanings), context=cfg.context,
                     channels=tuple(cfg.channels), size=cfg.size,
-                    latent_dim=cfg.latent_dim, flow_steps=cfg.flow_steps).to(device)
+                    latent_dim=cfg.latent_dim).to(device)
     ema = GameUNet.from_config(unet.config).to(device)
     ema.load_state_dict(unet.state_dict())
     opt = torch.optim.AdamW(unet.parameters(), lr=cfg.lr, weight_decay=0.01)
@@ -203,7 +183,11 @@ def train(cfg: GameTrainConfig, progress: bool = True) -> GameWorld:
     start, log, elapsed = 0, [], 0.0
     state = load_checkpoint(ckpt_path)
     if state is not None:
-        if state["config"] != dataclasses.asdict(cfg):
+        try:  # a retired setting at today's value is today's recipe
+            recorded = drop_retired(state["config"])
+        except ValueError as err:
+            raise ValueError(f"{ckpt_path}: {err}") from None
+        if recorded != dataclasses.asdict(cfg):
             raise ValueError(f"{ckpt_path} was written by another recipe; use another --out "
                              "or delete it")
         unet.load_state_dict(state["unet"])
@@ -213,7 +197,6 @@ def train(cfg: GameTrainConfig, progress: bool = True) -> GameWorld:
         sampler.rng.bit_generator.state = state["rng"]
         gen.set_state(state["torch_rng"])
         start, log, elapsed = state["step"], state["log"], state["elapsed"]
-    rgb = torch.from_numpy(palette.signed())
     with cpu_threads(cfg.threads if device.type == "cpu" else None):
         bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, disable=not progress,
                    desc=f"train {cfg.env}")
@@ -224,8 +207,7 @@ def train(cfg: GameTrainConfig, progress: bool = True) -> GameWorld:
                 group["lr"] = _lr(step, cfg)
             frames, actions = sampler.sample(cfg.batch)
             with autocast(device):
-                loss, kl = _clip_loss(unet, frames.to(device), actions.to(device), cfg, gen,
-                                      rgb.to(device))
+                loss, kl = _clip_loss(unet, frames.to(device), actions.to(device), cfg, gen)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(unet.parameters(), 1.0)
