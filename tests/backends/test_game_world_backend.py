@@ -173,3 +173,11 @@ def test_the_registry_plays_a_folder_and_refuses_the_wrong_one(folder, tmp_path)
         load_backend(name)
     with pytest.raises(ValueError, match="takes no --model-path"):
         load_backend(env_backend_id(TINY, "sim"), model_path=str(folder))
+
+
+def test_a_named_game_worlds_shipped_folder_holds_its_weights():
+    from worldstream.engine.backends.game.world import shipped_folder
+
+    assert (shipped_folder("ALE/Pong-v5") / "unet" / "config.json").is_file()
+    assert (shipped_folder("ALE/Breakout-v5") / "world.json").is_file()
+    assert shipped_folder("ALE/Freeway-v5") is None

@@ -42,7 +42,7 @@ from worldstream.engine.worlds.game.policy import START_WORDS
 #: the registry's backend family of this file (a backend id is ``game-builtin:ENV``)
 FAMILY = "game-builtin"
 #: where the shipped learned worlds live (``assets/<world>``, a named game world's)
-ASSETS = Path(__file__).resolve().parents[2] / "assets"
+ASSETS = Path(__file__).resolve().parents[3] / "assets"
 
 
 def shipped_folder(env: str) -> Path | None:
