@@ -53,6 +53,18 @@ class GameKeys:
     #: the state if it is live, else ValueError (each backend checks its own state type)
     live: Callable[[Any], Any]
 
+    supported_chunk_frames: tuple[int, ...]
+
+    def check_sizes(self, **sizes: Any) -> None:
+        """A backend's sizes (``max_states``, ``default_fps``, ``chunk_frames``,
+        ``rewind_chunks``) as given to its constructor: ValueError naming the first that is
+        not a positive int, or a chunk size the world does not generate."""
+        for arg, value in sizes.items():
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{arg} must be a positive int, got {value!r}")
+        if sizes.get("chunk_frames") not in self.supported_chunk_frames:
+            raise ValueError(f"chunk_frames must be one of {self.supported_chunk_frames}")
+
     @property
     def wire_keys(self) -> tuple[str, ...]:
         """The key names an ``action`` message may hold in this game (sorted)."""

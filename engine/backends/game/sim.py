@@ -79,12 +79,8 @@ class GameEnvBackend(GameKeys, GameEnvSaves):
     def __init__(self, *, env: str, size: int = 64, keymap: Any = None, max_states: int = 16,
                  default_fps: int = 15, chunk_frames: int = 1, rewind_chunks: int = 16,
                  spare_envs: int = 4):
-        for arg, value in (("max_states", max_states), ("default_fps", default_fps),
-                           ("chunk_frames", chunk_frames), ("rewind_chunks", rewind_chunks)):
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{arg} must be a positive int, got {value!r}")
-        if chunk_frames not in self.supported_chunk_frames:
-            raise ValueError(f"chunk_frames must be one of {self.supported_chunk_frames}")
+        self.check_sizes(max_states=max_states, default_fps=default_fps,
+                         chunk_frames=chunk_frames, rewind_chunks=rewind_chunks)
         probe = GameEnv(env, size=size)  # GameEnvError for a bad env, before anything else
         try:
             self.keymap = load_keymap(keymap, env, probe.action_meanings)

@@ -122,12 +122,8 @@ class GameWorldBackend(GameKeys, GameWorldSaves):
                  max_states: int = 16, default_fps: int = 15, chunk_frames: int = 1,
                  rewind_chunks: int = 16, batch_invariant: bool = True,
                  bf16: bool | None = None, device: str = "cpu", cpu_threads: int | None = 1):
-        for arg, value in (("max_states", max_states), ("default_fps", default_fps),
-                           ("chunk_frames", chunk_frames), ("rewind_chunks", rewind_chunks)):
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{arg} must be a positive int, got {value!r}")
-        if chunk_frames not in self.supported_chunk_frames:
-            raise ValueError(f"chunk_frames must be one of {self.supported_chunk_frames}")
+        self.check_sizes(max_states=max_states, default_fps=default_fps,
+                         chunk_frames=chunk_frames, rewind_chunks=rewind_chunks)
         folder = Path(path) if path is not None else shipped_folder(env)
         if folder is None:
             raise ValueError(f"--env {env} needs --model-path DIR: a folder trained with "
