@@ -126,7 +126,7 @@ def _episodes(backend: Any, seeds: list[int], saved: list[np.ndarray]) -> list[n
     one seed whose actions are a prefix of the longest are views of its array): a rewind
     history of n snapshots costs one episode's bytes, not n lists of ints. SavepointError
     for an action the game does not have."""
-    from worldstream.engine.worlds.game.env import compact_actions
+    from worldstream.engine.worlds.game.env import action_dtype
 
     out: list[np.ndarray | None] = [None] * len(saved)
     heads: list[int] = []
@@ -139,7 +139,11 @@ def _episodes(backend: Any, seeds: list[int], saved: list[np.ndarray]) -> list[n
                 raise SavepointError(f"the save point's actions are not actions of "
                                      f"{backend.env_id}")
             heads.append(i)
-            out[i] = compact_actions(a, backend.num_actions)
+            # NOTE: always a copy: ``a`` is a view of the whole save file's bytes
+            # (savepoint.decode), which a kept view would hold for the state's life
+            kept = np.array(a, dtype=action_dtype(backend.num_actions))
+            kept.flags.writeable = False
+            out[i] = kept
         else:
             out[i] = out[head][:len(a)]
     return out  # type: ignore[return-value]

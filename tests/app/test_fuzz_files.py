@@ -380,9 +380,7 @@ def test_more_actions_than_an_episode_is_refused_from_the_header(pong, monkeypat
     """A 16 MB ``now.actions`` took the server from 375 to 987 MB (16 rewind snapshots of
     it) and its next save was 272 MB: refused before any array is decoded."""
     backend, arrays, meta = pong
-    import safetensors.numpy
-
-    monkeypatch.setattr(safetensors.numpy, "load",
+    monkeypatch.setattr(savepoint, "_arrays",
                         lambda *a: pytest.fail("arrays decoded before the checks"))
     big = {**arrays, "now.actions": np.ones(4 * 2**20, np.int32)}
     raw = savepoint.encode(big, meta)
@@ -406,6 +404,90 @@ def test_the_longest_honest_episode_loads_and_its_next_save_loads(pong):
     assert len(again) < MAX_SAVEPOINT_BYTES // 16
     got_arrays, got_meta = savepoint.decode(again, backend)
     backend.free(import_state(backend, got_arrays, got_meta["state"]))
+
+
+def test_a_request_body_is_held_once():
+    """The body was read as a list of chunks joined at the end: held twice while it was
+    read (with the decoded copies of its arrays, the longest honest Pong save grew the
+    server by more than 2x the file). One buffer, grown as the chunks arrive."""
+    import asyncio
+    import tracemalloc
+
+    from worldstream.app.world_routes import _read_capped
+
+    class Request:
+        headers: dict = {}
+
+        async def stream(self):
+            for _ in range(64):
+                yield bytes(2**16)  # a fresh chunk, as the server receives them
+
+    async def read() -> tuple[int, int]:
+        # NOTE: measured inside the loop: asyncio.run's shutdown may format its result
+        tracemalloc.start()
+        try:
+            body = await _read_capped(Request(), 2**30, RuntimeError)
+            return len(body) * (not any(body)), tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+
+    size, peak = asyncio.run(read())
+    assert size == 2**22
+    assert peak < 1.5 * size, peak  # the chunks and their join: 2x
+
+
+def test_a_save_files_arrays_are_views_of_its_bytes_and_the_state_keeps_none(pong):
+    """``safetensors.numpy.load`` copied every array: the file was held once more while it
+    loaded. The arrays are read-only views of the body; the state copies what it keeps (an
+    episode's actions saved in the game's own compact dtype, once kept as such, held the
+    whole body for the state's life)."""
+    from worldstream.engine.worlds.game.env import action_dtype
+
+    backend, arrays, meta = pong
+    compact = {k: v.astype(action_dtype(backend.num_actions)) if k.endswith(".actions") else v
+               for k, v in arrays.items()}
+    body = bytearray(savepoint.encode(compact, meta))  # as the server reads it
+    whole = np.frombuffer(body, np.uint8)
+    got, got_meta = savepoint.decode(body, backend)
+    assert got.keys() == arrays.keys()
+    for name, array in got.items():
+        assert np.array_equal(array, compact[name]) and array.dtype == compact[name].dtype
+        assert not array.flags.writeable and (np.shares_memory(array, whole) or not array.size)
+    state = import_state(backend, got, got_meta["state"])
+    try:
+        snaps = [state.game.snapshot(), *(snap for snap, _ in state.history)]
+        assert len(snaps) == 4
+        for snap in snaps:
+            assert not np.shares_memory(snap.actions, whole)
+            assert not np.shares_memory(snap.frame, whole)
+    finally:
+        backend.free(state)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda h: h["now.frame"].update(data_offsets=[o + 1 for o in
+                                                   h["now.frame"]["data_offsets"]]),
+     "overlaps another or leaves a gap|cut short"),
+    (lambda h: h["now.frame"].update(shape=[2**62, 2**62, 0, 3]), "is malformed"),
+    (lambda h: h["now.frame"].update(dtype="BF16"), "is malformed"),
+    (lambda h: h["now.frame"].update(data_offsets=[-1, 10]), "is malformed"),
+])
+def test_a_header_that_does_not_describe_its_bytes_is_refused(pong, edit, message):
+    """The arrays are views of the file's bytes: their offsets, sizes and dtypes are checked
+    against the header and the file before any is made."""
+    backend, arrays, meta = pong
+    raw = savepoint.encode(arrays, meta)
+    size = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + size])
+    edit(header)
+    text = json.dumps(header).encode()
+    with pytest.raises(SavepointError, match=message) as err:
+        savepoint.decode(len(text).to_bytes(8, "little") + text + raw[8 + size:], backend)
+    one_line(err.value)
+    with pytest.raises(SavepointError, match="damaged or cut short") as err:
+        savepoint.decode(raw + b"\0", backend)
+    with pytest.raises(SavepointError, match="damaged or cut short") as err:
+        savepoint.decode(raw[:-1], backend)
 
 
 # ---------------------------------------------------------------- a load that replays
