@@ -21,6 +21,7 @@ SUITES = {
     "analyse": "worldstream.bench.analyse",
     "browser": "worldstream.bench.browser",
     "replay": "worldstream.bench.replay",
+    "savepoint": "worldstream.bench.savepoint_load",
     "matrix_game_cpu": "worldstream.bench.matrix_game_cpu",
     "gpu_matrix_game": "worldstream.bench.gpu_matrix_game",
 }

@@ -56,16 +56,19 @@ def server_rss_mib(pid: int) -> float:
 
 
 class PlayServer:
-    """``worldstream play`` in a subprocess on a free loopback port."""
+    """``worldstream play`` in a subprocess on a free loopback port (``model`` None: the
+    CLI's default, e.g. with ``extra=["--env", ENV]`` for a game; ``extra``: more flags)."""
 
-    def __init__(self, model: str, max_sessions: int, threads: int):
+    def __init__(self, model: str | None, max_sessions: int, threads: int,
+                 extra: list[str] | None = None):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "GRADIO_ANALYTICS_ENABLED": "False"}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "worldstream.app.cli", "play", "--model", model,
+            [sys.executable, "-m", "worldstream.app.cli", "play",
+             *(["--model", model] if model else []), *(extra or []),
              "--port", str(self.port), "--max-sessions", str(max_sessions)], env=env)
 
     def __enter__(self) -> PlayServer:

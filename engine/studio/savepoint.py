@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
+import math
 import weakref
 from typing import Any, Literal
 
@@ -140,36 +141,78 @@ def encode(arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> bytes:
 
 #: the keys of a save file's metadata
 _META_FIELDS = frozenset({"format", "model", "model_version", "session", "state"})
-_DTYPES = {"BOOL": 1, "U8": 1, "I8": 1, "U16": 2, "I16": 2, "F16": 2, "BF16": 2, "U32": 4,
-           "I32": 4, "F32": 4, "U64": 8, "I64": 8, "F64": 8}
+#: safetensors' dtype names -> numpy's (its files are little-endian; bfloat16 has no numpy
+#: dtype and no exporter writes it)
+_DTYPES = {name: np.dtype(code) for name, code in {
+    "BOOL": "?", "U8": "u1", "I8": "i1", "U16": "<u2", "I16": "<i2", "F16": "<f2",
+    "U32": "<u4", "I32": "<i4", "F32": "<f4", "U64": "<u8", "I64": "<i8", "F64": "<f8"}.items()}
 
 
-def read_layout(data: bytes) -> dict[str, tuple[str, tuple[int, ...]]]:
-    """Each array of a save file as ``name -> (dtype, shape)`` (safetensors' names: ``U8``,
-    ``I32``, ...), from the header alone: checked before any array is decoded or copied.
-    SavepointError for a header that does not describe the file's bytes."""
+_Entry = tuple[str, tuple[int, ...], int]
+
+
+def _entries(data: bytes | bytearray) -> tuple[int, dict[str, _Entry]]:
+    """``(base, {name: (dtype, shape, offset)})``: where a save file's arrays start and each
+    array's safetensors dtype name, shape and byte offset from ``base``, all checked against
+    the header and the file's length (sizes match, the arrays fill the file) so that
+    :func:`_arrays` may view the bytes without copying. SavepointError otherwise."""
     header = _header(data)
-    layout, end = {}, 0
+    base = 8 + int.from_bytes(data[:8], "little")
+    entries, spans = {}, []
     for name, entry in header.items():
         if name == "__metadata__":
             continue
         try:
             dtype, shape, (start, stop) = entry["dtype"], entry["shape"], entry["data_offsets"]
-            count = int(np.prod(shape, dtype=np.int64)) if shape else 1
-            ok = dtype in _DTYPES and all(type(n) is int and n >= 0 for n in shape) and \
-                stop - start == count * _DTYPES[dtype] and 0 <= start <= stop
-        except (TypeError, KeyError, ValueError):
+            # NOTE: Python ints: a header's shape must not overflow into a size that matches
+            ok = dtype in _DTYPES and isinstance(shape, list) and \
+                all(type(n) is int and n >= 0 for n in (*shape, start, stop)) and \
+                stop - start == math.prod(shape) * _DTYPES[dtype].itemsize
+        except (TypeError, KeyError, ValueError, AttributeError):
             ok = False
         if not ok:
             raise SavepointError(f"the save file's array {name[:60]!r} is malformed")
-        layout[name] = (dtype, tuple(shape))
-        end = max(end, stop)
-    if end > len(data) - 8:
-        raise SavepointError("the save file is cut short (its arrays end past the file)")
-    return layout
+        entries[name] = (dtype, tuple(shape), start)
+        spans.append((start, stop, name))
+    # as safetensors checks: the arrays fill the bytes after the header, in order, no gap,
+    # no overlap, nothing after them
+    end = 0
+    for start, stop, name in sorted(spans):
+        if start != end:
+            raise SavepointError(f"the save file is damaged (its array {name[:60]!r} overlaps "
+                                 "another or leaves a gap)")
+        end = stop
+    if base + end != len(data):
+        raise SavepointError(f"the save file is damaged or cut short (its arrays end at byte "
+                             f"{base + end}, the file at {len(data)})")
+    return base, entries
 
 
-def _header(data: bytes) -> dict[str, Any]:
+def read_layout(data: bytes | bytearray) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """Each array of a save file as ``name -> (dtype, shape)`` (safetensors' names: ``U8``,
+    ``I32``, ...), from the header alone: checked before any array is decoded or copied.
+    SavepointError for a header that does not describe the file's bytes."""
+    return {name: (dtype, shape) for name, (dtype, shape, _) in _entries(data)[1].items()}
+
+
+def _arrays(data: bytes | bytearray) -> dict[str, np.ndarray]:
+    """Each array of a save file as a read-only view of ``data``'s bytes: the file is held
+    once, not once more per decoded copy (whoever keeps an array copies it; the views keep
+    ``data`` alive). SavepointError for a header that does not describe the file's bytes."""
+    base, entries = _entries(data)
+    out = {}
+    for name, (dtype, shape, start) in entries.items():
+        count = math.prod(shape)
+        if count:
+            array = np.frombuffer(data, _DTYPES[dtype], count, base + start).reshape(shape)
+        else:  # nothing to view (the offset may be the file's end)
+            array = np.empty(shape, _DTYPES[dtype])
+        array.flags.writeable = False  # a bytearray's views would be writable
+        out[name] = array
+    return out
+
+
+def _header(data: bytes | bytearray) -> dict[str, Any]:
     if not isinstance(data, bytes | bytearray):
         raise SavepointError("a save point must be bytes")
     if len(data) > MAX_SAVEPOINT_BYTES:
@@ -190,7 +233,7 @@ def _header(data: bytes) -> dict[str, Any]:
     return header
 
 
-def read_meta(data: bytes) -> dict[str, Any]:
+def read_meta(data: bytes | bytearray) -> dict[str, Any]:
     """The metadata of a save file (the safetensors header only: cheap). SavepointError for a
     file that is not a worldstream save point or is cut short."""
     header = _header(data)
@@ -207,9 +250,11 @@ def read_meta(data: bytes) -> dict[str, Any]:
     return meta
 
 
-def decode(data: bytes, backend: Any) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """``(arrays, meta)`` of a save file made with ``backend``'s model and version;
-    ``meta["session"]`` is a :class:`SavedSession`.
+def decode(data: bytes | bytearray, backend: Any
+           ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """``(arrays, meta)`` of a save file made with ``backend``'s model and version; the arrays
+    are read-only views of ``data`` (copy what you keep); ``meta["session"]`` is a
+    :class:`SavedSession`.
     SavepointError naming the problem: not a save file, cut short or damaged, another model,
     another model version."""
     meta = read_meta(data)
@@ -222,9 +267,6 @@ def decode(data: bytes, backend: Any) -> tuple[dict[str, np.ndarray], dict[str, 
             f"this save point was made with another version of model {backend.name!r} "
             f"({str(meta.get('model_version'))[:12]}, this one is {version[:12]}): different "
             "weights or generator settings cannot continue it")
-    from safetensors import SafetensorError
-    from safetensors.numpy import load
-
     from worldstream.engine.core.fields import ANY_KEY
 
     try:
@@ -240,11 +282,7 @@ def decode(data: bytes, backend: Any) -> tuple[dict[str, np.ndarray], dict[str, 
     # NOTE: every field against the world it loads into, and every array's size, before any
     # array is decoded: a 16 MB list of actions once became 600 MB of rewind snapshots
     check_saved(backend, meta["session"], meta["state"], read_layout(data))
-    try:
-        arrays = load(bytes(data))
-    except (SafetensorError, ValueError) as err:
-        raise SavepointError(f"the save file is damaged or cut short ({err})") from None
-    return arrays, meta
+    return _arrays(data), meta
 
 
 def check_saved(backend: Any, session: Any, scalars: dict[str, Any],
@@ -285,5 +323,5 @@ def _check_action(backend: Any, session: Any) -> None:
                                  f"model {backend.name!r}")
 
 
-def file_sha256(data: bytes) -> str:
+def file_sha256(data: bytes | bytearray) -> str:
     return hashlib.sha256(data).hexdigest()

@@ -81,7 +81,7 @@ def load(engine: Any, session_id: str, data: bytes) -> Future:
     if saved.chunk_frames not in engine.chunk_sizes:
         raise SavepointError(f"the save point streams chunks of {saved.chunk_frames} frames; "
                              f"this server {list(engine.chunk_sizes)}")
-    sha = file_sha256(bytes(data))
+    sha = file_sha256(data)
     # NOTE: what may be slow (a game without emulator state replays its actions, up to
     # seconds) runs here, in the caller's thread: the engine thread only adopts the state
     make_state = prepare_import(engine.backend, arrays, meta["state"])

@@ -382,9 +382,7 @@ def test_more_actions_than_an_episode_is_refused_from_the_header(pong, monkeypat
     """A 16 MB ``now.actions`` took the server from 375 to 987 MB (16 rewind snapshots of
     it) and its next save was 272 MB: refused before any array is decoded."""
     backend, arrays, meta = pong
-    import safetensors.numpy
-
-    monkeypatch.setattr(safetensors.numpy, "load",
+    monkeypatch.setattr(savepoint, "_arrays",
                         lambda *a: pytest.fail("arrays decoded before the checks"))
     big = {**arrays, "now.actions": np.ones(4 * 2**20, np.int32)}
     raw = savepoint.encode(big, meta)
@@ -410,6 +408,90 @@ def test_the_longest_honest_episode_loads_and_its_next_save_loads(pong):
     backend.free(import_state(backend, got_arrays, got_meta["state"]))
 
 
+def test_a_request_body_is_held_once():
+    """The body was read as a list of chunks joined at the end: held twice while it was
+    read (with the decoded copies of its arrays, a load's transient was over the goal of 2x
+    the file). One buffer, grown as the chunks arrive."""
+    import asyncio
+    import tracemalloc
+
+    from worldstream.app.world_routes import _read_capped
+
+    class Request:
+        headers: dict = {}
+
+        async def stream(self):
+            for _ in range(64):
+                yield bytes(2**16)  # a fresh chunk, as the server receives them
+
+    async def read() -> tuple[int, int]:
+        # NOTE: measured inside the loop: asyncio.run's shutdown may format its result
+        tracemalloc.start()
+        try:
+            body = await _read_capped(Request(), 2**30, RuntimeError)
+            return len(body) * (not any(body)), tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+
+    size, peak = asyncio.run(read())
+    assert size == 2**22
+    assert peak < 1.5 * size, peak  # the chunks and their join: 2x
+
+
+def test_a_save_files_arrays_are_views_of_its_bytes_and_the_state_keeps_none(pong):
+    """``safetensors.numpy.load`` copied every array: the file was held once more while it
+    loaded. The arrays are read-only views of the body; the state copies what it keeps (an
+    episode's actions saved in the game's own compact dtype, once kept as such, held the
+    whole body for the state's life)."""
+    from worldstream.engine.worlds.game.env import action_dtype
+
+    backend, arrays, meta = pong
+    compact = {k: v.astype(action_dtype(backend.num_actions)) if k.endswith(".actions") else v
+               for k, v in arrays.items()}
+    body = bytearray(savepoint.encode(compact, meta))  # as the server reads it
+    whole = np.frombuffer(body, np.uint8)
+    got, got_meta = savepoint.decode(body, backend)
+    assert got.keys() == arrays.keys()
+    for name, array in got.items():
+        assert np.array_equal(array, compact[name]) and array.dtype == compact[name].dtype
+        assert not array.flags.writeable and (np.shares_memory(array, whole) or not array.size)
+    state = import_state(backend, got, got_meta["state"])
+    try:
+        snaps = [state.game.snapshot(), *(snap for snap, _ in state.history)]
+        assert len(snaps) == 4
+        for snap in snaps:
+            assert not np.shares_memory(snap.actions, whole)
+            assert not np.shares_memory(snap.frame, whole)
+    finally:
+        backend.free(state)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda h: h["now.frame"].update(data_offsets=[o + 1 for o in
+                                                   h["now.frame"]["data_offsets"]]),
+     "overlaps another or leaves a gap|cut short"),
+    (lambda h: h["now.frame"].update(shape=[2**62, 2**62, 0, 3]), "is malformed"),
+    (lambda h: h["now.frame"].update(dtype="BF16"), "is malformed"),
+    (lambda h: h["now.frame"].update(data_offsets=[-1, 10]), "is malformed"),
+])
+def test_a_header_that_does_not_describe_its_bytes_is_refused(pong, edit, message):
+    """The arrays are views of the file's bytes: their offsets, sizes and dtypes are checked
+    against the header and the file before any is made."""
+    backend, arrays, meta = pong
+    raw = savepoint.encode(arrays, meta)
+    size = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + size])
+    edit(header)
+    text = json.dumps(header).encode()
+    with pytest.raises(SavepointError, match=message) as err:
+        savepoint.decode(len(text).to_bytes(8, "little") + text + raw[8 + size:], backend)
+    one_line(err.value)
+    with pytest.raises(SavepointError, match="damaged or cut short") as err:
+        savepoint.decode(raw + b"\0", backend)
+    with pytest.raises(SavepointError, match="damaged or cut short") as err:
+        savepoint.decode(raw[:-1], backend)
+
+
 # ---------------------------------------------------------------- a load that replays
 @pytest.fixture()
 def copied():
@@ -425,15 +507,18 @@ def copied():
 
 def test_a_save_without_emulator_state_replays_off_the_engine_thread(copied):
     """A crafter save replayed its actions on the engine thread: every session froze for
-    18-45 s. The replay runs in the caller's thread; the engine thread only adopts the state,
-    and a rewind restores the env's own copies (no replay either)."""
+    18-45 s. Then in the caller's thread, where its pure-Python steps held the GIL (other
+    sessions' frames stalled). The replay runs in a child process; the engine thread
+    only adopts the state, and a rewind restores the env's own copies (no replay either)."""
     backend, arrays, meta = copied
     got_arrays, got_meta = savepoint.decode(savepoint.encode(arrays, meta), backend)
     CopiedGame.steps.clear()
     make = prepare_import(backend, got_arrays, got_meta["state"])
-    assert len(CopiedGame.steps) == 18  # one replay of the episode, every snapshot on it
-    assert set(CopiedGame.steps) == {threading.get_ident()}
-    CopiedGame.steps.clear()
+    assert CopiedGame.steps == []  # no step of the replay in this process
+    # the snapshots came back with the env's copies, one episode's actions one array
+    snaps = [make.state.game.snapshot(), *(snap for snap, _ in make.state.history)]
+    assert all(isinstance(snap.native, type(make.state.game.env.unwrapped)) for snap in snaps)
+    assert all(np.shares_memory(snaps[1].actions, snap.actions) for snap in snaps[2:])
     adopted = []
     worker = threading.Thread(target=lambda: adopted.append(make()))  # "the engine thread"
     worker.start()

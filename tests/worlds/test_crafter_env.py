@@ -43,3 +43,21 @@ def test_a_copied_world_keeps_insertion_order_and_plays_on_identically():
             [type(o).__name__ for o in objs]
     rest = np.random.default_rng(1).integers(0, 17, 150)
     assert all((game.step(int(a)) == twin.step(int(a))).all() for a in rest)
+
+
+def test_a_snapshot_pickles_and_its_world_plays_on_identically():
+    """A save point of crafter is replayed in a child process (engine.backends.game.savestate_sim),
+    which sends each snapshot's copy of the env back pickled: the ordered world's class is
+    found by name."""
+    import pickle
+
+    game = GameEnv("CrafterReward-v1", size=64)
+    game.reset(2)
+    for a in np.random.default_rng(0).integers(0, 17, 50):
+        game.step(int(a))
+    snap = pickle.loads(pickle.dumps(game.snapshot()))
+    twin = GameEnv("CrafterReward-v1", size=64)
+    twin.restore(snap)
+    assert type(twin.env.unwrapped.env._world) is type(game.env.unwrapped.env._world)
+    rest = np.random.default_rng(1).integers(0, 17, 150)
+    assert all((game.step(int(a)) == twin.step(int(a))).all() for a in rest)

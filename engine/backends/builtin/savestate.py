@@ -126,8 +126,10 @@ def import_builtin(gen, arrays: dict[str, np.ndarray], scalars: dict[str, Any]):
     if k.shape != want or v.shape != want or (n - sink) % f or sink not in (0, f):
         raise SavepointError(f"the save point's KV pages {k.shape} do not fit this model "
                              f"({want})")
-    pools = [(gen.k_pool, torch.from_numpy(k).to(gen.k_pool.device, gen.k_pool.dtype)),
-             (gen.v_pool, torch.from_numpy(v).to(gen.v_pool.device, gen.v_pool.dtype))]
+    # NOTE: torch.tensor copies: the arrays are read-only views of the save file's bytes
+    # (savepoint.decode), which torch.from_numpy would share (and warn of)
+    pools = [(gen.k_pool, torch.tensor(k, dtype=gen.k_pool.dtype, device=gen.k_pool.device)),
+             (gen.v_pool, torch.tensor(v, dtype=gen.v_pool.dtype, device=gen.v_pool.device))]
     with restored_pages(gen, pools, scalars, f) as (table, attention):
         history = deque()
         for i, h in enumerate(scalars["history"]):

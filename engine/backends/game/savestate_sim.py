@@ -10,8 +10,11 @@ env without a native state is restored by replaying its episode's actions from i
 
 from __future__ import annotations
 
+import dataclasses
+import multiprocessing
+import os
 import threading
-import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -50,6 +53,9 @@ _STATE_FIELDS = frozenset({"seed", "now", "history"})
 _INT_DTYPES = frozenset({"U8", "I8", "U16", "I16", "U32", "I32", "I64"})
 # one load replays at a time (each holds a core for up to seconds)
 _replaying = threading.Lock()
+#: the replaying process's niceness (Linux: 0-19, higher yields more): the sessions playing
+#: come first
+REPLAY_NICE = 10
 
 
 def _int(value: Any, low: int, high: int | None = None) -> bool:
@@ -126,7 +132,7 @@ def _episodes(backend: Any, seeds: list[int], saved: list[np.ndarray]) -> list[n
     one seed whose actions are a prefix of the longest are views of its array): a rewind
     history of n snapshots costs one episode's bytes, not n lists of ints. SavepointError
     for an action the game does not have."""
-    from worldstream.engine.worlds.game.env import compact_actions
+    from worldstream.engine.worlds.game.env import action_dtype
 
     out: list[np.ndarray | None] = [None] * len(saved)
     heads: list[int] = []
@@ -139,7 +145,11 @@ def _episodes(backend: Any, seeds: list[int], saved: list[np.ndarray]) -> list[n
                 raise SavepointError(f"the save point's actions are not actions of "
                                      f"{backend.env_id}")
             heads.append(i)
-            out[i] = compact_actions(a, backend.num_actions)
+            # NOTE: always a copy: ``a`` is a view of the whole save file's bytes
+            # (savepoint.decode), which a kept view would hold for the state's life
+            kept = np.array(a, dtype=action_dtype(backend.num_actions))
+            kept.flags.writeable = False
+            out[i] = kept
         else:
             out[i] = out[head][:len(a)]
     return out  # type: ignore[return-value]
@@ -182,13 +192,71 @@ def _replayed(backend: Any, now: Any, history: list[tuple[Any, int]]
               ) -> tuple[Any, list[tuple[Any, int]]]:
     """The snapshots of a game without emulator state in the file, replayed once per chain of
     snapshots of one episode (each a prefix of the longest), at most MAX_REPLAY_STEPS steps
-    together; where the env keeps copies of itself (crafter) each snapshot gets one, so that
-    neither this load nor a later rewind replays on the engine thread. SavepointError for
-    too long a replay or actions that do not replay to the saved frames."""
-    from worldstream.engine.worlds.game.env import GameEnv
-
+    together, in a child process (:func:`_replay`); where the env keeps copies of itself
+    (crafter) each snapshot gets one, so that neither this load nor a later rewind replays
+    on the engine thread. SavepointError for too long a replay or actions that do not replay
+    to the saved frames."""
     snaps = [now, *(h for h, _ in history)]
-    heads: list[int] = []  # the longest snapshot of each chain
+    steps = sum(len(snaps[h].actions) for h in set(_chains(snaps).values()))
+    if steps > MAX_REPLAY_STEPS:
+        raise SavepointError(f"the save point's game has no emulator state: loading it would "
+                             f"replay {steps} steps; the limit is {MAX_REPLAY_STEPS}")
+    if not getattr(backend, "copyable", True):  # restored by replay in state_from
+        return now, history
+    # NOTE: not in this process: a pure-Python game (crafter: world generation, then every
+    # step) held the GIL for seconds, and every other session's engine thread waited on it
+    # (their frames stalled during loads). The child runs at a lower CPU priority and sends
+    # back the snapshots (the env's copies pickled).
+    out = _in_child(_replay, backend.env_id, backend.size, snaps)
+    # the actions as sent: one episode's snapshots stay views of one array (_episodes)
+    out = [dataclasses.replace(o, actions=s.actions) for o, s in zip(out, snaps, strict=True)]
+    return out[0], [(snap, episode) for snap, (_, episode) in zip(out[1:], history,
+                                                                   strict=True)]
+
+
+def _in_child(function: Callable[..., Any], *args: Any) -> Any:
+    """``function(*args)`` in a new interpreter (multiprocessing's spawn) at niceness
+    REPLAY_NICE; its exception is raised here."""
+    context = multiprocessing.get_context("spawn")
+    here, there = context.Pipe()
+    process = context.Process(target=_serve_one, args=(there,), daemon=True)
+    process.start()
+    there.close()
+    try:
+        # NOTE: reniced at once, the work sent after: passed to start() (frames, actions),
+        # it filled the pipe, and start() waited for the child's interpreter to read it
+        # while that started at full priority beside the sessions playing
+        try:
+            os.setpriority(os.PRIO_PROCESS, process.pid, REPLAY_NICE)
+        except OSError:  # it has ended already
+            pass
+        try:
+            here.send((function, args))
+            ok, result = here.recv()
+        except (EOFError, BrokenPipeError):
+            raise RuntimeError(f"the replaying process died (exit {process.exitcode})") from None
+    finally:
+        here.close()
+        process.join()
+    if not ok:
+        raise result
+    return result
+
+
+def _serve_one(connection: Any) -> None:
+    function, args = connection.recv()
+    try:
+        reply = (True, function(*args))
+    except Exception as err:  # noqa: BLE001  (sent to the caller, raised there)
+        reply = (False, err)
+    connection.send(reply)
+    connection.close()
+
+
+def _chains(snaps: list[Any]) -> dict[int, int]:
+    """Each snapshot's chain: the index of the longest snapshot of its episode whose actions
+    start with its own."""
+    heads: list[int] = []
     chain_of: dict[int, int] = {}
     for i in sorted(range(len(snaps)), key=lambda i: -len(snaps[i].actions)):
         s = snaps[i]
@@ -198,16 +266,22 @@ def _replayed(backend: Any, now: Any, history: list[tuple[Any, int]]
             heads.append(i)
             head = i
         chain_of[i] = head
-    steps = sum(len(snaps[h].actions) for h in heads)
-    if steps > MAX_REPLAY_STEPS:
-        raise SavepointError(f"the save point's game has no emulator state: loading it would "
-                             f"replay {steps} steps; the limit is {MAX_REPLAY_STEPS}")
-    game = GameEnv(backend.env_id, size=backend.size)
+    return chain_of
+
+
+def _replay(env_id: str, size: int, snaps: list[Any]) -> list[Any]:
+    """``snaps`` replayed in a ``GameEnv(env_id, size)`` (in the child process): each chain
+    once, each snapshot's frame and ``done`` checked, each given the env's copy where it
+    keeps one; unchanged where it does not (restored by replay in ``state_from``)."""
+    from worldstream.engine.worlds.game.env import GameEnv
+
+    chain_of = _chains(snaps)
+    game = GameEnv(env_id, size=size)
     try:
-        if not game.copyable:  # restored by replay (now: in state_from, here)
-            return now, history
+        if not game.copyable:
+            return snaps
         out = list(snaps)
-        for head in heads:
+        for head in sorted(set(chain_of.values())):
             wanted = {len(snaps[i].actions): i for i in chain_of if chain_of[i] == head}
             game.reset(snaps[head].seed)
             for n, action in enumerate((*snaps[head].actions.tolist(), None)):
@@ -218,12 +292,9 @@ def _replayed(backend: Any, now: Any, history: list[tuple[Any, int]]
                         raise SavepointError("the save point's actions go on past the end of "
                                              "their episode")
                     game.step(action)
-                if n % 64 == 63:
-                    time.sleep(0)  # let the engine thread run
     finally:
         game.close()
-    return out[0], [(snap, episode) for snap, (_, episode) in zip(out[1:], history,
-                                                                   strict=True)]
+    return out
 
 
 def _same(replayed: Any, saved: Any) -> Any:

@@ -93,6 +93,8 @@ class GameEnvBackend(GameKeys, GameEnvSaves):
         self.num_actions = probe.num_actions
         #: snapshots hold the emulator's state (ALE): a save point's must too
         self.native_state = probe.native_state
+        #: snapshots hold a copy of the env (crafter): a save point's are made by replay
+        self.copyable = probe.copyable
         #: the most actions an episode of the game takes (a save point holds no more)
         self.max_episode_actions = probe.max_episode_steps
         self.width = self.height = size

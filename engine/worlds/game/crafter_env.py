@@ -43,4 +43,16 @@ def _ordered_world(world_class: type) -> type:
             super().reset(seed)
             self._chunks = collections.defaultdict(_InsertionOrderedSet)
 
+    # found by name (this module's __getattr__): a snapshot's copy of the env pickles, e.g.
+    # from the process that replays a save point (engine.backends.game.savestate_sim)
+    OrderedChunksWorld.__qualname__ = "OrderedChunksWorld"
+    OrderedChunksWorld.__module__ = __name__
     return OrderedChunksWorld
+
+
+def __getattr__(name: str) -> Any:
+    if name == "OrderedChunksWorld":
+        import crafter
+
+        return _ordered_world(crafter.engine.World)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
