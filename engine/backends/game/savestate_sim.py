@@ -201,7 +201,7 @@ def _replayed(backend: Any, now: Any, history: list[tuple[Any, int]]
     if steps > MAX_REPLAY_STEPS:
         raise SavepointError(f"the save point's game has no emulator state: loading it would "
                              f"replay {steps} steps; the limit is {MAX_REPLAY_STEPS}")
-    if not getattr(backend, "copyable", True):  # restored by replay in state_from
+    if not backend.copyable:  # restored by replay in state_from
         return now, history
     # NOTE: not in this process: a pure-Python game (crafter: world generation, then every
     # step) held the GIL for seconds, and every other session's engine thread waited on it
