@@ -187,3 +187,33 @@ def test_snapshots_hold_actions_as_one_compact_array(breakout):
     assert np.array_equal(loaded.game.actions, expected)
     breakout.free(loaded)
     breakout.free(state)
+
+
+@pytest.mark.slow
+def test_a_crafter_episode_started_ahead_plays_as_one_reset_here():
+    # crafter generates a world in ~0.75 s of pure Python at each game over: made ahead in
+    # another process and restored, it must show exactly what a reset on the engine thread does
+    pytest.importorskip("crafter")
+    actions = np.random.default_rng(5).integers(0, 17, 150)
+    frames, resets = {}, {}
+    for ahead in (True, False):
+        backend = GameEnvBackend(env="CrafterReward-v1")
+        assert backend.starts_ahead
+        backend.starts_ahead = ahead
+        state = backend.new_state("play", 3)
+        state.game.max_episode_steps = 40  # a game over every 41 frames
+        real, resets[ahead] = state.game.reset, []
+        state.game.reset = lambda seed, real=real, seen=resets[ahead]: (seen.append(seed),
+                                                                         real(seed))[1]
+        out = []
+        for action in actions:
+            if state.next_start is not None:
+                state.next_start[1].result(timeout=300)  # ready before its game over
+            out.append(backend.step(state, int(action))[0])
+        frames[ahead] = np.stack(out)
+        backend.free(state)
+        backend.close()
+    assert resets[True] == [] and resets[False] == [episode_seed(3, e) for e in (1, 2, 3)]
+    assert (np.abs(np.diff(frames[False].astype(int), axis=0)).sum((1, 2, 3)) > 0).mean() > 0.5
+    differ = np.flatnonzero((frames[True] != frames[False]).any((1, 2, 3)))
+    assert differ.size == 0, f"frames part at step {differ[:1]}"

@@ -7,6 +7,9 @@ per generated chunk) for rewind. One action id per frame steps the env once. A g
 prompt: the session's prompt is accepted and ignored, a prompt switch is refused. When an
 episode ends (game over) the frame after its last one is the first frame of the next episode
 (seed ``seed + episode``), and the chunk's result carries an ``episode`` event for the page.
+Where that start is costly and copyable (crafter generates its world in pure Python, ~0.75 s
+that would stall every session on the engine thread) it is made ahead, while the episode
+plays, in a low-priority process, and restored at game over.
 Held wire keys become action ids through the game's :class:`~engine.worlds.game.keymap.KeyMap`
 (derived from the env's action meanings, or a JSON file); ``wire_keys`` and ``controls``
 tell the transports and the page which keys the game has.
@@ -14,16 +17,19 @@ tell the transports and the page which keys the game has.
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import threading
 import time
 from collections import deque
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from worldstream.engine.backends.game.keys import GameKeys, load_keymap
-from worldstream.engine.backends.game.savestate_sim import GameEnvSaves
+from worldstream.engine.backends.game.savestate_sim import REPLAY_NICE, GameEnvSaves
 from worldstream.engine.backends.sim.backend import check_job, pop_history, push_history
 from worldstream.engine.core.backend import ChunkJob, ChunkResult
 from worldstream.engine.worlds.game.env import GameEnv, Snapshot
@@ -48,6 +54,8 @@ class GameState:
     episode: int = 0
     history: deque[tuple[Snapshot, int]] = field(default_factory=deque)
     freed: bool = False
+    #: the next episode's start made ahead: (its seed, the future of its first snapshot)
+    next_start: tuple[int, Future] | None = field(default=None, compare=False)
 
     def snapshot(self) -> tuple[Snapshot, int]:
         return self.game.snapshot(), self.episode
@@ -104,6 +112,10 @@ class GameEnvBackend(GameKeys, GameEnvSaves):
         self._spare: list[GameEnv] = [probe]
         # a save point's state is made off the engine thread (engine.studio.savestate)
         self._spare_lock = threading.Lock()
+        #: episode starts made ahead in another process: a pure-Python env that copies
+        #: (crafter's world generation), not an emulator whose reset is cheap (ALE)
+        self.starts_ahead = probe.copyable and not probe.native_state
+        self._starts: ProcessPoolExecutor | None = None
 
     # ------------------------------------------------------------ states
     def _env(self) -> GameEnv:
@@ -128,7 +140,9 @@ class GameEnvBackend(GameKeys, GameEnvSaves):
         except BaseException:
             game.close()
             raise
-        return GameState(game, int(seed))
+        state = GameState(game, int(seed))
+        self._start_ahead(state)
+        return state
 
     def state_from(self, seed: int, episode: int, snap: Snapshot,
                    history: list[tuple[Snapshot, int]]) -> GameState:
@@ -139,7 +153,9 @@ class GameEnvBackend(GameKeys, GameEnvSaves):
         except BaseException:
             game.close()
             raise
-        return GameState(game, seed, episode, deque(history))
+        state = GameState(game, seed, episode, deque(history))
+        self._start_ahead(state)
+        return state
 
     def fork(self, state: GameState) -> GameState:
         """An independent copy (its own env restored from a snapshot, with the history)."""
@@ -152,6 +168,9 @@ class GameEnvBackend(GameKeys, GameEnvSaves):
         if isinstance(state, GameState) and not state.freed:
             state.freed = True
             state.history.clear()
+            if state.next_start is not None:
+                state.next_start[1].cancel()
+                state.next_start = None
             with self._spare_lock:
                 kept = len(self._spare) < self._spare_limit
                 if kept:
@@ -160,11 +179,44 @@ class GameEnvBackend(GameKeys, GameEnvSaves):
                 state.game.close()
 
     def close(self) -> None:
-        """Close the spare envs (states still live keep theirs)."""
+        """Close the spare envs (states still live keep theirs) and the process making
+        episode starts ahead."""
         with self._spare_lock:
             spare, self._spare = self._spare, []
         for game in spare:
             game.close()
+        if self._starts is not None:
+            self._starts.shutdown(wait=False, cancel_futures=True)
+            self._starts = None
+
+    def _start_ahead(self, state: GameState) -> None:
+        """Begin making the first snapshot of ``state``'s next episode in the starts process
+        (where :attr:`starts_ahead`)."""
+        if not self.starts_ahead:
+            return
+        if self._starts is None:
+            self._starts = ProcessPoolExecutor(
+                1, mp_context=multiprocessing.get_context("spawn"), initializer=_lower_priority)
+        seed = episode_seed(state.seed, state.episode + 1)
+        state.next_start = (seed, self._starts.submit(first_snapshot, self.env_id, self.size,
+                                                      seed))
+
+    def _next_episode(self, state: GameState, seed: int) -> np.ndarray:
+        """The first frame of episode ``seed`` in ``state``'s env: restored from the start
+        made ahead when it is ready (the same frames as a reset: a copy of the env right
+        after one), else a reset here."""
+        ahead, state.next_start = state.next_start, None
+        snap = None
+        if ahead is not None:
+            made, future = ahead
+            if made == seed and future.done() and not future.cancelled() and \
+                    future.exception() is None:
+                snap = future.result()
+            else:
+                future.cancel()
+        frame = state.game.restore(snap) if snap is not None else state.game.reset(seed)
+        self._start_ahead(state)
+        return frame
 
     def rewind(self, state: GameState, chunks: int) -> None:
         """Back to the game as it was ``chunks`` chunks ago; ValueError beyond the history."""
@@ -182,7 +234,7 @@ class GameEnvBackend(GameKeys, GameEnvSaves):
             return game.step(action), None
         state.episode += 1
         seed = episode_seed(state.seed, state.episode)
-        frame = game.reset(seed)
+        frame = self._next_episode(state, seed)
         return frame, {"episode": state.episode, "seed": seed, "reason": "game over",
                        "message": f"game over: episode {state.episode + 1} begins"}
 
@@ -216,6 +268,25 @@ class GameEnvBackend(GameKeys, GameEnvSaves):
         stages = {"simulate": (time.perf_counter() - t0) * 1e3}
         return [ChunkResult(None, dict(stages), out) if isinstance(out, Exception)
                 else ChunkResult(out[0], dict(stages), events=out[1]) for out in outputs]
+
+
+def first_snapshot(env_id: str, size: int, seed: int) -> Snapshot:
+    """The first snapshot of episode ``seed`` of ``env_id`` in a fresh env (run in the starts
+    process; a copyable env's snapshot holds a copy of it)."""
+    game = GameEnv(env_id, size=size)
+    try:
+        game.reset(seed)
+        return game.snapshot()
+    finally:
+        game.close()
+
+
+def _lower_priority() -> None:
+    # the starts process yields to the sessions playing (as the save-point replays do)
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, REPLAY_NICE)
+    except OSError:
+        pass
 
 
 def load_game_backend(**kwargs: Any) -> GameEnvBackend:
