@@ -212,3 +212,51 @@ def test_model_version_names_weights_and_settings(builtin):
     assert model_version(SimBackend()) == model_version(SimBackend())
     meta = json.loads(json.dumps({"v": model_version(builtin)}))
     assert len(meta["v"]) == 64
+
+
+def test_a_builtin_states_fields_are_checked_before_any_array_is_decoded(builtin):
+    # every scalar of a real built-in state, then each bent out of its type or range: refused
+    # in one line by the check that runs before decoding (issue 64: learned worlds too)
+    from worldstream.engine.backends.builtin.savestate import check_builtin
+    from worldstream.engine.core.backend import ChunkJob
+
+    state = builtin.new_state("a green meadow", 3)
+    try:
+        for _ in range(3):
+            builtin.generate([ChunkJob(state, [0] * builtin.chunk_frames, 2)])
+            builtin.finish()
+        arrays, scalars = builtin.export_state(state)
+    finally:
+        builtin.free(state)
+    layout = {name: (str(a.dtype), a.shape) for name, a in arrays.items()}
+    check_builtin(builtin, scalars, layout)  # the honest state passes
+    assert scalars["history"] and scalars["table"]["pages"] > 0
+
+    def bent(**change):
+        out = json.loads(json.dumps(scalars))
+        for path, value in change.items():
+            *parents, leaf = path.split("__")
+            node = out
+            for p in parents:
+                node = node[int(p)] if p.isdigit() else node[p]
+            node[leaf] = value
+        return out
+
+    cases = {
+        "dance: Extra inputs": dict(scalars, dance=1),
+        "restyle_left": bent(restyle_left=-1),
+        "needs_recache": bent(needs_recache="yes"),
+        "noise_seed": bent(noise_seed=10**100),
+        "colour_reference": bent(colour_reference=[float("nan"), 0.0, 0.0]),
+        "table.pages": bent(table__pages="7"),
+        "history.0.actions": bent(history__0__actions=[-1]),
+        "memory.keys": bent(memory__keys=[[1, 2, 3]]),
+        "KV pages": bent(table__pages=10**6),
+        "more chunks": dict(scalars, history=scalars["history"] * 100),
+        "unevenly": bent(memory__used=[]) if scalars["memory"]["keys"] else
+        bent(memory__used=[1]),
+    }
+    for message, bad in cases.items():
+        with pytest.raises(SavepointError, match=message.replace(".", r"\.")) as err:
+            check_builtin(builtin, bad, layout)
+        assert "\n" not in str(err.value)

@@ -122,6 +122,15 @@ class AvatarModelBackend(AvatarControlsMixin, AvatarSaves):
         """The built-in model's per-session settings (``memory_frames``, ``attention``)."""
         self.builtin.configure(self.live(state).inner, **settings)
 
+    def check_saved(self, scalars, layout) -> None:
+        """The wrapped built-in state's fields (``inner``) before any array is decoded."""
+        from worldstream.engine.backends.builtin.savestate import check_builtin
+        from worldstream.engine.studio.savepoint import SavepointError
+
+        if not isinstance(scalars.get("inner"), dict):
+            raise SavepointError("the save point's avatar state lacks its model's state")
+        check_builtin(self.builtin, scalars["inner"], layout)
+
     def hash_renderer(self, h) -> None:
         """What draws the frames: the wrapped built-in model (its model version)."""
         from worldstream.engine.studio.savepoint import model_version

@@ -6,11 +6,18 @@ Older files without later fields load with the documented defaults."""
 from __future__ import annotations
 
 from collections import deque
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
 from worldstream.engine.backends.paged_savestate import restored_pages
+from worldstream.engine.core.limits import (
+    MAX_ATTENTION_CHARS,
+    MAX_CHUNK_FRAMES,
+    MAX_PROMPT_CHARS,
+    MAX_SEED,
+)
 from worldstream.engine.studio.savepoint import SavepointError, frame_config, hash_tensors
 
 #: generator settings of experiments retired at 60fcd8b, and their defaults
@@ -40,6 +47,84 @@ def _saved_colour(arrays: dict[str, np.ndarray], name: str) -> np.ndarray | None
 
 def _t2n(x) -> np.ndarray:
     return x.detach().float().cpu().contiguous().numpy()
+
+
+#: a count a save point may hold (chunks, pages, ticks, epochs)
+_Count = Annotated[StrictInt, Field(ge=0, le=2**31)]
+_Finite = Annotated[float, Field(strict=True, allow_inf_nan=False, ge=-1e6, le=1e6)]
+_Span = Annotated[list[StrictInt], Field(min_length=2, max_length=2)]
+
+
+class _Fields(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _Table(_Fields):
+    num_chunks: _Count
+    sink_pages: _Count
+    pages: _Count
+
+
+class _Chunk(_Fields):
+    actions: list[_Count] = Field(max_length=MAX_CHUNK_FRAMES)
+    position: _Count
+    rest_run: _Count
+    has: list[Literal["latents", "context"]] = Field(max_length=2)
+    #: each memory write undone by a rewind: parts of (tile key, rows, columns)
+    undo: list[list[Annotated[list[_Span], Field(min_length=3, max_length=3)]]]
+
+
+class _Memory(_Fields):
+    tile: Annotated[StrictInt, Field(ge=1, le=4096)]
+    max_tiles: _Count
+    settle_px: _Count
+    epoch: _Count
+    tick: _Count
+    keys: list[_Span]
+    used: list[_Count]
+
+
+class _BuiltinScalars(_Fields):
+    """A built-in state's scalars as :func:`export_builtin` writes them (older files lack
+    the fields with defaults)."""
+
+    prompt: StrictStr = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
+    attention: StrictStr | None = Field(max_length=MAX_ATTENTION_CHARS)
+    window_chunks: Annotated[StrictInt, Field(ge=1, le=2**16)]
+    needs_recache: StrictBool
+    restyle_left: _Count
+    guide_left: _Count = 0
+    noise_seed: Annotated[StrictInt, Field(ge=0, le=MAX_SEED)] = 0
+    detail_reference: _Finite | None = None
+    colour_reference: Annotated[list[_Finite], Field(min_length=3, max_length=3)] | None = None
+    reference_prompt: StrictStr | None = Field(None, max_length=MAX_PROMPT_CHARS)
+    table: _Table
+    history: list[_Chunk]
+    memory: _Memory
+
+
+def check_builtin(gen, scalars: dict[str, Any],
+                  layout: dict[str, tuple[str, tuple[int, ...]]]) -> None:
+    """A built-in state's scalars (known fields only, each of its type and range) against
+    the model it loads into: no more pages than its pool, no more chunks than it keeps, a
+    memory no larger than its own; its arrays' sizes are checked as the pages are restored.
+    SavepointError (one line) otherwise."""
+    try:
+        saved = _BuiltinScalars.model_validate(scalars)
+    except ValidationError as err:
+        first = err.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in first["loc"]) or "state"
+        raise SavepointError(f"the save point's built-in state is malformed: {where}: "
+                             f"{first['msg']}") from None
+    cfg = gen.config
+    if saved.table.pages > gen.k_pool.shape[1] or saved.table.sink_pages > saved.table.pages:
+        raise SavepointError(f"the save point holds {saved.table.pages} KV pages; this "
+                             f"model's pool has {gen.k_pool.shape[1]}")
+    if len(saved.history) > cfg.memory_chunks + (1 if cfg.sink else 0):
+        raise SavepointError("the save point keeps more chunks than this model")
+    memory = saved.memory
+    if len(memory.keys) != len(memory.used) or len(memory.keys) > memory.max_tiles:
+        raise SavepointError("the save point's spatial memory lists its tiles unevenly")
 
 
 def export_builtin(gen, state) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
@@ -212,7 +297,7 @@ class BuiltinSaves:
         return export_builtin(self, state)
 
     def check_saved(self, scalars, layout) -> None:
-        pass  # the pages' sizes are checked against the pool as they are restored
+        check_builtin(self, scalars, layout)
 
     def import_state(self, arrays, scalars):
         return import_builtin(self, arrays, scalars)
