@@ -234,7 +234,8 @@ def _in_child(function: Callable[..., Any], *args: Any) -> Any:
             here.send((function, args))
             ok, result = here.recv()
         except (EOFError, BrokenPipeError):
-            raise RuntimeError(f"the replaying process died (exit {process.exitcode})") from None
+            raise SavepointError(f"loading the save point failed: its replaying process "
+                                 f"died (exit {process.exitcode})") from None
     finally:
         here.close()
         process.join()
