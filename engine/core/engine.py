@@ -41,6 +41,7 @@ from worldstream.engine.core.batch import BatchRunner
 from worldstream.engine.core.commands import CommandHandler, InvalidCommand
 from worldstream.engine.core.config import EngineConfig
 from worldstream.engine.core.figures import latency_budget, session_metrics
+from worldstream.engine.core.inbox import Apply, Call, Close, Create, Item, Pause, Wake
 from worldstream.engine.core.inputlog import InputLog
 from worldstream.engine.core.limits import check_prompt
 from worldstream.engine.core.playout import DegradeController
@@ -99,7 +100,7 @@ class Engine:
         self.scheduler = Scheduler(config, backend.max_states)
         self.commands = CommandHandler(backend, info, config, self.scheduler.budget,
                                        self._lock, self.chunk_sizes, self.rewind_chunks)
-        self._commands: queue.Queue[tuple] = queue.Queue()
+        self._commands: queue.Queue[Item] = queue.Queue()
         # a backend that encodes a prompt ahead (thread-safe): off this thread
         self._prompts = None if not isinstance(backend, PromptPrefetch) else PromptPrefetcher(
             lambda c: backend.prepare_prompt(c.text, c.blend_text, c.blend_weight),
@@ -125,7 +126,7 @@ class Engine:
         self._stop.set()
         if self._prompts is not None:
             self._prompts.stop()
-        self._commands.put(("wake",))
+        self._commands.put(Wake())
         if self._thread is not None:
             self._thread.join()
         with self._lock:
@@ -136,8 +137,8 @@ class Engine:
                 item = self._commands.get_nowait()
             except queue.Empty:
                 break
-            if item[0] == "close":
-                sessions.append(item[1])
+            if isinstance(item, Close):
+                sessions.append(item.session)
         for session in sessions:
             self._release(session)
 
@@ -188,7 +189,7 @@ class Engine:
                                       seed=seed, prompt=prompt, chunk_frames=self.chunk_frames,
                                       steps=session.steps, fps=fps)
             self._sessions[session.session_id] = session
-        self._commands.put(("create", session, history))
+        self._commands.put(Create(session, history))
         return SessionInfo(session.session_id, self.backend.width, self.backend.height, fps,
                            pixel_art=self.pixel_art)
 
@@ -206,7 +207,7 @@ class Engine:
         receipt_ns = time.perf_counter_ns()
         with self._lock:
             session = self._session(session_id)
-        item = ("command", session, command, receipt_ns)
+        item = Apply(session, command, receipt_ns)
         if self._prompts is None:
             self._commands.put(item)
         else:
@@ -230,7 +231,7 @@ class Engine:
         SessionClosedError for an unknown or closed session."""
         with self._lock:
             session = self._session(session_id)
-        self._commands.put(("pause", session, bool(paused)))
+        self._commands.put(Pause(session, bool(paused)))
 
     def events(self, session_id: str) -> EventQueue:
         with self._lock:
@@ -249,7 +250,7 @@ class Engine:
             self.scheduler.budget.release_all(session)
         if self._prompts is not None:
             self._prompts.forget(session_id)
-        self._commands.put(("close", session))
+        self._commands.put(Close(session))
 
     def num_sessions(self) -> int:
         with self._lock:
@@ -319,42 +320,41 @@ class Engine:
             except queue.Empty:
                 return
 
-    def _handle(self, item: tuple) -> None:
-        kind = item[0]
-        if kind == "wake":
+    def _handle(self, item: Item) -> None:
+        match item:
+            case Wake():
+                return
+            case Close(session):
+                self._release(session)
+                return
+            case Call(session, fn, future):  # another module's work here (engine.studio.worldio)
+                self._call(session, fn, future)
+                return
+        if item.session.closed:
             return
-        session: Session = item[1]
-        if kind == "close":
-            self._release(session)
-            return
-        if kind == "call":  # work of another module on this thread (engine.studio.worldio)
-            self._call(session, *item[2:])
-            return
-        if session.closed:
-            return
-        if kind == "pause":
-            with self._lock:  # metrics() reads the clock
-                if session.paused and not item[2]:
-                    session.clock.started = False  # the next chunk starts it again
-                    session.clock.anchor_ns = time.perf_counter_ns()
-                session.paused = item[2]
-            return
-        if kind == "create":
-            try:
-                session.state = self.backend.new_state(session.prompt, session.seed)
-                if item[2] is not None:
-                    observe_history(self.backend, session.state, *item[2])
-            except Exception as exc:  # CapacityError, ValueError, a backend failure
-                self._fail(session, f"could not create the session: {exc}")
-            return
-        command, receipt_ns = item[2], item[3]
-        try:
-            self.commands.apply(session, command, receipt_ns)
-        except InvalidCommand as exc:
-            session.emit("error", seq=command.seq, code=exc.code, field=exc.field,
-                         message=str(exc))
-        except Exception as exc:
-            self._fail(session, f"{type(command).__name__} failed: {exc!r}")
+        session = item.session
+        match item:
+            case Pause(_, paused):
+                with self._lock:  # metrics() reads the clock
+                    if session.paused and not paused:
+                        session.clock.started = False  # the next chunk starts it again
+                        session.clock.anchor_ns = time.perf_counter_ns()
+                    session.paused = paused
+            case Create(_, history):
+                try:
+                    session.state = self.backend.new_state(session.prompt, session.seed)
+                    if history is not None:
+                        observe_history(self.backend, session.state, *history)
+                except Exception as exc:  # CapacityError, ValueError, a backend failure
+                    self._fail(session, f"could not create the session: {exc}")
+            case Apply(_, command, receipt_ns):
+                try:
+                    self.commands.apply(session, command, receipt_ns)
+                except InvalidCommand as exc:
+                    session.emit("error", seq=command.seq, code=exc.code, field=exc.field,
+                                 message=str(exc))
+                except Exception as exc:
+                    self._fail(session, f"{type(command).__name__} failed: {exc!r}")
 
     def call(self, session_id: str, fn: Callable[[Session], Any]) -> Future:
         """Run ``fn(session)`` on the engine thread between two batches (where no chunk of
@@ -364,7 +364,7 @@ class Engine:
         with self._lock:
             session = self._session(session_id)
         future: Future = Future()
-        self._commands.put(("call", session, fn, future))
+        self._commands.put(Call(session, fn, future))
         return future
 
     def _call(self, session: Session, fn: Callable[[Session], Any], future: Future) -> None:

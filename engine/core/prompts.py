@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from worldstream.engine.core.api import ActionCommand, PromptCommand, SettingsCommand
+from worldstream.engine.core.inbox import Apply
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +35,7 @@ _INDEPENDENT = (ActionCommand, SettingsCommand)
 class _Backlog:
     """One session's commands waiting behind its oldest pending prompt (the head)."""
 
-    items: deque = field(default_factory=deque)  # engine queue items: ("command", s, cmd, ns)
+    items: deque[Apply] = field(default_factory=deque)  # the engine inbox's commands
     preparing: bool = False  # the head prompt is being encoded now
     ready_at: float = 0.0  # monotonic s: when this session's next encoding may start
 
@@ -50,7 +51,7 @@ class PromptPrefetcher:
     prompts replaced by a newer one before they were encoded."""
 
     def __init__(self, prepare: Callable[[PromptCommand], None],
-                 forward: Callable[[tuple], None], per_s: float = 4.0,
+                 forward: Callable[[Apply], None], per_s: float = 4.0,
                  clock: Callable[[], float] = time.monotonic):
         if per_s <= 0:
             raise ValueError(f"per_s must be > 0, got {per_s}")
@@ -66,11 +67,11 @@ class PromptPrefetcher:
         self._thread.start()
         return self
 
-    def submit(self, session_id: str, item: tuple) -> None:
-        """Queue engine item ``("command", session, command, receipt_ns)``: prompts go to the
+    def submit(self, session_id: str, item: Apply) -> None:
+        """Queue the engine inbox's command ``item``: prompts go to the
         worker, commands that depend on a pending prompt wait behind it, the rest are
         forwarded at once."""
-        command = item[2]
+        command = item.command
         with self._cond:
             backlog = self._backlogs.get(session_id)
             if not isinstance(command, PromptCommand):
@@ -82,7 +83,7 @@ class PromptPrefetcher:
             if backlog is None:  # kept until forget(): it remembers the rate
                 backlog = self._backlogs[session_id] = _Backlog()
             last = backlog.items[-1] if backlog.items else None
-            if (last is not None and isinstance(last[2], PromptCommand)
+            if (last is not None and isinstance(last.command, PromptCommand)
                     and not (backlog.preparing and len(backlog.items) == 1)):
                 backlog.items[-1] = item  # latest wins: the waiting prompt was never shown
                 self.superseded += 1
@@ -102,7 +103,7 @@ class PromptPrefetcher:
         if self._thread.is_alive():
             self._thread.join(timeout=5)
 
-    def _next(self) -> tuple[str, tuple] | None:
+    def _next(self) -> tuple[str, Apply] | None:
         """The session whose head prompt is due soonest, and its head; waits (under the lock)
         until one is due. None when stopped."""
         while not self._stopped:
@@ -127,7 +128,7 @@ class PromptPrefetcher:
                 return
             session_id, head = picked
             try:
-                self._prepare(head[2])
+                self._prepare(head.command)
             except Exception:  # the engine answers the client when it applies the prompt
                 log.debug("prompt preparation failed", exc_info=True)
             with self._cond:
@@ -137,5 +138,5 @@ class PromptPrefetcher:
                 backlog.preparing = False
                 backlog.ready_at = self._clock() + self._interval
                 self._forward(backlog.items.popleft())
-                while backlog.items and not isinstance(backlog.items[0][2], PromptCommand):
+                while backlog.items and not isinstance(backlog.items[0].command, PromptCommand):
                     self._forward(backlog.items.popleft())

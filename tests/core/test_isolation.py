@@ -20,11 +20,12 @@ from worldstream.engine.core.api import (
     SettingsCommand,
 )
 from worldstream.engine.core.engine import Engine
+from worldstream.engine.core.inbox import Apply
 from worldstream.engine.core.prompts import PromptPrefetcher
 
 
 def _item(command, session="s"):
-    return ("command", session, command, 0)
+    return Apply(session, command, 0)
 
 
 class _Clock:
@@ -72,10 +73,10 @@ def test_prompts_are_coalesced_and_order_is_kept():
         assert started.wait(5)
         for command in (p2, p3, fork, action, setting):
             pre.submit("s", _item(command))
-        assert [i[2] for i in forwarded] == [action, setting]
+        assert [i.command for i in forwarded] == [action, setting]
         release.set()
         assert wait_for(lambda: len(forwarded) == 5)
-        assert [i[2] for i in forwarded] == [action, setting, p1, p3, fork]
+        assert [i.command for i in forwarded] == [action, setting, p1, p3, fork]
         assert pre.superseded == 1
     finally:
         release.set()
