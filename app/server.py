@@ -303,7 +303,7 @@ def create_app(engine: EngineAPI, limits: Limits | None = None, *, ui: bool = Tr
 
     from worldstream.app import world_routes
 
-    world_routes.register(app, engine, authorized, client_of, _bearer)
+    app.include_router(world_routes.router(engine, authorized, client_of, _bearer))
 
     # NOTE: not /static: Gradio serves its own fonts and scripts there, and a mount of ours
     # would shadow them (404s in the page)

@@ -15,9 +15,10 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from worldstream.app.errors import ApiError
 from worldstream.engine.core.api import CapacityError, RunsStudio, SessionClosedError
 from worldstream.engine.studio.picture import MAX_PICTURE_BYTES, PictureError
 from worldstream.engine.studio.savepoint import MAX_SAVEPOINT_BYTES, SavepointError
@@ -49,11 +50,11 @@ def _content_type(request: Request) -> str:
     return request.headers.get("content-type", "").split(";")[0].strip().lower()
 
 
-def register(app: FastAPI, engine: Any, authorized: Callable, client_of: Callable,
-             bearer: Callable) -> None:
-    """Add the routes to ``app``; ``authorized(session_id, token, client)`` is the server's
-    session check (raises its ApiError)."""
-    from worldstream.app.errors import ApiError
+def router(engine: Any, authorized: Callable, client_of: Callable,
+           bearer: Callable) -> APIRouter:
+    """The routes, as a FastAPI router over ``engine``; ``authorized(session_id, token,
+    client)`` is the server's session check (raises its ApiError)."""
+    routes = APIRouter()
     from worldstream.engine.studio import worldio
 
     def studio(op: str, session_id: str, *args: Any) -> Any:
@@ -96,7 +97,7 @@ def register(app: FastAPI, engine: Any, authorized: Callable, client_of: Callabl
             raise ApiError(415, refusal, "content-type")
         return await _read_capped(request, limit, ApiError)
 
-    @app.get("/api/controls")
+    @routes.get("/api/controls")
     async def controls() -> dict[str, Any]:
         # the page's keys (public, like /api/health): a game world's key map, or keys null
         # (the direction keys: WASD / arrows)
@@ -106,7 +107,7 @@ def register(app: FastAPI, engine: Any, authorized: Callable, client_of: Callabl
         return {"world": engine.world, "keys": found.get("keys"), "mouse": bool(engine.mouse),
                 **{k: v for k, v in found.items() if k not in ("keys", "mouse")}}
 
-    @app.get("/api/sessions/{session_id}/log")
+    @routes.get("/api/sessions/{session_id}/log")
     async def input_log(session_id: str, request: Request, token: str | None = None
                         ) -> Response:
         session_of(session_id, request, token)
@@ -114,7 +115,7 @@ def register(app: FastAPI, engine: Any, authorized: Callable, client_of: Callabl
         return JSONResponse(log, headers={
             "Content-Disposition": f'attachment; filename="worldstream-{session_id}.log.json"'})
 
-    @app.get("/api/sessions/{session_id}/state")
+    @routes.get("/api/sessions/{session_id}/state")
     async def save_state(session_id: str, request: Request, token: str | None = None
                          ) -> Response:
         session_of(session_id, request, token)
@@ -122,14 +123,14 @@ def register(app: FastAPI, engine: Any, authorized: Callable, client_of: Callabl
         return Response(data, media_type="application/octet-stream", headers={
             "Content-Disposition": f'attachment; filename="worldstream-{session_id}.wsstate"'})
 
-    @app.post("/api/sessions/{session_id}/state")
+    @routes.post("/api/sessions/{session_id}/state")
     async def load_state(session_id: str, request: Request) -> dict[str, Any]:
         data = await upload(session_id, request, ("application/octet-stream",),
                             "send the save file as Content-Type: application/octet-stream",
                             MAX_SAVEPOINT_BYTES)
         return await wait(lambda: studio("load", session_id, data), "state")
 
-    @app.post("/api/sessions/{session_id}/picture")
+    @routes.post("/api/sessions/{session_id}/picture")
     async def picture(session_id: str, request: Request) -> dict[str, Any]:
         data = await upload(session_id, request, ("image/png", "image/jpeg"),
                             "send the picture as Content-Type: image/png or image/jpeg",
@@ -137,7 +138,7 @@ def register(app: FastAPI, engine: Any, authorized: Callable, client_of: Callabl
         return await wait(lambda: studio("start_from_picture", session_id, data),
                           "picture")
 
-    @app.post("/api/sessions/{session_id}/story")
+    @routes.post("/api/sessions/{session_id}/story")
     async def story(session_id: str, request: Request) -> dict[str, Any]:
         raw = await upload(session_id, request, ("application/json",),
                            "the body must be JSON sent as Content-Type: application/json",
@@ -148,3 +149,5 @@ def register(app: FastAPI, engine: Any, authorized: Callable, client_of: Callabl
             raise ApiError(400, str(err), "story") from None
         result = await wait(lambda: studio("play_story", session_id, board), "story")
         return {**result, "story": json.loads(board.model_dump_json())}
+
+    return routes
