@@ -3,26 +3,17 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import random
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from worldstream.engine.models.device import cpu_has_fast_bf16
+
 
 def pick_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-@functools.cache
-def cpu_has_fast_bf16() -> bool:
-    """Whether this CPU computes bf16 natively (AVX512-BF16 or AMX flags in /proc/cpuinfo)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def autocast(device: torch.device):

@@ -41,7 +41,7 @@ from worldstream.engine.models.builtin import text as text_encoder
 from worldstream.engine.models.builtin.autoencoder import frames_to_tensor, tensor_to_frames
 from worldstream.engine.models.builtin.spatial_memory import SpatialMemory, centre_box
 from worldstream.engine.models.builtin.world_dit import WorldDiT
-from worldstream.engine.training.common import cpu_has_fast_bf16
+from worldstream.engine.models.device import cpu_has_fast_bf16
 from worldstream.engine.worlds.actions import IDLE, keys_to_action
 from worldstream.engine.worlds.catalog import make_base_warp
 

@@ -34,8 +34,8 @@ from worldstream.engine.backends.game.savestate_world import GameWorldSaves
 from worldstream.engine.backends.game.sim import episode_seed
 from worldstream.engine.backends.sim.backend import check_job, pop_history, push_history
 from worldstream.engine.core.backend import ChunkJob, ChunkResult
+from worldstream.engine.models.device import cpu_has_fast_bf16
 from worldstream.engine.models.game.world import GameWorld, load_world
-from worldstream.engine.training.common import cpu_has_fast_bf16
 from worldstream.engine.worlds.game.env import GameEnv
 from worldstream.engine.worlds.game.policy import START_WORDS
 

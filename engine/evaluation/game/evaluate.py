@@ -18,8 +18,8 @@ import torch
 from worldstream.engine.evaluation.game import metrics as gm
 from worldstream.engine.evaluation.game import objects as go
 from worldstream.engine.evaluation.game.episodes import held_out
+from worldstream.engine.models.device import cpu_has_fast_bf16
 from worldstream.engine.models.game.world import GameWorld
-from worldstream.engine.training.common import cpu_has_fast_bf16
 from worldstream.engine.worlds.game.env import GameEnv
 from worldstream.engine.worlds.game.policy import HeldKeyPolicy
 
