@@ -12,6 +12,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from worldstream.engine.worlds.game import keymap as keymaps
 
 #: packages whose versions decide a game's frames (the env's emulator or engine)
@@ -49,6 +51,7 @@ class GameKeys:
     env_id: str
     size: int
     action_meanings: tuple[str, ...]
+    num_actions: int
     keymap: keymaps.KeyMap
     #: the state if it is live, else ValueError (each backend checks its own state type)
     live: Callable[[Any], Any]
@@ -64,6 +67,13 @@ class GameKeys:
                 raise ValueError(f"{arg} must be a positive int, got {value!r}")
         if sizes.get("chunk_frames") not in self.supported_chunk_frames:
             raise ValueError(f"chunk_frames must be one of {self.supported_chunk_frames}")
+
+    def check_actions(self, actions: Any) -> None:
+        """ValueError naming the first of ``actions`` that is not an action id of the game."""
+        for action in actions:
+            if not isinstance(action, int | np.integer) or not 0 <= action < self.num_actions:
+                raise ValueError(f"action must be an int in [0, {self.num_actions}), got "
+                                 f"{action!r}")
 
     @property
     def wire_keys(self) -> tuple[str, ...]:

@@ -241,10 +241,7 @@ class GameEnvBackend(GameKeys, GameEnvSaves):
     def _generate_one(self, job: ChunkJob) -> tuple[np.ndarray, list]:
         state = self.live(job.state)
         check_job(job)
-        for action in job.actions:  # all checked before the game moves
-            if not isinstance(action, int | np.integer) or not 0 <= action < self.num_actions:
-                raise ValueError(f"action must be an int in [0, {self.num_actions}), got "
-                                 f"{action!r}")
+        self.check_actions(job.actions)  # all checked before the game moves
         push_history(state.history, state.snapshot(), self.rewind_chunks)
         frames, events = [], []
         for action in job.actions:

@@ -253,10 +253,7 @@ class GameWorldBackend(GameKeys, GameWorldSaves):
     def _rollout(self, job: ChunkJob) -> _Rollout:
         state = self.live(job.state)
         check_job(job)
-        for action in job.actions:  # all checked before the world moves
-            if not isinstance(action, int | np.integer) or not 0 <= action < self.num_actions:
-                raise ValueError(f"action must be an int in [0, {self.num_actions}), got "
-                                 f"{action!r}")
+        self.check_actions(job.actions)  # all checked before the world moves
         return _Rollout(state, [int(a) for a in job.actions], state.frames, state.actions)
 
     def _step(self, rows: list[_Rollout], k: int) -> None:
