@@ -6,16 +6,26 @@ every residual block through adaptive group norm (a scale and shift per channel)
 start from the last frame copied (a learned gain on its one-hot), so the network spends its
 capacity on what changes.
 
-With ``latent_dim > 0`` a latent ``z`` joins the actions in that conditioning (a conditional
-VAE): in training ``posterior`` infers it from the true next frame, so what the frames and
-actions leave open (a serve's moment, an enemy's step) is explained by ``z`` instead of pulling
-every prediction towards "nothing changes"; play feeds the N(0, I) prior's mean, ``z = 0``.
+With ``code_tokens > 0`` a discrete *outcome code* joins the actions in that conditioning:
+``code_tokens`` categorical tokens of ``code_classes`` values per frame (SimPLe's bits, Δ-IRIS's
+delta tokens). In training ``posterior`` reads it off the true next frame (straight-through
+argmax), so what the frames and actions leave open (a serve's moment and place, an enemy's
+step) is carried by the code instead of pulling every pixel towards "nothing happens"; the
+prior ``code_prior`` learns by cross-entropy to predict that code from the context and actions,
+and play *samples* one code per frame from it and carries it out, sharp. An all-zero code (no
+token) is the dropped code training also shows, so the network still learns what the actions
+alone decide.
+
+``latent_dim > 0`` is the older continuous latent (a conditional VAE, play feeding ``z = 0``),
+kept so folders trained with it load as before.
 
 Settings that left the network (``RETIRED``) are read from an older ``config.json`` only at
 the value the network has now, so a folder saved before their removal loads as before.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -62,22 +72,77 @@ class _Block(nn.Module):
         return self.skip(x) + h
 
 
+def _frame_encoder(cin: int, size: int, out: int) -> nn.Sequential:
+    """``(B, cin, size, size)`` -> ``(B, out)``: three stride-2 convs to ``size / 8`` squared
+    and a linear map (the flatten keeps where things are)."""
+    return nn.Sequential(
+        nn.Conv2d(cin, 32, 3, stride=2, padding=1), nn.SiLU(),
+        nn.Conv2d(32, 64, 3, stride=2, padding=1), nn.SiLU(),
+        nn.Conv2d(64, 32, 3, stride=2, padding=1), nn.SiLU(), nn.Flatten(),
+        nn.Linear(32 * ((size + 7) // 8) ** 2, out))
+
+
 class _Posterior(nn.Module):
-    """``q(z | next frame, last frame)``: the two frames' colour embeddings stacked, three
-    stride-2 convs to ``size / 8`` squared, a linear map to ``(mu, logvar)`` ``(B, latent)``
-    each (the flatten keeps where things changed)."""
+    """``q(z | next frame, last frame)``: the two frames' colour embeddings stacked to ``(mu,
+    logvar)`` ``(B, latent)`` each."""
 
     def __init__(self, colour_dim: int, latent_dim: int, size: int):
         super().__init__()
-        self.net = nn.Sequential(
-            nn.Conv2d(2 * colour_dim, 32, 3, stride=2, padding=1), nn.SiLU(),
-            nn.Conv2d(32, 64, 3, stride=2, padding=1), nn.SiLU(),
-            nn.Conv2d(64, 32, 3, stride=2, padding=1), nn.SiLU(), nn.Flatten(),
-            nn.Linear(32 * ((size + 7) // 8) ** 2, 2 * latent_dim))
+        self.net = _frame_encoder(2 * colour_dim, size, 2 * latent_dim)
 
     def forward(self, pair: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         mu, logvar = self.net(pair).float().chunk(2, dim=1)
         return mu, logvar.clamp(-8.0, 4.0)
+
+
+class CodePrior(nn.Module):
+    """``p(code | context frames, actions)``, autoregressive over the code's tokens: token
+    ``i``'s logits read the context's features and tokens ``0 .. i-1`` (one-hot), so a sampled
+    code is one consistent outcome, not tokens drawn apart.
+
+    ``features(frames, actions)``: frames ``(B, context, H, W)`` long, actions ``(B, context)``
+    long -> ``(B, width)``. ``logits(h, codes)``: teacher-forced ``(B, tokens, classes)`` float
+    logits given the true codes ``(B, tokens)`` long. ``sample(h, u)``: codes ``(B, tokens)``
+    long drawn by inverse CDF from ``u`` ``(B, tokens)`` uniforms in [0, 1) (None: each token's
+    most likely value), so a draw is a function of its inputs (exact replay).
+    """
+
+    def __init__(self, num_colours: int, num_actions: int, context: int, tokens: int,
+                 classes: int, size: int, width: int = 256):
+        super().__init__()
+        self.tokens, self.classes = tokens, classes
+        self.colour = nn.Embedding(num_colours, 8)
+        self.action = nn.Embedding(num_actions, 16)
+        self.frames = _frame_encoder(8 * context, size, width)
+        self.mix = nn.Sequential(nn.SiLU(), nn.Linear(width + 16 * context, width), nn.SiLU())
+        self.heads = nn.ModuleList(nn.Linear(width + i * classes, classes)
+                                   for i in range(tokens))
+
+    def features(self, frames: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        b, t, h, w = frames.shape
+        x = self.colour(frames).permute(0, 1, 4, 2, 3).reshape(b, -1, h, w)
+        return self.mix(torch.cat([self.frames(x), self.action(actions).reshape(b, -1)], 1))
+
+    def _head(self, i: int, h: torch.Tensor, before: torch.Tensor) -> torch.Tensor:
+        if i:
+            onehot = F.one_hot(before[:, :i], self.classes).to(h.dtype).reshape(len(h), -1)
+            h = torch.cat([h, onehot], 1)
+        return self.heads[i](h).float()
+
+    def logits(self, h: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
+        return torch.stack([self._head(i, h, codes) for i in range(self.tokens)], 1)
+
+    def sample(self, h: torch.Tensor, u: torch.Tensor | None) -> torch.Tensor:
+        codes = torch.zeros(len(h), self.tokens, dtype=torch.long, device=h.device)
+        for i in range(self.tokens):
+            logits = self._head(i, h, codes)
+            if u is None:
+                codes[:, i] = logits.argmax(1)
+                continue
+            cdf = logits.softmax(1).cumsum(1)
+            pick = (cdf < u[:, i:i + 1].to(cdf)).sum(1)
+            codes[:, i] = pick.clamp(max=self.classes - 1)
+        return codes
 
 
 class GameUNet(ModelMixin, ConfigMixin):
@@ -85,25 +150,32 @@ class GameUNet(ModelMixin, ConfigMixin):
         num_colours: palette size K. num_actions: the env's action count.
         context: context frames (and context actions). channels: widths per resolution
         (each level halves the frame). colour_dim: embedding width of a palette colour.
-        action_dim: embedding width of an action. latent_dim: width of the per-frame latent
-        ``z`` (0: none). size: frame size (pixels).
+        action_dim: embedding width of an action. latent_dim: width of the older continuous
+        latent ``z`` (0: none). size: frame size (pixels). code_tokens, code_classes: the
+        outcome code's tokens per frame and values per token (0: no code).
     ``forward(frames, actions, z=None) -> logits``: frames ``(B, context, H, W)`` long palette
     indices (oldest first), actions ``(B, context)`` long (the action after each context
-    frame; the last one leads to the predicted frame), ``z`` ``(B, latent_dim)`` float (None:
-    zeros, the prior's mean, as in play) -> ``(B, K, H, W)`` float logits.
-    ``posterior(next_frame, last_frame)``: ``(mu, logvar)`` of ``z`` from two ``(B, H, W)``
-    long frames (training).
+    frame; the last one leads to the predicted frame), ``z`` the frame's outcome code as
+    ``(B, code_tokens * code_classes)`` float one-hots (or the continuous ``(B, latent_dim)``;
+    None: zeros, the dropped code) -> ``(B, K, H, W)`` float logits.
+    ``posterior(next_frame, last_frame)``: training's code logits ``(B, code_tokens,
+    code_classes)`` float (or the continuous latent's ``(mu, logvar)``) from two ``(B, H, W)``
+    long frames. ``code_prior``: the :class:`CodePrior` play samples codes from.
     """
 
     @register_to_config
     def __init__(self, num_colours: int = 16, num_actions: int = 4, context: int = 4,
                  channels: tuple[int, ...] = (32, 64, 96), colour_dim: int = 8,
-                 action_dim: int = 32, size: int = 64, latent_dim: int = 0):
+                 action_dim: int = 32, size: int = 64, latent_dim: int = 0,
+                 code_tokens: int = 0, code_classes: int = 16):
         super().__init__()
+        if latent_dim and code_tokens:
+            raise ValueError("a network has the continuous latent or the outcome code, not both")
         self.colour = nn.Embedding(num_colours, colour_dim)
         self.action = nn.Embedding(num_actions, action_dim)
         cond = 2 * action_dim
-        self.cond = nn.Sequential(nn.Linear(context * action_dim + latent_dim, cond), nn.SiLU(),
+        extra = latent_dim + code_tokens * code_classes
+        self.cond = nn.Sequential(nn.Linear(context * action_dim + extra, cond), nn.SiLU(),
                                   nn.Linear(cond, cond))
         self.stem = nn.Conv2d(context * colour_dim, channels[0], 3, padding=1)
         self.down = nn.ModuleList()
@@ -123,18 +195,35 @@ class GameUNet(ModelMixin, ConfigMixin):
         nn.init.zeros_(self.out.weight)
         nn.init.zeros_(self.out.bias)
         self.posterior_net = _Posterior(colour_dim, latent_dim, size) if latent_dim else None
+        self.code_posterior = (_frame_encoder(2 * colour_dim, size, code_tokens * code_classes)
+                               if code_tokens else None)
+        self.code_prior = (CodePrior(num_colours, num_actions, context, code_tokens,
+                                     code_classes, size) if code_tokens else None)
+
+    @property
+    def code_width(self) -> int:
+        """Width of the conditioning's code part: ``code_tokens * code_classes`` (0: none)."""
+        return int(self.config.code_tokens) * int(self.config.code_classes)
 
     @classmethod
     def extract_init_dict(cls, config_dict: dict, **kwargs):
         # diffusers would only warn about a retired key and build the network without it
         return super().extract_init_dict(drop_retired(config_dict), **kwargs)
 
-    def posterior(self, next_frame: torch.Tensor,
-                  last_frame: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.posterior_net is None:
-            raise ValueError("this network has no latent (latent_dim=0)")
+    def posterior(self, next_frame: torch.Tensor, last_frame: torch.Tensor) -> Any:
         pair = torch.cat([self.colour(next_frame), self.colour(last_frame)], -1)
-        return self.posterior_net(pair.permute(0, 3, 1, 2))
+        pair = pair.permute(0, 3, 1, 2)
+        if self.code_posterior is not None:
+            cfg = self.config
+            return self.code_posterior(pair).float().view(-1, cfg.code_tokens, cfg.code_classes)
+        if self.posterior_net is None:
+            raise ValueError("this network has no latent (latent_dim=0) and no code")
+        return self.posterior_net(pair)
+
+    def code_onehot(self, codes: torch.Tensor) -> torch.Tensor:
+        """``(B, code_tokens)`` long codes -> ``(B, code_width)`` float one-hots, the code
+        ``forward`` reads."""
+        return F.one_hot(codes, self.config.code_classes).float().reshape(len(codes), -1)
 
     def _inputs(self, frames: torch.Tensor,
                 actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -146,9 +235,10 @@ class GameUNet(ModelMixin, ConfigMixin):
                 z: torch.Tensor | None = None) -> torch.Tensor:
         b = len(frames)
         x, cond = self._inputs(frames, actions)
-        if self.config.latent_dim:
+        extra = self.config.latent_dim or self.code_width
+        if extra:
             if z is None:
-                z = cond.new_zeros(b, self.config.latent_dim)
+                z = cond.new_zeros(b, extra)
             cond = torch.cat([cond, z.to(cond.dtype)], 1)
         c = self.cond(cond)
         x = self.stem(x)

@@ -42,22 +42,46 @@ class GameWorld:
     def context(self) -> int:
         return int(self.unet.config.context)
 
-    def logits(self, frames: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
-        """Calibrated logits ``(B, K, H, W)``: the network's, less ``log(change_weight)`` on
-        every colour that differs from the last frame's (weighted cross-entropy learns odds
-        multiplied by that weight)."""
-        logits = self.unet(frames, actions).float()
+    @property
+    def samples(self) -> bool:
+        """Whether the next frame depends on a draw (the network has an outcome code)."""
+        return bool(self.unet.config.code_tokens)
+
+    @property
+    def draws(self) -> int:
+        """Uniform draws one frame takes (``next_frame``'s ``u``): the code's tokens."""
+        return int(self.unet.config.code_tokens)
+
+    def code(self, frames: torch.Tensor, actions: torch.Tensor,
+             u: torch.Tensor | None) -> torch.Tensor | None:
+        """The frame's outcome code ``(B, code_width)`` float one-hots sampled from the prior
+        with ``u`` ``(B, draws)`` uniforms (None: the most likely code); None without one."""
+        prior = self.unet.code_prior
+        if prior is None:
+            return None
+        codes = prior.sample(prior.features(frames, actions), u)
+        return self.unet.code_onehot(codes)
+
+    def logits(self, frames: torch.Tensor, actions: torch.Tensor,
+               u: torch.Tensor | None = None) -> torch.Tensor:
+        """Calibrated logits ``(B, K, H, W)``: the network's (given the code drawn with ``u``),
+        less ``log(change_weight)`` on every colour that differs from the last frame's
+        (weighted cross-entropy learns odds multiplied by that weight)."""
+        logits = self.unet(frames, actions, self.code(frames, actions, u)).float()
         if self.change_weight != 1.0:
             last = torch.nn.functional.one_hot(frames[:, -1], len(self.palette))
             logits = logits - math.log(self.change_weight) * (1 - last.permute(0, 3, 1, 2))
         return logits
 
     @torch.no_grad()
-    def next_frame(self, frames: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
-        """The most likely next frame ``(B, H, W)`` long palette indices (``frames``
-        ``(B, context, H, W)`` and ``actions`` ``(B, context)`` long, as ``GameUNet``
-        reads them): a function of the two, so play, replay and forks repeat exactly."""
-        return self.logits(frames, actions).argmax(1)
+    def next_frame(self, frames: torch.Tensor, actions: torch.Tensor,
+                   u: torch.Tensor | None = None) -> torch.Tensor:
+        """The next frame ``(B, H, W)`` long palette indices (``frames`` ``(B, context, H,
+        W)`` and ``actions`` ``(B, context)`` long, as ``GameUNet`` reads them): one outcome
+        drawn with ``u`` (``(B, draws)`` uniforms in [0, 1); see :func:`frame_draws`), then
+        each pixel's most likely colour. A function of the three, so play, replay and forks
+        repeat exactly."""
+        return self.logits(frames, actions, u).argmax(1)
 
     def save(self, folder: str | Path) -> None:
         """Write the folder; the weights as bf16 (half the bytes; the CPU computes in bf16
@@ -74,6 +98,15 @@ class GameWorld:
             "palette": self.palette.colours.tolist(),
             "action_meanings": list(self.action_meanings),
             "change_weight": self.change_weight}, indent=1) + "\n")
+
+
+def frame_draws(seeds: np.ndarray, steps: np.ndarray, draws: int) -> torch.Tensor:
+    """``(B, draws)`` float32 uniforms in [0, 1) for frame ``steps[i]`` (its index since the
+    session's start) of the session of ``seeds[i]``: a function of the two only, so a replay,
+    a fork and a loaded save point draw the same outcome at the same frame."""
+    out = np.stack([np.random.default_rng([int(s), int(t), 0x5EED]).random(draws)
+                    for s, t in zip(np.asarray(seeds).ravel(), np.asarray(steps).ravel())])
+    return torch.from_numpy(out.astype(np.float32).reshape(-1, draws))
 
 
 def load_world(folder: str | Path, env_id: str | None = None) -> GameWorld:

@@ -2,8 +2,11 @@
 
 Records play when no dataset is given, fits the palette, then trains ``GameUNet`` on
 cross-entropy over palette colours with changed pixels weighted (``change_weight``; undone at
-decoding) and a per-frame latent inferred from the true next frame (a conditional VAE: the KL
-to ``N(0, I)`` joins the loss; play feeds its mean), partly on its own predictions: each step
+decoding) and pixels already right past ``loss_cutoff`` left out (SimPLe's cutoff: the few
+pixels of a ball are not drowned by thousands of settled ones), and a discrete outcome code
+per frame read off the true next frame (straight-through), dropped in ``code_drop`` of the
+frames and replaced by the prior's own draw in ``code_mix`` (SimPLe), while the code's prior
+learns by cross-entropy to predict it from the past; partly on its own predictions: each step
 predicts ``unroll`` frames in a row, each from the context that holds the previous predictions
 (argmax, no gradient through it), so the model learns to continue from its own frames
 (DIAMOND, Self-Forcing). Resumable (checkpoint every ``checkpoint_every`` steps), EMA weights,
@@ -12,6 +15,7 @@ tqdm.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import math
@@ -66,9 +70,22 @@ class GameTrainConfig:
     """Palette size cap."""
     change_weight: float = 10.0
     """Loss weight of pixels that differ from the last context frame."""
-    latent_dim: int = 16
-    """Per-frame latent width (0: none): it takes what the past cannot settle (a serve, an
-    enemy's step), so the network is not pulled towards freezing the frame."""
+    code_tokens: int = 4
+    """Outcome code tokens per frame (0: none): they carry what the past cannot settle (a
+    serve, an enemy's step), sampled at play, so the network is not pulled towards freezing
+    the frame."""
+    code_classes: int = 16
+    """Values per code token."""
+    code_drop: float = 0.1
+    """Share of frames trained without their code (all zeros), so the actions alone still
+    decide what they decide."""
+    code_mix: float = 0.25
+    """Share of frames trained on a code drawn from the prior instead of the posterior's, so
+    the network learns to draw what the prior proposes (SimPLe)."""
+    loss_cutoff: float = 0.03
+    """Pixels whose cross-entropy is below this (nats) cost nothing (SimPLe's cutoff)."""
+    latent_dim: int = 0
+    """The older continuous latent's width (0: none; exclusive with the code)."""
     kl_weight: float = 1.0
     """Weight of the latent's KL (nats per frame) against the weighted cross-entropy summed
     over pixels."""
@@ -92,6 +109,9 @@ class GameTrainConfig:
     """cpu or cuda."""
     checkpoint_every: int = 200
     """Steps between checkpoints (resume: run the same command again)."""
+    curve: tuple[int, ...] = (1_000, 2_000, 5_000, 10_000, 20_000)
+    """Steps at which the EMA world is also saved to ``OUT/curve/step-NNNNNN`` (the learning
+    curve's points: ``worldstream eval`` judges each)."""
     workers: int = 2
     """Recording processes."""
 
@@ -115,10 +135,33 @@ def corrupt_context(context: torch.Tensor, rate: float, gen: torch.Generator) ->
     return torch.where(mask, shuffled, context)
 
 
+def _code(unet: GameUNet, target: torch.Tensor, context: torch.Tensor, actions: torch.Tensor,
+          cfg: GameTrainConfig, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """The frame's code for the network, ``(B, code_width)`` (the posterior's straight-through
+    one-hots; zeros in ``code_drop`` of the rows, a prior draw in ``code_mix``), and the
+    prior's cross-entropy against the posterior's code (nats per frame, summed over tokens)."""
+    logits = unet.posterior(target, context[:, -1])
+    hard = logits.argmax(-1)
+    soft = logits.softmax(-1)
+    code = (F.one_hot(hard, cfg.code_classes).to(soft) + soft - soft.detach()).flatten(1)
+    prior = unet.code_prior
+    h = prior.features(context, actions)
+    prior_ce = F.cross_entropy(prior.logits(h, hard).flatten(0, 1), hard.flatten(),
+                               reduction="sum") / len(hard)
+    pick = torch.rand(len(hard), 1, generator=gen).to(code.device)
+    with torch.no_grad():
+        u = torch.rand(len(hard), cfg.code_tokens, generator=gen).to(code.device)
+        drawn = unet.code_onehot(prior.sample(h.detach(), u)).to(code)
+    code = torch.where(pick < cfg.code_drop, torch.zeros_like(code),
+                       torch.where(pick < cfg.code_drop + cfg.code_mix, drawn, code))
+    return code, prior_ce
+
+
 def _clip_loss(unet: GameUNet, frames: torch.Tensor, actions: torch.Tensor,
                cfg: GameTrainConfig, gen: torch.Generator) -> tuple[torch.Tensor, float]:
-    """Mean weighted cross-entropy (plus the latent's KL) over the ``unroll`` predicted frames
-    of a clip batch, and the KL in nats per frame (how much the latent carries)."""
+    """Mean weighted cross-entropy (plus the code prior's cross-entropy, or the continuous
+    latent's KL) over the ``unroll`` predicted frames of a clip batch, and the prior's
+    cross-entropy (or the KL) in nats per frame: how much the code carries."""
     c = cfg.context
     context = frames[:, :c]
     if cfg.corrupt > 0:
@@ -128,7 +171,10 @@ def _clip_loss(unet: GameUNet, frames: torch.Tensor, actions: torch.Tensor,
     for k in range(cfg.unroll):
         target = frames[:, c + k]
         z, kl = None, 0.0
-        if cfg.latent_dim:
+        if cfg.code_tokens:
+            z, kl = _code(unet, target, context, actions[:, k:k + c], cfg, gen)
+            kl_nats += kl.item() / cfg.unroll
+        elif cfg.latent_dim:
             mu, logvar = unet.posterior(target, context[:, -1])
             eps = torch.randn(mu.shape, generator=gen).to(mu.device)
             z = mu + eps * (0.5 * logvar).exp()
@@ -138,7 +184,12 @@ def _clip_loss(unet: GameUNet, frames: torch.Tensor, actions: torch.Tensor,
         logits = unet(context, actions[:, k:k + c], z).float()
         weight = 1.0 + (cfg.change_weight - 1.0) * (target != context[:, -1]).float()
         loss = F.cross_entropy(logits, target, reduction="none")
-        total = total + ((loss * weight).sum() + cfg.kl_weight * kl) / weight.sum()
+        if cfg.loss_cutoff > 0:
+            loss = torch.where(loss < cfg.loss_cutoff, torch.zeros_like(loss), loss)
+        if cfg.code_tokens:  # the prior's parameters are its own: its nats count as they are
+            total = total + (loss * weight).sum() / weight.sum() + kl
+        else:
+            total = total + ((loss * weight).sum() + cfg.kl_weight * kl) / weight.sum()
         with torch.no_grad():
             guess = logits.argmax(1)
         context = torch.cat([context[:, 1:], guess[:, None]], 1)
@@ -173,14 +224,15 @@ def train(cfg: GameTrainConfig, progress: bool = True) -> GameWorld:
                           np.random.default_rng(cfg.seed))
     device = torch.device(cfg.device)
     unet = GameUNet(num_colours=len(palette), num_actions=len(meanings), context=cfg.context,
-                    channels=tuple(cfg.channels), size=cfg.size,
-                    latent_dim=cfg.latent_dim).to(device)
+                    channels=tuple(cfg.channels), size=cfg.size, latent_dim=cfg.latent_dim,
+                    code_tokens=cfg.code_tokens, code_classes=cfg.code_classes).to(device)
     ema = GameUNet.from_config(unet.config).to(device)
     ema.load_state_dict(unet.state_dict())
     opt = torch.optim.AdamW(unet.parameters(), lr=cfg.lr, weight_decay=0.01)
     gen = torch.Generator().manual_seed(cfg.seed)  # the corruption's draws (resumed exactly)
     ckpt_path = out / "checkpoint.pt"
     start, log, elapsed = 0, [], 0.0
+    kls: list[float] = []
     state = load_checkpoint(ckpt_path)
     if state is not None:
         try:  # a retired setting at today's value is today's recipe
@@ -197,11 +249,11 @@ def train(cfg: GameTrainConfig, progress: bool = True) -> GameWorld:
         sampler.rng.bit_generator.state = state["rng"]
         gen.set_state(state["torch_rng"])
         start, log, elapsed = state["step"], state["log"], state["elapsed"]
+        kls = state.get("code_log", [])
     with cpu_threads(cfg.threads if device.type == "cpu" else None):
         bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, disable=not progress,
                    desc=f"train {cfg.env}")
         t0 = time.perf_counter()
-        kls: list[float] = []
         for step in bar:
             for group in opt.param_groups:
                 group["lr"] = _lr(step, cfg)
@@ -210,7 +262,13 @@ def train(cfg: GameTrainConfig, progress: bool = True) -> GameWorld:
                 loss, kl = _clip_loss(unet, frames.to(device), actions.to(device), cfg, gen)
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(unet.parameters(), 1.0)
+            # the prior apart: its nats per frame must not shrink the frame network's steps
+            prior = list(unet.code_prior.parameters()) if unet.code_prior is not None else []
+            mine = {id(p) for p in prior}
+            torch.nn.utils.clip_grad_norm_([p for p in unet.parameters() if id(p) not in mine],
+                                           1.0)
+            if prior:
+                torch.nn.utils.clip_grad_norm_(prior, 1.0)
             opt.step()
             # EMA with warm-up: a short run's average is not dominated by the initial weights
             decay = min(cfg.ema, (1 + step) / (10 + step))
@@ -219,22 +277,41 @@ def train(cfg: GameTrainConfig, progress: bool = True) -> GameWorld:
                     pe.lerp_(p, 1 - decay)
             log.append(loss.item())
             kls.append(kl)
-            bar.set_postfix(loss=f"{np.mean(log[-50:]):.4f}", kl=f"{np.mean(kls[-50:]):.2f}")
+            bar.set_postfix(loss=f"{np.mean(log[-50:]):.4f}",
+                            code=f"{np.mean(kls[-50:]):.2f}")
+            if step + 1 in cfg.curve and step + 1 < cfg.steps:
+                _save_world(copy.deepcopy(ema).cpu().eval(), palette, cfg, meanings,
+                            out / "curve" / f"step-{step + 1:06d}")
             if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
                 save_checkpoint(ckpt_path, unet=unet.state_dict(), ema=ema.state_dict(),
                                 opt=opt.state_dict(), palette=palette.colours, step=step + 1,
                                 rng=sampler.rng.bit_generator.state, log=log,
+                                code_log=kls,
                                 torch_rng=gen.get_state(),
                                 elapsed=elapsed + time.perf_counter() - t0,
                                 config=dataclasses.asdict(cfg))
         elapsed += time.perf_counter() - t0
-    world = GameWorld(ema.cpu().eval(), palette, cfg.env, cfg.size, meanings, cfg.change_weight)
-    world.save(out)
-    if not (out / "keymap.json").exists():  # the page's keys, editable; kept when edited
-        keymap.derive(cfg.env, meanings).save(out / "keymap.json")
+    world = _save_world(ema.cpu().eval(), palette, cfg, meanings, out)
     (out / "training.json").write_text(json.dumps({
         "config": dataclasses.asdict(cfg), "train_seconds": round(elapsed, 1),
         "frames": len(episodes), "clips": len(sampler), "colours": len(palette),
         "loss_first_50": float(np.mean(log[:50])) if log else None,
-        "loss_last_50": float(np.mean(log[-50:])) if log else None}, indent=1) + "\n")
+        "loss_last_50": float(np.mean(log[-50:])) if log else None,
+        "code_nats_last_50": float(np.mean(kls[-50:])) if kls else None,
+        "loss_per_100": [round(float(np.mean(log[i:i + 100])), 5)
+                         for i in range(0, len(log), 100)],
+        "code_nats_per_100": [round(float(np.mean(kls[i:i + 100])), 4)
+                              for i in range(0, len(kls), 100)]}, indent=1) + "\n")
+    return world
+
+
+def _save_world(unet: GameUNet, palette: Palette, cfg: GameTrainConfig,
+                meanings: tuple[str, ...], folder: Path) -> GameWorld:
+    """The world of ``unet`` written to ``folder`` with its key map (kept where a user
+    edited it)."""
+    world = GameWorld(unet, palette, cfg.env, cfg.size, meanings, cfg.change_weight)
+    folder.mkdir(parents=True, exist_ok=True)
+    world.save(folder)
+    if not (folder / "keymap.json").exists():  # the page's keys, editable; kept when edited
+        keymap.derive(cfg.env, meanings).save(folder / "keymap.json")
     return world

@@ -260,6 +260,9 @@ class GameEnv:
         self.raw: np.ndarray | None = None
         self.frame: np.ndarray | None = None
         self.done = False
+        #: the last step lost the player a ball (a life, or a point to the other side)
+        self.setback = False
+        self.lives: int | None = None
 
     def _observe(self, obs: Any) -> np.ndarray:
         image = obs[self._key] if self._key is not None else obs
@@ -271,6 +274,7 @@ class GameEnv:
         """Start the episode of ``seed``; its first frame ``(size, size, 3)`` uint8."""
         obs, _ = self.env.reset(seed=int(seed))
         self.seed, self.done = int(seed), False
+        self.setback, self.lives = False, None
         self._set_actions(np.zeros(0, dtype=self._dtype))
         return self._observe(obs)
 
@@ -307,9 +311,15 @@ class GameEnv:
             self.done = True  # no episode is longer (a save point holds no more actions)
         if self.done:
             return self.frame
-        obs, _, terminated, truncated, _ = self.env.step(int(action))
+        obs, reward, terminated, truncated, info = self.env.step(int(action))
         self._append(int(action))
         self.done = bool(terminated or truncated)
+        lives = info.get("lives") if isinstance(info, dict) else None
+        lives = int(lives) if isinstance(lives, int | np.integer) else None
+        # a ball lost: a life gone, or a point to the other side (Pong has no lives)
+        self.setback = (lives is not None and self.lives is not None and lives < self.lives) \
+            or float(reward) < 0
+        self.lives = lives
         return self._observe(obs)
 
     def snapshot(self) -> Snapshot:
@@ -367,6 +377,7 @@ class GameEnv:
             for action in snap.actions.tolist():
                 self.env.step(action)
         self.seed, self.done = snap.seed, snap.done
+        self.setback, self.lives = False, None  # read again from the next step
         self._set_actions(compact_actions(snap.actions, self.num_actions))
         self.frame = snap.frame.copy()
         return self.frame
