@@ -39,6 +39,14 @@ def register(sub) -> None:
                    help="also write the sheet of streams started from procedural photos "
                         "(landscape)")
     p.add_argument("--skip-metrics", action="store_true", help="only write the sheet(s)")
+    p.add_argument("--played-only", action="store_true",
+                   help="game worlds: only the as-played part (from the reset frame)")
+    p.add_argument("--played-sheet", type=Path, nargs="?", const=True, default=None,
+                   help="game worlds: the as-played sheet (model over game from the reset, "
+                        "one frame a second) to this PNG (default: the folder's played.png)")
+    p.add_argument("--curve", action="store_true",
+                   help="game worlds: the as-played figures of each learning-curve snapshot "
+                        "(DIR/curve/step-N) into DIR/curve.json and curve.png")
     p.set_defaults(func=run)
 
 

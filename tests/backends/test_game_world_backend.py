@@ -21,7 +21,7 @@ from worldstream.engine.core.registry import (
     env_backend_id,
     load_backend,
 )
-from worldstream.engine.models.game.world import WorldFolderError, load_world
+from worldstream.engine.models.game.world import WorldFolderError, frame_draws, load_world
 from worldstream.engine.worlds.game.env import GameEnv
 
 #: chunks of 1-3 frames of the tiny game's actions (0 idle, 1 left, 2 right)
@@ -52,7 +52,8 @@ def _run(backend, state, chunks):
 
 def _reference(folder, seed, actions, bf16):
     """The model's own rollout, computed here: the game reset with the session's seed and
-    stepped ``context - 1`` times with the start action, then ``next_frame`` frame by frame."""
+    stepped ``context - 1`` times with the start action, then ``next_frame`` frame by frame,
+    frame ``k``'s outcome drawn from ``frame_draws(seed, k)``."""
     world = load_world(folder)
     game = GameEnv(TINY, size=world.size)
     start = start_action(world.action_meanings)
@@ -60,9 +61,11 @@ def _reference(folder, seed, actions, bf16):
     context = torch.from_numpy(world.palette.encode(np.stack(frames)).astype(np.int64))[None]
     held = [start] * (world.context - 1)
     out = []
-    for action in actions:
+    assert world.samples  # the fixture's world draws outcomes: the draws are checked too
+    for k, action in enumerate(actions):
+        u = frame_draws(np.array([seed]), np.array([k]), world.draws)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            nxt = world.next_frame(context, torch.tensor([[*held, action]]))
+            nxt = world.next_frame(context, torch.tensor([[*held, action]]), u)
         out.append(world.palette.decode(nxt[0].numpy()))
         context = torch.cat([context[:, 1:], nxt[:, None]], 1)
         held = [*held[1:], action]

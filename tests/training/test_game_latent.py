@@ -21,7 +21,8 @@ def _loss(monkeypatch, kl_weight: float, kl_free: float) -> tuple[float, float, 
     frames = torch.randint(0, 3, (BATCH, 3, SIZE, SIZE), generator=gen)
     actions = torch.randint(0, 2, (BATCH, 2), generator=gen)
     cfg = GameTrainConfig(env="toy", out="-", context=2, unroll=1, corrupt=0.0,
-                          latent_dim=DIM, kl_weight=kl_weight, kl_free=kl_free)
+                          latent_dim=DIM, kl_weight=kl_weight, kl_free=kl_free,
+                          code_grid=0, loss_cutoff=0.0)
     changed = (frames[:, 2] != frames[:, 1]).sum().item()
     weights = BATCH * SIZE * SIZE + (cfg.change_weight - 1) * changed
     loss, kl = _clip_loss(unet, frames, actions, cfg, torch.Generator().manual_seed(2))

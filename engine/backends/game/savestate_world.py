@@ -2,15 +2,14 @@
 before each chunk of the rewind history.
 
 Arrays per context ``P`` (``now``, ``history.0`` ... oldest first): ``P.frames``
-``(context, S, S)`` uint8 palette indices (oldest first) and ``P.actions`` ``(context - 1,)``
-int32 (the action after each frame but the last). Scalars: the session seed and the history
+``(context, S, S)`` uint8 palette indices (oldest first), ``P.actions`` ``(context - 1,)``
+int32 (the action after each frame but the last) and ``P.step`` ``(1,)`` int64, the frame
+index the next frame's outcome is drawn at. Scalars: the session seed and the history
 length. The weights and palette are not in the file: ``savepoint.model_version`` hashes them,
 so a save made with other weights is refused before this module reads it.
 
-A save written while worlds could sample (commit 137aaf9 until the flow head's code left; it
-lives at d42b936) also holds ``P.step`` ``(1,)`` int64, the frame index that picked each
-frame's draw: it is checked and ignored, since every world that loads now is deterministic
-and never read it.
+A save written while worlds were deterministic (from d42b936 until the outcome code) has no
+``P.step``: it reads as 0, which a world without a code never uses.
 """
 
 from __future__ import annotations
@@ -26,11 +25,12 @@ from worldstream.engine.studio.savepoint import SavepointError
 def export_game_world(state: Any) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """``(arrays, scalars)`` of a :class:`~engine.backends.game.world.WorldState`."""
     arrays: dict[str, np.ndarray] = {}
-    contexts = [("now", state.frames, state.actions)]
-    contexts += [(f"history.{i}", f, a) for i, (f, a) in enumerate(state.history)]
-    for prefix, frames, actions in contexts:
+    contexts = [("now", state.frames, state.actions, state.step)]
+    contexts += [(f"history.{i}", f, a, t) for i, (f, a, t) in enumerate(state.history)]
+    for prefix, frames, actions, step in contexts:
         arrays[f"{prefix}.frames"] = np.ascontiguousarray(frames, dtype=np.uint8)
         arrays[f"{prefix}.actions"] = np.asarray(actions, dtype=np.int32)
+        arrays[f"{prefix}.step"] = np.asarray([step], dtype=np.int64)
     return arrays, {"seed": int(state.seed), "history": len(state.history)}
 
 
@@ -58,7 +58,7 @@ def check_game_world(backend: Any, scalars: dict[str, Any],
     for prefix in ["now", *(f"history.{i}" for i in range(count))]:
         for name, shape, needed in ((f"{prefix}.frames", (c, size, size), True),
                                     (f"{prefix}.actions", (c - 1,), True),
-                                    (f"{prefix}.step", (1,), False)):  # older saves
+                                    (f"{prefix}.step", (1,), False)):  # not in older saves
             got = layout.get(name)
             if got is None and not needed:
                 continue
@@ -82,24 +82,26 @@ def import_game_world(backend: Any, arrays: dict[str, np.ndarray],
                              f"{count!r}; ints >= 0 expected")
     try:
         prefixes = ["now", *(f"history.{i}" for i in range(count))]
-        for p in prefixes:
-            _check_step(arrays, p)
-        contexts = [(arrays[f"{p}.frames"], arrays[f"{p}.actions"]) for p in prefixes]
-        return backend.state_from(seed, *contexts[0], contexts[1:])
+        steps = [_check_step(arrays, p) for p in prefixes]
+        contexts = [(arrays[f"{p}.frames"], arrays[f"{p}.actions"], t)
+                    for p, t in zip(prefixes, steps, strict=True)]
+        now = contexts[0]
+        return backend.state_from(seed, now[0], now[1], contexts[1:], step=now[2])
     except KeyError as err:
         raise SavepointError(f"the save point lacks the array {err.args[0]!r}") from None
     except ValueError as err:
         raise SavepointError(f"the save point's state does not fit this model: {err}") from None
 
 
-def _check_step(arrays: dict[str, np.ndarray], prefix: str) -> None:
-    """An older save's frame index (see the module doc), when it has one: one int in
-    [0, 2**63); SavepointError otherwise."""
+def _check_step(arrays: dict[str, np.ndarray], prefix: str) -> int:
+    """The context's frame index (0 where an older save has none): one int in [0, 2**63);
+    SavepointError otherwise."""
     step = np.asarray(arrays.get(f"{prefix}.step", np.zeros(1, np.int64)))
     if step.shape != (1,) or not np.issubdtype(step.dtype, np.integer) or step[0] < 0 or \
             step[0] > MAX_SEED:
         raise SavepointError(f"the save point's {prefix}.step is {step!r}; one int >= 0 "
                              "expected")
+    return int(step[0])
 
 
 def _count(value: Any) -> TypeGuard[int]:

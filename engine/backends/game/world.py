@@ -10,7 +10,10 @@ the session's seed (``episode_seed(seed, 0)``, as the game itself starts) and st
 opening, else NOOP), so the model continues from real frames. Those start frames are not
 streamed: the first chunk's first frame is already the model's prediction after them and the
 session's first action, so every streamed frame answers a key. Decoding is argmax over the
-palette (deterministic: same state, same actions, same frames; a replay is exact). A game
+palette. A world with an outcome code draws each frame's outcome from uniforms that are a
+function of the session's seed and the frame's index since the start (``frame_draws``), so
+the same state, the same actions and the same index give the same frames: a replay, a fork
+and a loaded save point are exact. A game
 over does not exist in the learned world: it plays on. A game has no text prompt: the
 session's prompt is accepted and ignored, a prompt switch is refused. Keys:
 :class:`~engine.backends.game.keys.GameKeys` (the folder's ``keymap.json`` when it has one).
@@ -35,7 +38,7 @@ from worldstream.engine.backends.game.sim import episode_seed
 from worldstream.engine.backends.sim.backend import check_job, pop_history, push_history
 from worldstream.engine.core.backend import ChunkJob, ChunkResult
 from worldstream.engine.models.device import cpu_has_fast_bf16
-from worldstream.engine.models.game.world import GameWorld, load_world
+from worldstream.engine.models.game.world import GameWorld, frame_draws, load_world
 from worldstream.engine.worlds.game.env import GameEnv
 from worldstream.engine.worlds.game.policy import START_WORDS
 
@@ -65,13 +68,15 @@ class WorldState:
     """One session's (or branch's) learned game. ``frames``: ``(context, S, S)`` uint8 palette
     indices, oldest first; ``actions``: ``(context - 1,)`` int64, the action taken after each
     frame but the last. Both are replaced, never written in place, so forks and the history
-    share them. ``history``: ``(frames, actions)`` before each of the newest chunks."""
+    share them. ``step``: frames generated since the start (the next frame's draw index).
+    ``history``: ``(frames, actions, step)`` before each of the newest chunks."""
 
     seed: int
     frames: np.ndarray
     actions: np.ndarray
-    history: deque[tuple[np.ndarray, np.ndarray]] = field(default_factory=deque)
+    history: deque[tuple[np.ndarray, np.ndarray, int]] = field(default_factory=deque)
     freed: bool = False
+    step: int = 0
 
 
 @dataclass
@@ -82,6 +87,7 @@ class _Rollout:
     actions: list[int]
     frames: np.ndarray
     context_actions: np.ndarray
+    step: int
     out: list[np.ndarray] = field(default_factory=list)
     error: Exception | None = None
 
@@ -194,15 +200,23 @@ class GameWorldBackend(GameKeys, GameWorldSaves):
         return WorldState(int(seed), frames, actions)
 
     def state_from(self, seed: int, frames: np.ndarray, actions: np.ndarray,
-                   history: list[tuple[np.ndarray, np.ndarray]]) -> WorldState:
-        """A state holding the given context (a save point's), ``history`` ``(frames,
-        actions)`` oldest first; ValueError naming what does not fit this model: shapes,
-        palette indices, action ids, a history too long."""
+                   history: list[tuple[np.ndarray, np.ndarray, int]],
+                   step: int = 0) -> WorldState:
+        """A state holding the given context (a save point's) at frame index ``step``,
+        ``history`` ``(frames, actions, step)`` oldest first; ValueError naming what does not
+        fit this model: shapes, palette indices, action ids, a history too long, a negative
+        frame index."""
         if len(history) > self.rewind_chunks:
             raise ValueError(f"{len(history)} chunks of history; this backend keeps "
                              f"{self.rewind_chunks}")
-        checked = [self._check_context(f, a) for f, a in [(frames, actions), *history]]
-        return WorldState(int(seed), *checked[0], deque(checked[1:]))
+        steps = [step, *(h[2] for h in history)]
+        if any(not isinstance(t, int | np.integer) or t < 0 for t in steps):
+            raise ValueError(f"frame indices are ints >= 0; got {steps[:3]!r:.80}")
+        checked = [(*self._check_context(f, a), int(t))
+                   for (f, a), t in zip([(frames, actions), *(h[:2] for h in history)], steps,
+                                        strict=True)]
+        return WorldState(int(seed), checked[0][0], checked[0][1], deque(checked[1:]),
+                          step=checked[0][2])
 
     def _check_context(self, frames: np.ndarray,
                        actions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -221,7 +235,8 @@ class GameWorldBackend(GameKeys, GameWorldSaves):
     def fork(self, state: WorldState) -> WorldState:
         """An independent copy with the history (the arrays are shared: never written)."""
         self.live(state)
-        return WorldState(state.seed, state.frames, state.actions, deque(state.history))
+        return WorldState(state.seed, state.frames, state.actions, deque(state.history),
+                          step=state.step)
 
     def free(self, state: WorldState) -> None:
         """Release the state. Idempotent."""
@@ -236,25 +251,30 @@ class GameWorldBackend(GameKeys, GameWorldSaves):
     def rewind(self, state: WorldState, chunks: int) -> None:
         """Back to the context of ``chunks`` chunks ago; ValueError beyond the history."""
         self.live(state)
-        state.frames, state.actions = pop_history(state.history, chunks)
+        state.frames, state.actions, state.step = pop_history(state.history, chunks)
 
     # ------------------------------------------------------------ generation
-    def predict(self, frames: np.ndarray, actions: np.ndarray) -> np.ndarray:
+    def predict(self, frames: np.ndarray, actions: np.ndarray, seeds: np.ndarray,
+                steps: np.ndarray) -> np.ndarray:
         """The next frame of each row: ``frames`` ``(B, context, S, S)`` palette indices,
-        ``actions`` ``(B, context)`` (the last one leads to the predicted frame) ->
-        ``(B, S, S)`` uint8 palette indices; no grad, bf16 autocast where ``self.bf16``."""
+        ``actions`` ``(B, context)`` (the last one leads to the predicted frame), each row's
+        session seed and frame index ``(B,)`` (its outcome's draw) -> ``(B, S, S)`` uint8
+        palette indices; no grad, bf16 autocast where ``self.bf16``."""
         x = torch.from_numpy(np.ascontiguousarray(frames, dtype=np.int64)).to(self.device)
         a = torch.from_numpy(np.ascontiguousarray(actions, dtype=np.int64)).to(self.device)
+        u = (frame_draws(seeds, steps, self.model.draws).to(self.device)
+             if self.model.samples else None)
         with torch.no_grad(), torch.autocast(self.device.type, dtype=torch.bfloat16,
                                              enabled=self.bf16):
-            nxt = self.model.next_frame(x, a)
+            nxt = self.model.next_frame(x, a, u)
         return nxt.to("cpu").numpy().astype(np.uint8)
 
     def _rollout(self, job: ChunkJob) -> _Rollout:
         state = self.live(job.state)
         check_job(job)
         self.check_actions(job.actions)  # all checked before the world moves
-        return _Rollout(state, [int(a) for a in job.actions], state.frames, state.actions)
+        return _Rollout(state, [int(a) for a in job.actions], state.frames, state.actions,
+                        state.step)
 
     def _step(self, rows: list[_Rollout], k: int) -> None:
         """Frame ``k`` of each row in one ``predict`` call; where that fails for several rows,
@@ -262,7 +282,9 @@ class GameWorldBackend(GameKeys, GameWorldSaves):
         try:
             nxt = self.predict(np.stack([r.frames for r in rows]),
                                np.stack([np.append(r.context_actions, r.actions[k])
-                                         for r in rows]))
+                                         for r in rows]),
+                               np.array([r.state.seed for r in rows], np.int64),
+                               np.array([r.step for r in rows], np.int64))
         except Exception as exc:  # isolate: retry the rows one by one
             if len(rows) == 1:
                 rows[0].error = exc
@@ -274,6 +296,7 @@ class GameWorldBackend(GameKeys, GameWorldSaves):
             row.out.append(frame)
             row.frames = np.concatenate([row.frames[1:], frame[None]])
             row.context_actions = np.append(row.context_actions[1:], row.actions[k])
+            row.step += 1
 
     def generate(self, jobs: list[ChunkJob]) -> list[ChunkResult]:
         """One chunk per job: frame ``k`` of every job that has one is predicted at once (one
@@ -303,8 +326,9 @@ class GameWorldBackend(GameKeys, GameWorldSaves):
                 outputs.append(r.error)
                 continue
             state = r.state
-            push_history(state.history, (state.frames, state.actions), self.rewind_chunks)
-            state.frames, state.actions = r.frames, r.context_actions
+            push_history(state.history, (state.frames, state.actions, state.step),
+                         self.rewind_chunks)
+            state.frames, state.actions, state.step = r.frames, r.context_actions, r.step
             outputs.append(self.model.palette.decode(np.stack(r.out)))
         stages = {"predict": (t1 - t0) * 1e3, "decode": (time.perf_counter() - t1) * 1e3}
         return [ChunkResult(None, dict(stages), out) if isinstance(out, Exception)

@@ -65,3 +65,35 @@ def save_game_sheet(model: np.ndarray, env: np.ndarray, out: str | Path, title: 
     fig.savefig(out, dpi=90)
     plt.close(fig)
     return out
+
+
+def save_played_sheet(model: np.ndarray, game: np.ndarray, out: str | Path, title: str,
+                      fps: int, start: int = 0, columns: int = 15) -> Path:
+    """One frame a second from the session's first played frame (``start``): bands of
+    ``columns`` seconds, the model's frames over the game's, moving objects outlined.
+    ``model``/``game``: ``(T, H, W, 3)`` uint8 of one session, the same actions."""
+    picks = list(range(start, len(model), fps))
+    bands = -(-len(picks) // columns)
+    fig, axes = plt.subplots(2 * bands, columns, figsize=(1.05 * columns, 2.25 * bands),
+                             squeeze=False)
+    for ax in axes.ravel():
+        ax.set_axis_off()
+    for i, t in enumerate(picks):
+        band, col = divmod(i, columns)
+        for row, (clip, name) in enumerate(((model, "model"), (game, "game"))):
+            ax = axes[2 * band + row][col]
+            ax.set_axis_on()
+            shown = clip[t] if t == 0 else outline_objects(clip[t - 1], clip[t])
+            ax.imshow(shown, interpolation="nearest")
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if col == 0:
+                ax.set_ylabel(name, fontsize=7)
+        axes[2 * band][col].set_title(f"{(t - start) / fps:.0f} s", fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=80)
+    plt.close(fig)
+    return out

@@ -6,15 +6,15 @@ every residual block through adaptive group norm (a scale and shift per channel)
 start from the last frame copied (a learned gain on its one-hot), so the network spends its
 capacity on what changes.
 
-With ``code_tokens > 0`` a discrete *outcome code* joins the actions in that conditioning:
-``code_tokens`` categorical tokens of ``code_classes`` values per frame (SimPLe's bits, Δ-IRIS's
-delta tokens). In training ``posterior`` reads it off the true next frame (straight-through
-argmax), so what the frames and actions leave open (a serve's moment and place, an enemy's
-step) is carried by the code instead of pulling every pixel towards "nothing happens"; the
-prior ``code_prior`` learns by cross-entropy to predict that code from the context and actions,
-and play *samples* one code per frame from it and carries it out, sharp. An all-zero code (no
-token) is the dropped code training also shows, so the network still learns what the actions
-alone decide.
+With ``code_grid > 0`` a discrete *outcome code* enters beside the context frames: a
+``code_grid`` x ``code_grid`` map of categorical tokens of ``code_classes`` values, one token per
+cell of the frame (a cell says what appears or changes there that the past does not settle:
+the serve's ball in this cell, an enemy's step). In training ``posterior`` reads it off the
+true next frame; the prior ``code_prior`` learns to predict it from the context and actions,
+and play *samples* one token per cell from it and carries that outcome out, sharp. The code
+enters as ``code_classes`` one-hot channels scaled up to the frame (a conv network finds a
+cell's outcome where it happens), an all-zero code (no token) being the dropped code training
+also shows, so the network still learns what the actions alone decide.
 
 ``latent_dim > 0`` is the older continuous latent (a conditional VAE, play feeding ``z = 0``),
 kept so folders trained with it load as before.
@@ -95,54 +95,53 @@ class _Posterior(nn.Module):
         return mu, logvar.clamp(-8.0, 4.0)
 
 
-class CodePrior(nn.Module):
-    """``p(code | context frames, actions)``, autoregressive over the code's tokens: token
-    ``i``'s logits read the context's features and tokens ``0 .. i-1`` (one-hot), so a sampled
-    code is one consistent outcome, not tokens drawn apart.
+def _grid_encoder(cin: int, size: int, grid: int, out: int) -> nn.Sequential:
+    """``(B, cin, size, size)`` -> ``(B, out, grid, grid)``: stride-2 convs down to the grid
+    (``size / grid`` a power of two), then a 1x1 map to ``out`` logits per cell."""
+    layers: list[nn.Module] = []
+    width, at = cin, size
+    for w in (32, 64, 64, 64, 64, 64):
+        if at <= grid:
+            break
+        layers += [nn.Conv2d(width, w, 3, stride=2, padding=1), nn.SiLU()]
+        width, at = w, (at + 1) // 2
+    layers += [nn.Conv2d(width, width, 3, padding=1), nn.SiLU(), nn.Conv2d(width, out, 1)]
+    return nn.Sequential(*layers)
 
-    ``features(frames, actions)``: frames ``(B, context, H, W)`` long, actions ``(B, context)``
-    long -> ``(B, width)``. ``logits(h, codes)``: teacher-forced ``(B, tokens, classes)`` float
-    logits given the true codes ``(B, tokens)`` long. ``sample(h, u)``: codes ``(B, tokens)``
-    long drawn by inverse CDF from ``u`` ``(B, tokens)`` uniforms in [0, 1) (None: each token's
-    most likely value), so a draw is a function of its inputs (exact replay).
+
+class CodePrior(nn.Module):
+    """``p(code | context frames, actions)``: independent categoricals, one per cell of the
+    code's grid, from the context's colour embeddings (stacked on channels) with the actions'
+    embedding added to every position.
+
+    ``logits(frames, actions)``: frames ``(B, context, H, W)`` long, actions ``(B, context)``
+    long -> ``(B, cells, classes)`` float logits (cells in raster order). ``sample(logits,
+    u)``: codes ``(B, cells)`` long drawn by inverse CDF from ``u`` ``(B, cells)`` uniforms in
+    [0, 1) (None: each cell's most likely value), so a draw is a function of its inputs (exact
+    replay).
     """
 
-    def __init__(self, num_colours: int, num_actions: int, context: int, tokens: int,
-                 classes: int, size: int, width: int = 256):
+    def __init__(self, num_colours: int, num_actions: int, context: int, grid: int,
+                 classes: int, size: int):
         super().__init__()
-        self.tokens, self.classes = tokens, classes
+        self.grid, self.classes = grid, classes
         self.colour = nn.Embedding(num_colours, 8)
         self.action = nn.Embedding(num_actions, 16)
-        self.frames = _frame_encoder(8 * context, size, width)
-        self.mix = nn.Sequential(nn.SiLU(), nn.Linear(width + 16 * context, width), nn.SiLU())
-        self.heads = nn.ModuleList(nn.Linear(width + i * classes, classes)
-                                   for i in range(tokens))
+        self.mix = nn.Linear(16 * context, 8 * context)
+        self.net = _grid_encoder(8 * context, size, grid, classes)
 
-    def features(self, frames: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+    def logits(self, frames: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
         b, t, h, w = frames.shape
         x = self.colour(frames).permute(0, 1, 4, 2, 3).reshape(b, -1, h, w)
-        return self.mix(torch.cat([self.frames(x), self.action(actions).reshape(b, -1)], 1))
+        x = x + self.mix(self.action(actions).reshape(b, -1))[:, :, None, None]
+        return self.net(x).float().flatten(2).transpose(1, 2)
 
-    def _head(self, i: int, h: torch.Tensor, before: torch.Tensor) -> torch.Tensor:
-        if i:
-            onehot = F.one_hot(before[:, :i], self.classes).to(h.dtype).reshape(len(h), -1)
-            h = torch.cat([h, onehot], 1)
-        return self.heads[i](h).float()
-
-    def logits(self, h: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
-        return torch.stack([self._head(i, h, codes) for i in range(self.tokens)], 1)
-
-    def sample(self, h: torch.Tensor, u: torch.Tensor | None) -> torch.Tensor:
-        codes = torch.zeros(len(h), self.tokens, dtype=torch.long, device=h.device)
-        for i in range(self.tokens):
-            logits = self._head(i, h, codes)
-            if u is None:
-                codes[:, i] = logits.argmax(1)
-                continue
-            cdf = logits.softmax(1).cumsum(1)
-            pick = (cdf < u[:, i:i + 1].to(cdf)).sum(1)
-            codes[:, i] = pick.clamp(max=self.classes - 1)
-        return codes
+    def sample(self, logits: torch.Tensor, u: torch.Tensor | None) -> torch.Tensor:
+        if u is None:
+            return logits.argmax(-1)
+        cdf = logits.softmax(-1).cumsum(-1)
+        pick = (cdf < u.to(cdf)[..., None]).sum(-1)
+        return pick.clamp(max=self.classes - 1)
 
 
 class GameUNet(ModelMixin, ConfigMixin):
@@ -151,33 +150,35 @@ class GameUNet(ModelMixin, ConfigMixin):
         context: context frames (and context actions). channels: widths per resolution
         (each level halves the frame). colour_dim: embedding width of a palette colour.
         action_dim: embedding width of an action. latent_dim: width of the older continuous
-        latent ``z`` (0: none). size: frame size (pixels). code_tokens, code_classes: the
-        outcome code's tokens per frame and values per token (0: no code).
+        latent ``z`` (0: none). size: frame size (pixels). code_grid, code_classes: the
+        outcome code's cells per side and values per cell (0: no code).
     ``forward(frames, actions, z=None) -> logits``: frames ``(B, context, H, W)`` long palette
     indices (oldest first), actions ``(B, context)`` long (the action after each context
     frame; the last one leads to the predicted frame), ``z`` the frame's outcome code as
-    ``(B, code_tokens * code_classes)`` float one-hots (or the continuous ``(B, latent_dim)``;
-    None: zeros, the dropped code) -> ``(B, K, H, W)`` float logits.
-    ``posterior(next_frame, last_frame)``: training's code logits ``(B, code_tokens,
-    code_classes)`` float (or the continuous latent's ``(mu, logvar)``) from two ``(B, H, W)``
-    long frames. ``code_prior``: the :class:`CodePrior` play samples codes from.
+    ``(B, code_classes, code_grid, code_grid)`` float one-hots (or the continuous ``(B,
+    latent_dim)``; None: zeros, the dropped code) -> ``(B, K, H, W)`` float logits.
+    ``posterior(next_frame, last_frame)``: training's code logits ``(B, cells, code_classes)``
+    float (or the continuous latent's ``(mu, logvar)``) from two ``(B, H, W)`` long frames.
+    ``code_prior``: the :class:`CodePrior` play samples codes from.
     """
 
     @register_to_config
     def __init__(self, num_colours: int = 16, num_actions: int = 4, context: int = 4,
                  channels: tuple[int, ...] = (32, 64, 96), colour_dim: int = 8,
                  action_dim: int = 32, size: int = 64, latent_dim: int = 0,
-                 code_tokens: int = 0, code_classes: int = 16):
+                 code_grid: int = 0, code_classes: int = 8):
         super().__init__()
-        if latent_dim and code_tokens:
+        if code_grid and (size % code_grid or (size // code_grid) & (size // code_grid - 1)):
+            raise ValueError(f"code_grid {code_grid} must divide size {size} by a power of two")
+        if latent_dim and code_grid:
             raise ValueError("a network has the continuous latent or the outcome code, not both")
         self.colour = nn.Embedding(num_colours, colour_dim)
         self.action = nn.Embedding(num_actions, action_dim)
         cond = 2 * action_dim
-        extra = latent_dim + code_tokens * code_classes
-        self.cond = nn.Sequential(nn.Linear(context * action_dim + extra, cond), nn.SiLU(),
+        self.cond = nn.Sequential(nn.Linear(context * action_dim + latent_dim, cond), nn.SiLU(),
                                   nn.Linear(cond, cond))
-        self.stem = nn.Conv2d(context * colour_dim, channels[0], 3, padding=1)
+        code_in = code_classes if code_grid else 0
+        self.stem = nn.Conv2d(context * colour_dim + code_in, channels[0], 3, padding=1)
         self.down = nn.ModuleList()
         self.pool = nn.ModuleList()
         for i, ch in enumerate(channels):
@@ -195,15 +196,15 @@ class GameUNet(ModelMixin, ConfigMixin):
         nn.init.zeros_(self.out.weight)
         nn.init.zeros_(self.out.bias)
         self.posterior_net = _Posterior(colour_dim, latent_dim, size) if latent_dim else None
-        self.code_posterior = (_frame_encoder(2 * colour_dim, size, code_tokens * code_classes)
-                               if code_tokens else None)
-        self.code_prior = (CodePrior(num_colours, num_actions, context, code_tokens,
-                                     code_classes, size) if code_tokens else None)
+        self.code_posterior = (_grid_encoder(2 * colour_dim, size, code_grid, code_classes)
+                               if code_grid else None)
+        self.code_prior = (CodePrior(num_colours, num_actions, context, code_grid,
+                                     code_classes, size) if code_grid else None)
 
     @property
-    def code_width(self) -> int:
-        """Width of the conditioning's code part: ``code_tokens * code_classes`` (0: none)."""
-        return int(self.config.code_tokens) * int(self.config.code_classes)
+    def code_cells(self) -> int:
+        """Tokens of the outcome code per frame (``code_grid ** 2``; 0: no code)."""
+        return int(self.config.code_grid) ** 2
 
     @classmethod
     def extract_init_dict(cls, config_dict: dict, **kwargs):
@@ -214,16 +215,20 @@ class GameUNet(ModelMixin, ConfigMixin):
         pair = torch.cat([self.colour(next_frame), self.colour(last_frame)], -1)
         pair = pair.permute(0, 3, 1, 2)
         if self.code_posterior is not None:
-            cfg = self.config
-            return self.code_posterior(pair).float().view(-1, cfg.code_tokens, cfg.code_classes)
+            return self.code_posterior(pair).float().flatten(2).transpose(1, 2)
         if self.posterior_net is None:
             raise ValueError("this network has no latent (latent_dim=0) and no code")
         return self.posterior_net(pair)
 
+    def code_map(self, onehots: torch.Tensor) -> torch.Tensor:
+        """``(B, cells, classes)`` float one-hots (raster order) -> ``(B, classes, grid,
+        grid)``, the code ``forward`` reads."""
+        g = int(self.config.code_grid)
+        return onehots.transpose(1, 2).reshape(len(onehots), -1, g, g)
+
     def code_onehot(self, codes: torch.Tensor) -> torch.Tensor:
-        """``(B, code_tokens)`` long codes -> ``(B, code_width)`` float one-hots, the code
-        ``forward`` reads."""
-        return F.one_hot(codes, self.config.code_classes).float().reshape(len(codes), -1)
+        """``(B, cells)`` long codes -> ``(B, classes, grid, grid)`` float one-hots."""
+        return self.code_map(F.one_hot(codes, self.config.code_classes).float())
 
     def _inputs(self, frames: torch.Tensor,
                 actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -235,11 +240,14 @@ class GameUNet(ModelMixin, ConfigMixin):
                 z: torch.Tensor | None = None) -> torch.Tensor:
         b = len(frames)
         x, cond = self._inputs(frames, actions)
-        extra = self.config.latent_dim or self.code_width
-        if extra:
+        if self.config.latent_dim:
             if z is None:
-                z = cond.new_zeros(b, extra)
+                z = cond.new_zeros(b, self.config.latent_dim)
             cond = torch.cat([cond, z.to(cond.dtype)], 1)
+        elif self.config.code_grid:
+            g, k = int(self.config.code_grid), int(self.config.code_classes)
+            code = x.new_zeros(b, k, g, g) if z is None else z.to(x.dtype)
+            x = torch.cat([x, F.interpolate(code, size=x.shape[-2:], mode="nearest")], 1)
         c = self.cond(cond)
         x = self.stem(x)
         skips = []

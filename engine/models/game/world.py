@@ -45,22 +45,22 @@ class GameWorld:
     @property
     def samples(self) -> bool:
         """Whether the next frame depends on a draw (the network has an outcome code)."""
-        return bool(self.unet.config.code_tokens)
+        return bool(self.unet.config.code_grid)
 
     @property
     def draws(self) -> int:
-        """Uniform draws one frame takes (``next_frame``'s ``u``): the code's tokens."""
-        return int(self.unet.config.code_tokens)
+        """Uniform draws one frame takes (``next_frame``'s ``u``): the code's cells."""
+        return self.unet.code_cells
 
     def code(self, frames: torch.Tensor, actions: torch.Tensor,
              u: torch.Tensor | None) -> torch.Tensor | None:
-        """The frame's outcome code ``(B, code_width)`` float one-hots sampled from the prior
-        with ``u`` ``(B, draws)`` uniforms (None: the most likely code); None without one."""
+        """The frame's outcome code ``(B, classes, grid, grid)`` float one-hots sampled from
+        the prior with ``u`` ``(B, draws)`` uniforms (None: the most likely code); None
+        without one."""
         prior = self.unet.code_prior
         if prior is None:
             return None
-        codes = prior.sample(prior.features(frames, actions), u)
-        return self.unet.code_onehot(codes)
+        return self.unet.code_onehot(prior.sample(prior.logits(frames, actions), u))
 
     def logits(self, frames: torch.Tensor, actions: torch.Tensor,
                u: torch.Tensor | None = None) -> torch.Tensor:

@@ -35,6 +35,48 @@ ROWS = (
 )
 
 
+#: (label, model key, game key, ratio key) of the as-played table
+PLAYED_ROWS = (
+    ("moving objects per frame, the colour class farthest from the game's", None, None,
+     "played_objects_ratio"),
+    ("share of frames showing what the keys move", "played_control", "gt_played_control",
+     "played_control_ratio"),
+    ("objects appearing per 100 frames", "played_births_per_100", "gt_played_births_per_100",
+     "played_births_ratio"),
+    ("seconds from the first frame to the first appearance (the serve)",
+     "played_first_birth_s", "gt_played_first_birth_s", None),
+    ("score changes per session", "played_score_changes", "gt_played_score_changes",
+     "played_score_changes_ratio"),
+    ("pixels cleared for good per session (bricks, enemies)", "played_cleared_px",
+     "gt_played_cleared_px", "played_cleared_ratio"),
+)
+
+
+def _played_lines(evaluation: dict, folder: Path) -> list[str]:
+    """The as-played table (and its sheet and learning curve where the folder has them)."""
+    if "played_objects_ratio" not in evaluation:
+        return []
+    lines = [
+        f"**As played**, from the reset frame a session starts at: "
+        f"{evaluation.get('played_seeds')} sessions × {evaluation.get('played_seconds'):.0f} s "
+        f"for each player ({', '.join(evaluation.get('played_policies', []))}), the game and "
+        "the world driven by the same keys; the world draws each frame's outcome from the "
+        "session's seed. Each figure is the worse of the players'.",
+        "",
+        "| measure | model | game | model ÷ game |",
+        "|---|---|---|---|",
+    ]
+    lines += [f"| {label} | {_cell(evaluation, m)} | {_cell(evaluation, g)} | "
+              f"{_cell(evaluation, r)} |" for label, m, g, r in PLAYED_ROWS]
+    if (folder / "played.png").exists():
+        lines += ["", "![model over game from the reset, one frame a second](played.png)"]
+    if (folder / "curve.png").exists():
+        lines += ["", "Learning curve (as played, model ÷ game against training steps):", "",
+                  "![learning curve](curve.png)"]
+    return lines + ["", "**Mid-episode**, from held-out states 20-300 frames into an episode:",
+                    ""]
+
+
 def _cell(data: dict, key: str | None) -> str:
     if key is None or key not in data:
         return "—"
@@ -67,9 +109,13 @@ def write_card(folder: Path) -> Path:
         "action meanings. Not for anything but play and study of the game.",
         "",
         "## Training data",
-        f"{training['frames']} frames of the game played by a held-key policy (keys held 3–30 "
-        "frames, pauses, the start action at each episode's start), episode seeds below "
-        f"1,000,000; env settings {_settings(world['env'])}.",
+        f"{training['frames']} frames of the game " + (
+            "played as a person does (taps, holds, pauses, the start action at each episode's "
+            "start and after each lost ball), episodes cut at 150–2,000 frames so the recording "
+            "holds many starts" if training.get("policy") == "player" else
+            "played by a held-key policy (keys held 3–30 frames, pauses, the start action at "
+            "each episode's start)")
+        + f", episode seeds below 1,000,000; env settings {_settings(world['env'])}.",
         "",
         "## Training procedure",
         "```bash",
@@ -80,6 +126,13 @@ def write_card(folder: Path) -> Path:
         f"{cfg['batch']} clips, {cfg['unroll']} frames predicted in a row from the model's own "
         f"previous predictions, changed pixels weighted ×{cfg['change_weight']:g}, context "
         f"corruption up to {cfg.get('corrupt', 0):.0%} of pixels in half the clips, "
+        + (f"an outcome code of {cfg['code_grid']}×{cfg['code_grid']} cells × "
+           f"{cfg['code_classes']} values per frame drawn from a posterior that sees the true "
+           "frame, its prior trained on the "
+           f"balanced KL (×{cfg['kl_weight']:g}, {cfg['kl_free']:g} free nats) and sampled at "
+           f"play (dropped in {cfg['code_drop']:.0%}, a prior draw in {cfg['code_mix']:.0%} "
+           f"of frames), pixels past {cfg['loss_cutoff']:g} nats left out, "
+           if cfg.get("code_grid") else "")
         + (f"a {cfg['latent_dim']}-dim latent per frame inferred from the true frame (KL "
            f"×{cfg['kl_weight']:g}, {cfg['kl_free']:g} free nats; play feeds its prior mean), "
            if cfg.get("latent_dim") else "")
@@ -94,6 +147,7 @@ def write_card(folder: Path) -> Path:
         lines.append(f"Not evaluated yet: `worldstream eval --env {world['env']} --model-path "
                      f"{_shown(folder)} --card`.")
     else:
+        lines += _played_lines(evaluation, folder)
         lines += [
             f"`worldstream eval --env {world['env']} --model-path DIR` on "
             f"{evaluation.get('held_out_episodes', '?')} held-out episodes (seeds no recording "
@@ -112,6 +166,10 @@ def write_card(folder: Path) -> Path:
         "## Limitations",
         "- Trained on one policy's play: states a person reaches that it never did (a later "
         "level, a high score) are guesses.",
+        "- Where the game is random (a serve's moment and direction) the world draws one of "
+        "the outcomes its prior learnt, then each pixel's most likely colour: outcomes the "
+        "prior rarely saw are drawn rarely."
+        if unet.get("code_grid") else
         "- The most likely colour per pixel: where the game is random (a serve's direction) "
         "the model picks one outcome and can drop a fast small object.",
     ]
@@ -121,9 +179,10 @@ def write_card(folder: Path) -> Path:
 
 
 #: what a setting was before ``GameTrainConfig`` had it (a record written then lacks it)
-BEFORE_THE_FIELD = {"latent_dim": 0, "corrupt": 0.0}
-#: settings of the command line, not ``--set``, or of the recording only
-_NOT_SET = ("env", "out", "data", "device")
+BEFORE_THE_FIELD = {"latent_dim": 0, "corrupt": 0.0, "code_grid": 0, "loss_cutoff": 0.0}
+#: settings of the command line, not ``--set``, of the recording only, or that change no
+#: weight (the learning curve's snapshots)
+_NOT_SET = ("env", "out", "data", "device", "curve")
 
 
 def chain(training: dict, folder: Path) -> list[str]:
@@ -156,9 +215,13 @@ def chain(training: dict, folder: Path) -> list[str]:
     for field in dataclasses.fields(GameTrainConfig):
         if field.name in _NOT_SET or (data and field.name in ("record_frames", "workers")):
             continue
-        if field.name.startswith(("latent_", "kl_")) and field.name != "latent_dim" and (
-                not cfg.get("latent_dim", BEFORE_THE_FIELD["latent_dim"])):
+        if field.name.startswith(("latent_", "kl_")) and field.name != "latent_dim" and not (
+                cfg.get("latent_dim", BEFORE_THE_FIELD["latent_dim"]) or
+                cfg.get("code_grid", BEFORE_THE_FIELD["code_grid"])):
             continue  # no latent: its settings mean nothing
+        if field.name.startswith("code_") and field.name != "code_grid" and (
+                not cfg.get("code_grid", BEFORE_THE_FIELD["code_grid"])):
+            continue  # no code: likewise
         default = field.default_factory() if callable(field.default_factory) else field.default
         value = cfg.get(field.name, BEFORE_THE_FIELD.get(field.name, default))
         value = list(value) if isinstance(value, tuple) else value

@@ -4,9 +4,10 @@ Records play when no dataset is given, fits the palette, then trains ``GameUNet`
 cross-entropy over palette colours with changed pixels weighted (``change_weight``; undone at
 decoding) and pixels already right past ``loss_cutoff`` left out (SimPLe's cutoff: the few
 pixels of a ball are not drowned by thousands of settled ones), and a discrete outcome code
-per frame read off the true next frame (straight-through), dropped in ``code_drop`` of the
-frames and replaced by the prior's own draw in ``code_mix`` (SimPLe), while the code's prior
-learns by cross-entropy to predict it from the past; partly on its own predictions: each step
+per frame drawn from a posterior that sees the true next frame (straight-through), dropped in
+``code_drop`` of the frames and replaced by the prior's own draw in ``code_mix`` (SimPLe),
+while the code's categorical prior learns to predict it from the past (the balanced KL of
+DreamerV2's discrete latents, with free nats); partly on its own predictions: each step
 predicts ``unroll`` frames in a row, each from the context that holds the previous predictions
 (argmax, no gradient through it), so the model learns to continue from its own frames
 (DIAMOND, Self-Forcing). Resumable (checkpoint every ``checkpoint_every`` steps), EMA weights,
@@ -70,11 +71,11 @@ class GameTrainConfig:
     """Palette size cap."""
     change_weight: float = 10.0
     """Loss weight of pixels that differ from the last context frame."""
-    code_tokens: int = 4
-    """Outcome code tokens per frame (0: none): they carry what the past cannot settle (a
-    serve, an enemy's step), sampled at play, so the network is not pulled towards freezing
-    the frame."""
-    code_classes: int = 16
+    code_grid: int = 4
+    """Outcome code cells per side (0: none): one token per cell carries what the past
+    cannot settle there (a serve, an enemy's step), sampled at play, so the network is not
+    pulled towards freezing the frame."""
+    code_classes: int = 8
     """Values per code token."""
     code_drop: float = 0.1
     """Share of frames trained without their code (all zeros), so the actions alone still
@@ -87,11 +88,11 @@ class GameTrainConfig:
     latent_dim: int = 0
     """The older continuous latent's width (0: none; exclusive with the code)."""
     kl_weight: float = 1.0
-    """Weight of the latent's KL (nats per frame) against the weighted cross-entropy summed
-    over pixels."""
-    kl_free: float = 0.5
-    """Free bits: a batch's mean KL below this many nats per frame costs nothing, so the
-    latent is not shut before the network has learnt what it could carry (a rare serve is
+    """Weight of the code's rate (or the latent's KL; nats per frame) against the weighted
+    cross-entropy summed over pixels."""
+    kl_free: float = 1.0
+    """Free nats: a batch's mean rate below this many nats per frame costs nothing, so the
+    code is not shut before the network has learnt what it could carry (a rare serve is
     worth a few nats once every few dozen frames)."""
     corrupt: float = 0.05
     """Context corruption: half the clips get up to this share of their context pixels
@@ -136,25 +137,32 @@ def corrupt_context(context: torch.Tensor, rate: float, gen: torch.Generator) ->
 
 
 def _code(unet: GameUNet, target: torch.Tensor, context: torch.Tensor, actions: torch.Tensor,
-          cfg: GameTrainConfig, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """The frame's code for the network, ``(B, code_width)`` (the posterior's straight-through
-    one-hots; zeros in ``code_drop`` of the rows, a prior draw in ``code_mix``), and the
-    prior's cross-entropy against the posterior's code (nats per frame, summed over tokens)."""
-    logits = unet.posterior(target, context[:, -1])
-    hard = logits.argmax(-1)
-    soft = logits.softmax(-1)
-    code = (F.one_hot(hard, cfg.code_classes).to(soft) + soft - soft.detach()).flatten(1)
+          cfg: GameTrainConfig, gen: torch.Generator
+          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The frame's code for the network, ``(B, classes, grid, grid)``: a draw from the
+    posterior ``q(code | next frame, last frame)`` (Gumbel-max, straight-through on its
+    probabilities; zeros in ``code_drop`` of the rows, a draw from the prior in ``code_mix``);
+    the rate ``KL(q || p)`` in nats per frame (summed over cells, batch mean) as the
+    posterior's cost (``p`` held fixed) and as the prior's (``q`` held fixed): the balanced KL
+    of DreamerV2's discrete latents, so the prior learns what the posterior draws and the
+    posterior keeps to what the prior can learn."""
+    q = unet.posterior(target, context[:, -1]).float().log_softmax(-1)  # (B, cells, classes)
+    gumbel = -torch.log(-torch.log(torch.rand(q.shape, generator=gen).clamp(1e-9, 1 - 1e-9)))
+    hard = (q + gumbel.to(q.device)).argmax(-1)
+    probs = q.exp()
+    code = unet.code_map(F.one_hot(hard, cfg.code_classes).to(probs) + probs - probs.detach())
     prior = unet.code_prior
-    h = prior.features(context, actions)
-    prior_ce = F.cross_entropy(prior.logits(h, hard).flatten(0, 1), hard.flatten(),
-                               reduction="sum") / len(hard)
-    pick = torch.rand(len(hard), 1, generator=gen).to(code.device)
+    logits = prior.logits(context, actions)
+    p = logits.log_softmax(-1)
+    kl_posterior = (probs * (q - p.detach())).sum((1, 2)).mean()
+    kl_prior = (probs.detach() * (q.detach() - p)).sum((1, 2)).mean()
+    pick = torch.rand(len(hard), 1, 1, 1, generator=gen).to(code.device)
     with torch.no_grad():
-        u = torch.rand(len(hard), cfg.code_tokens, generator=gen).to(code.device)
-        drawn = unet.code_onehot(prior.sample(h.detach(), u)).to(code)
+        u = torch.rand(hard.shape, generator=gen).to(code.device)
+        drawn = unet.code_onehot(prior.sample(logits.detach(), u)).to(code)
     code = torch.where(pick < cfg.code_drop, torch.zeros_like(code),
                        torch.where(pick < cfg.code_drop + cfg.code_mix, drawn, code))
-    return code, prior_ce
+    return code, kl_posterior, kl_prior
 
 
 def _clip_loss(unet: GameUNet, frames: torch.Tensor, actions: torch.Tensor,
@@ -171,9 +179,11 @@ def _clip_loss(unet: GameUNet, frames: torch.Tensor, actions: torch.Tensor,
     for k in range(cfg.unroll):
         target = frames[:, c + k]
         z, kl = None, 0.0
-        if cfg.code_tokens:
-            z, kl = _code(unet, target, context, actions[:, k:k + c], cfg, gen)
+        if cfg.code_grid:
+            z, kl, kl_prior = _code(unet, target, context, actions[:, k:k + c], cfg, gen)
             kl_nats += kl.item() / cfg.unroll
+            # free nats: a rate below kl_free costs the posterior nothing (as the latent's)
+            kl = cfg.kl_weight * len(target) * torch.clamp(kl, min=cfg.kl_free)
         elif cfg.latent_dim:
             mu, logvar = unet.posterior(target, context[:, -1])
             eps = torch.randn(mu.shape, generator=gen).to(mu.device)
@@ -186,8 +196,8 @@ def _clip_loss(unet: GameUNet, frames: torch.Tensor, actions: torch.Tensor,
         loss = F.cross_entropy(logits, target, reduction="none")
         if cfg.loss_cutoff > 0:
             loss = torch.where(loss < cfg.loss_cutoff, torch.zeros_like(loss), loss)
-        if cfg.code_tokens:  # the prior's parameters are its own: its nats count as they are
-            total = total + (loss * weight).sum() / weight.sum() + kl
+        if cfg.code_grid:  # the prior's parameters are its own: its nats count as they are
+            total = total + ((loss * weight).sum() + kl) / weight.sum() + kl_prior
         else:
             total = total + ((loss * weight).sum() + cfg.kl_weight * kl) / weight.sum()
         with torch.no_grad():
@@ -225,7 +235,7 @@ def train(cfg: GameTrainConfig, progress: bool = True) -> GameWorld:
     device = torch.device(cfg.device)
     unet = GameUNet(num_colours=len(palette), num_actions=len(meanings), context=cfg.context,
                     channels=tuple(cfg.channels), size=cfg.size, latent_dim=cfg.latent_dim,
-                    code_tokens=cfg.code_tokens, code_classes=cfg.code_classes).to(device)
+                    code_grid=cfg.code_grid, code_classes=cfg.code_classes).to(device)
     ema = GameUNet.from_config(unet.config).to(device)
     ema.load_state_dict(unet.state_dict())
     opt = torch.optim.AdamW(unet.parameters(), lr=cfg.lr, weight_decay=0.01)
@@ -295,6 +305,7 @@ def train(cfg: GameTrainConfig, progress: bool = True) -> GameWorld:
     (out / "training.json").write_text(json.dumps({
         "config": dataclasses.asdict(cfg), "train_seconds": round(elapsed, 1),
         "frames": len(episodes), "clips": len(sampler), "colours": len(palette),
+        "policy": meta.get("policy", "held-key"),
         "loss_first_50": float(np.mean(log[:50])) if log else None,
         "loss_last_50": float(np.mean(log[-50:])) if log else None,
         "code_nats_last_50": float(np.mean(kls[-50:])) if kls else None,

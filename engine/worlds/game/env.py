@@ -263,6 +263,8 @@ class GameEnv:
         #: the last step lost the player a ball (a life, or a point to the other side)
         self.setback = False
         self.lives: int | None = None
+        #: the last step's reward (the score it added)
+        self.reward = 0.0
 
     def _observe(self, obs: Any) -> np.ndarray:
         image = obs[self._key] if self._key is not None else obs
@@ -274,7 +276,7 @@ class GameEnv:
         """Start the episode of ``seed``; its first frame ``(size, size, 3)`` uint8."""
         obs, _ = self.env.reset(seed=int(seed))
         self.seed, self.done = int(seed), False
-        self.setback, self.lives = False, None
+        self.setback, self.lives, self.reward = False, None, 0.0
         self._set_actions(np.zeros(0, dtype=self._dtype))
         return self._observe(obs)
 
@@ -317,8 +319,9 @@ class GameEnv:
         lives = info.get("lives") if isinstance(info, dict) else None
         lives = int(lives) if isinstance(lives, int | np.integer) else None
         # a ball lost: a life gone, or a point to the other side (Pong has no lives)
+        self.reward = float(reward)
         self.setback = (lives is not None and self.lives is not None and lives < self.lives) \
-            or float(reward) < 0
+            or self.reward < 0
         self.lives = lives
         return self._observe(obs)
 
@@ -377,7 +380,7 @@ class GameEnv:
             for action in snap.actions.tolist():
                 self.env.step(action)
         self.seed, self.done = snap.seed, snap.done
-        self.setback, self.lives = False, None  # read again from the next step
+        self.setback, self.lives, self.reward = False, None, 0.0  # read from the next step
         self._set_actions(compact_actions(snap.actions, self.num_actions))
         self.frame = snap.frame.copy()
         return self.frame
