@@ -21,10 +21,11 @@ GAME_PACKAGES = ("gymnasium", "ale-py", "vizdoom", "crafter")
 
 
 def load_keymap(source: Any, env_id: str, meanings: tuple[str, ...]) -> keymaps.KeyMap:
-    """The key map of ``source``: None (derived from ``meanings``), a KeyMap, a JSON-ready
-    dict or a file path. KeyMapError (a ValueError) naming what does not fit the env."""
+    """The key map of ``source``: None (the shipped game world's where ``env_id`` has one,
+    else derived from ``meanings``), a KeyMap, a JSON-ready dict or a file path. KeyMapError
+    (a ValueError) naming what does not fit the env."""
     if source is None:
-        return keymaps.derive(env_id, meanings)
+        return keymaps.shipped(env_id, meanings) or keymaps.derive(env_id, meanings)
     if isinstance(source, keymaps.KeyMap):
         return keymaps.from_json(source.to_json(), meanings, env_id)
     if isinstance(source, dict):

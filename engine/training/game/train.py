@@ -324,5 +324,6 @@ def _save_world(unet: GameUNet, palette: Palette, cfg: GameTrainConfig,
     folder.mkdir(parents=True, exist_ok=True)
     world.save(folder)
     if not (folder / "keymap.json").exists():  # the page's keys, editable; kept when edited
-        keymap.derive(cfg.env, meanings).save(folder / "keymap.json")
+        (keymap.shipped(cfg.env, meanings) or keymap.derive(cfg.env, meanings)).save(
+            folder / "keymap.json")
     return world

@@ -124,6 +124,18 @@ class KeyMap:
         Path(path).write_text(json.dumps(self.to_json(), indent=1) + "\n")
 
 
+def shipped(env_id: str, meanings: tuple[str, ...]) -> KeyMap | None:
+    """The key map shipped with the named game world that plays ``env_id``
+    (``assets/<world>/keymap.json``), None where there is none: the game and its learned world
+    then take the same keys (a Pong paddle moves up and down in both)."""
+    from worldstream.engine.core.registry import GAME_WORLDS
+    from worldstream.engine.worlds.catalog import ASSETS
+
+    name = next((w for w, e in GAME_WORLDS.items() if e == env_id), None)
+    path = None if name is None else ASSETS / name / "keymap.json"
+    return load(path, meanings, env_id) if path is not None and path.is_file() else None
+
+
 def derive(env_id: str, meanings: tuple[str, ...] | list[str]) -> KeyMap:
     """The default key map of an env from its action meanings: direction and fire words to
     arrows/WASD and Space, every other action to a key of its own (E, Q, R, F, ...)."""
