@@ -21,7 +21,7 @@ TOY = textwrap.dedent('''
 
     import numpy as np
 
-    from worldstream.engine.core.backend import ChunkJob, ChunkResult
+    from worldstream.engine.core.backend import BackendInfo, ChunkJob, ChunkResult
 
 
     @dataclass
@@ -33,6 +33,10 @@ TOY = textwrap.dedent('''
         name, width, height, default_fps = "toy", 64, 48, 10
         max_states, chunk_frames, rewind_chunks = 8, 2, 4
         imports_off_thread = False
+
+        def info(self):
+            return BackendInfo(name=self.name, world="landscape", chunk_frames=2,
+                               supported_chunk_frames=(2,))
 
         def key_action(self, keys):
             return 0
