@@ -2,10 +2,10 @@
 family, declared in one frozen dataclass (``engine.core.registry`` collects the rows).
 
 A family declares its rows in its own folder and hands them over through the
-``worldstream.families`` entry point (``docs/write-a-family.md``); nothing outside the folder
-names it. A misspelt field is a ``TypeError`` where the row is made (a keyword the dataclass
-does not have), a wrong value a ``ValueError`` naming the field (:meth:`Family.__post_init__`),
-both at registration.
+``worldstream.families`` entry point (``engine/backends/WRITE_A_FAMILY.md``); nothing outside
+its folder names it. A misspelt field is a ``TypeError`` where the row is made (a keyword the
+dataclass does not have), a wrong value a ``ValueError`` naming the field
+(:meth:`Family.__post_init__`), both at registration.
 """
 
 from __future__ import annotations
