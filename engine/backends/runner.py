@@ -86,6 +86,8 @@ class PagedRunner(ABC):
     #: negative forwards a family's guided step may batch beside its conditional one
     #: (``paged_context.batched_forwards``); the pool keeps scratch pages for them
     negative_forwards: int = 0
+    #: the backend id (set by the family: a class attribute, or per variant)
+    name: str
     #: frames one chunk decodes to (set by the family)
     chunk_frames: int
 
