@@ -236,9 +236,9 @@ def run(args: argparse.Namespace) -> int:
         if not family.variants:
             raise ValueError(f"--variant goes with --model {game_args.models_with('variants')}")
         kwargs[family.keyed or "variant"] = args.variant
-    settings = settings_cli.family_overrides(family, args)  # ValueError for a family of none
-    if family.settings is not None:
-        kwargs.update({**dict(family.play_settings), **settings})
+    # the row's serving settings (e.g. compiled at start-up), then --set (ValueError for a
+    # family that takes none)
+    kwargs.update({**dict(family.play_settings), **settings_cli.family_overrides(family, args)})
     if args.frame_size is not None:
         if args.frame_size not in family.frame_sizes:
             raise ValueError("--frame-size goes with --model "

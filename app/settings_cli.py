@@ -51,15 +51,17 @@ def family_overrides(family, args: argparse.Namespace) -> dict:
 
 def print_family_settings(family, world: str, model_path: str | Path | None = None,
                           command_values: dict | None = None) -> int:
-    """``--set help`` of ``family``: its own ``settings_help`` where it has one, else its
-    settings class at the defaults with ``command_values``; ValueError for a family that
-    takes no settings."""
+    """``--set help`` of ``family``: its settings with the values its ``settings_source`` reads
+    for ``world`` (none: the defaults) and those the command sets itself
+    (``command_values``: ``play`` compiles the model); ValueError for a family that takes no
+    settings."""
     if family.settings is None:
         raise ValueError(_none(family))
-    if family.settings_help is not None:
-        return _named(family.settings_help)(world, model_path, command_values)
-    return print_settings(_named(family.settings), dict(command_values or {}),
-                          "this command" if command_values else "the defaults")
+    values, source = (_named(family.settings_source)(world, model_path)
+                      if family.settings_source is not None else ({}, "the defaults"))
+    if command_values:
+        values, source = {**values, **command_values}, source + ", this command"
+    return print_settings(_named(family.settings), values, source)
 
 
 def _none(family) -> str:
@@ -77,21 +79,3 @@ def _named(target: str):
 
     module, _, name = target.partition(":")
     return getattr(importlib.import_module(module), name)
-
-
-class Shown:
-    """A value shown as it reads (not quoted) in a ``--set help`` listing."""
-
-    def __init__(self, text: str):
-        self.text = text
-
-    def __str__(self) -> str:
-        return self.text
-
-
-def shown_path(path: Path) -> str:
-    """``path`` relative to the working folder where it lies under it."""
-    try:
-        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(path)

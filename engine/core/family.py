@@ -40,11 +40,12 @@ class Family:
     What it takes: ``path_argument``: the factory argument a model folder (``--model-path``)
     goes to (None: it takes none); ``checkpoint``: weights may come from a separate file
     (``--checkpoint``); ``settings``: ``module:Class``, the config dataclass whose fields
-    ``--set FIELD=VALUE`` sets (None: it takes no settings); ``settings_help``:
-    ``module:callable(world, model_path, command_values) -> int`` printing ``--set help``
-    (None: the fields at their defaults); ``play_settings``: ``(field, value)`` pairs ``play``
-    sets before the user's ``--set`` (e.g. compile at start-up); ``frame_sizes``: the
-    ``--frame-size`` values it takes (passed as ``frame_size``).
+    ``--set FIELD=VALUE`` sets (None: it takes no settings); ``settings_source``:
+    ``module:callable(world, model_path) -> (values, source)``, the values ``--set help``
+    shows for a world and where they come from (None: the fields' defaults);
+    ``play_settings``: ``(field, value)`` pairs ``play`` sets before the user's ``--set``
+    (e.g. compile at start-up); ``frame_sizes``: the ``--frame-size`` values it takes
+    (passed as ``frame_size``).
 
     What it is: ``default``: the model its worlds play when ``--model`` is not given (and a
     game given by ``--env`` with ``--model-path``); ``simulator``: the ground truth of its
@@ -68,7 +69,7 @@ class Family:
     path_argument: str | None = None
     checkpoint: bool = False
     settings: str | None = None
-    settings_help: str | None = None
+    settings_source: str | None = None
     play_settings: tuple[tuple[str, Any], ...] = ()
     frame_sizes: tuple[str, ...] = ()
     default: bool = False
@@ -84,7 +85,7 @@ class Family:
             if not isinstance(value, str) or not value or ":" in value and field == "name":
                 raise ValueError(f"Family.{field}: expected a non-empty string"
                                  f"{' without :' if field == 'name' else ''}, got {value!r}")
-        for field in ("factory", "settings", "settings_help"):
+        for field in ("factory", "settings", "settings_source"):
             value = getattr(self, field)
             if value is not None and (not isinstance(value, str) or value.count(":") != 1):
                 raise ValueError(f"Family {self.name!r}: {field}: expected 'module:name', "

@@ -154,3 +154,24 @@ def test_a_row_with_a_bad_value_is_refused_where_it_is_made():
         registry.Family("x", "m:f", replicas="yes")
     with pytest.raises(TypeError):
         registry.Family("x", "m:f", pixelart=True)  # type: ignore[call-arg]
+
+
+def test_an_installed_own_world_family_is_served_by_play(noise_family, monkeypatch):
+    """``worldstream play --model noise``: the engine starts on the plugin's backend and the
+    page's health names its world (uvicorn replaced by one request through the app)."""
+    import uvicorn
+    from fastapi.testclient import TestClient
+
+    from worldstream.streaming import webrtc
+
+    health = {}
+
+    def serve(app, **kwargs):
+        with TestClient(app, base_url="http://127.0.0.1:7999") as client:
+            health.update(client.get("/api/health").json())
+
+    monkeypatch.setattr(uvicorn, "run", serve)
+    monkeypatch.setattr(webrtc, "bind_media", lambda host: None)
+    monkeypatch.setattr(webrtc, "configure_ice_consent", lambda: None)
+    assert cli.main(["play", "--model", "noise", "--port", "7999"]) == 0
+    assert health["model"] == "noise" and health["world"] == "landscape", health

@@ -2,15 +2,15 @@
 
 from worldstream.engine.core.family import Family
 
-#: ``--set`` of a built-in model: its stream settings, listed by its own ``--set help``
+#: ``--set`` of a built-in model: its stream settings, and the values ``--set help`` shows
 SETTINGS = "worldstream.engine.backends.builtin.config:BuiltinConfig"
-SETTINGS_HELP = "worldstream.engine.backends.builtin.settings_help:print_settings_help"
+SETTINGS_SOURCE = "worldstream.engine.backends.builtin.settings_source:settings_source"
 
 FAMILIES = (
     Family("builtin", "worldstream.engine.backends.builtin.load:load_builtin_backend",
            model="builtin", worlds=("landscape",), path_argument="path",
            summary="the world's trained model; the default",
-           settings=SETTINGS, settings_help=SETTINGS_HELP,
+           settings=SETTINGS, settings_source=SETTINGS_SOURCE,
            # compiled at start-up (BuiltinConfig.compile); --set compile=false skips it
            play_settings=(("compile", True),),
            default=True, prompt_encoder=True,
