@@ -65,16 +65,21 @@ def _derive() -> None:
 
 def register(family: Family) -> None:
     """Add a model family (its one row) to those ``--model``, ``load_backend``, input logs and
-    save points know; TypeError for a row that is not a :class:`Family`, ValueError for a name,
-    an own world's model or a (world, model) pair already taken."""
+    save points know; TypeError for a row that is not a :class:`Family`, ValueError for a name
+    or a (world, model) pair already taken, or a ``--model`` name that would mean both a world
+    of its own and a model of a world."""
     if not isinstance(family, Family):
         raise TypeError(f"expected a Family row, got {type(family).__name__}")
-    taken = {(w, family.model) for w in family.worlds} & set(WORLD_MODELS)
-    own = family.own_world and (family.model in OWN_WORLD_MODELS or
-                                family.model in WORLD_MODEL_NAMES)
-    if family.name in FAMILIES or taken or own:
+    taken = [str(pair) for pair in sorted({(w, family.model) for w in family.worlds}
+                                          & set(WORLD_MODELS))]
+    if family.name in FAMILIES:
+        taken.append(family.name)
+    clash = (OWN_WORLD_MODELS + WORLD_MODEL_NAMES) if family.own_world else OWN_WORLD_MODELS
+    if family.model and family.model in clash:
+        taken.append(f"--model {family.model}")
+    if taken:
         raise ValueError(f"model family {family.name!r}: already registered "
-                         f"({sorted(taken) or family.model if own else family.name})")
+                         f"({', '.join(taken)})")
     FAMILIES[family.name] = family
     _derive()
 

@@ -175,3 +175,12 @@ def test_an_installed_own_world_family_is_served_by_play(noise_family, monkeypat
     monkeypatch.setattr(webrtc, "configure_ice_consent", lambda: None)
     assert cli.main(["play", "--model", "noise", "--port", "7999"]) == 0
     assert health["model"] == "noise" and health["world"] == "landscape", health
+
+
+def test_a_model_name_means_one_thing(noise_family):
+    # "noise" is a world of its own: no family may make it a model of a world too
+    with pytest.raises(ValueError, match="--model noise"):
+        registry.register(registry.Family("noise2", "m:f", model="noise",
+                                          worlds=("landscape",)))
+    with pytest.raises(ValueError, match="--model sim"):
+        registry.register(registry.Family("own-sim", "m:f", model="sim"))
