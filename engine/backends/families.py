@@ -12,14 +12,22 @@ from worldstream.engine.core.family import Family
 
 #: the package whose folders are searched
 PACKAGE = "worldstream.engine.backends"
+#: folders read first, in this order (the default world's families lead the ``--world`` and
+#: ``--model`` choices); the others follow in name order
+FIRST = ("builtin", "sim")
 
 
 def families() -> list[Family]:
-    """Every folder's rows, folders in name order (the order of ``--world`` and ``--model``
-    choices); a ``family`` module without a ``FAMILIES`` tuple raises TypeError."""
+    """Every folder's rows, folders in :data:`FIRST`, then name order (the order of
+    ``--world`` and ``--model`` choices); a ``family`` module without a ``FAMILIES`` tuple
+    raises TypeError."""
     rows: list[Family] = []
     root = importlib.import_module(PACKAGE)
-    for info in sorted(pkgutil.iter_modules(root.__path__), key=lambda m: m.name):
+
+    def order(info: pkgutil.ModuleInfo) -> tuple[int, str]:
+        return (FIRST.index(info.name) if info.name in FIRST else len(FIRST), info.name)
+
+    for info in sorted(pkgutil.iter_modules(root.__path__), key=order):
         name = f"{PACKAGE}.{info.name}.family"
         if not info.ispkg or importlib.util.find_spec(name) is None:
             continue
