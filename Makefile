@@ -9,7 +9,7 @@ export HF_HUB_OFFLINE := 1
 
 # torch first: the CPU build of 2.13.0 lies on this machine's disk; an unpinned torch would
 # pull a multi-GB CUDA build
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q torch==2.13.0
 	$(VENV)/bin/pip install -q -e '.[dev,games]'

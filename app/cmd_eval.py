@@ -63,13 +63,17 @@ def run(args) -> int:
         return 0
     args.world = args.world or "landscape"
 
+    from worldstream.engine.core import registry
     from worldstream.engine.worlds.catalog import world
 
+    # the evaluation measures the world's default model (its trained one)
+    family = registry.model_family(registry.default_model(args.world), args.world)
+    assert family is not None  # default_model names one of the world's rows
     if settings_cli.wants_help(args):
-        return settings_cli.print_builtin_settings(args.world, args.model_path)
+        return settings_cli.print_family_settings(family, args.world, args.model_path)
     if not 1 <= args.steps <= 4:
         raise ValueError("--steps must be in [1, 4]")
-    overrides = settings_cli.builtin_overrides(args)
+    overrides = settings_cli.family_overrides(family, args)
     torch.manual_seed(0)
     if args.sheet is True:
         args.sheet = world(args.world).assets / "rollout.png"

@@ -10,7 +10,6 @@ from pathlib import Path
 
 from worldstream.app import game_args, settings_cli
 from worldstream.app.action_script import ScriptPlayer, game_script, load_action_script
-from worldstream.engine.core import registry
 
 DEFAULT_PROMPTS = (
     "a green meadow with ponds",
@@ -48,9 +47,9 @@ def register(sub) -> None:
     p.add_argument("--world", choices=game_args.world_choices(), default=None,
                    help="the world (default landscape; pong, breakout: a game; a replay uses "
                         "its log's)")
-    p.add_argument("--model", choices=registry.WORLD_MODEL_NAMES, default=None,
-                   help="model family (default builtin; with --env: builtin with --model-path, "
-                        "else sim; a replay uses its log's)")
+    p.add_argument("--model", choices=game_args.model_choices(), default=None,
+                   help="model family (default: the world's own default; a replay uses its "
+                        "log's); " + game_args.model_help().removeprefix("model family: "))
     game_args.add_arguments(p)
     p.add_argument("--replay", type=Path, default=None,
                    help="play this input log (a session's export) instead: the same frames "
@@ -63,10 +62,9 @@ def register(sub) -> None:
     p.add_argument("--score", action="store_true",
                    help="with --story: each beat's scene accuracy 1-2 s after its start")
     p.add_argument("--model-path", default=None,
-                   help="model folder (wan-causal: required, with its causal.* checkpoint; "
-                        "builtin: default the world's assets; a game: a folder of "
-                        "`worldstream train --env ID`; a replayed matrix-game-2 log: the "
-                        "Skywork/Matrix-Game-2.0 release)")
+                   help="model folder, for a model that takes one (a world's trained model: "
+                        "default the world's assets; a game: a folder of `worldstream train "
+                        "--env ID`; a model's release where its weights are not shipped)")
     settings_cli.add_arguments(p)
     p.set_defaults(func=run)
 
@@ -88,20 +86,16 @@ def _game_scripts(args, wire_keys: tuple[str, ...]) -> list:
 
 
 def run(args) -> int:
-    from worldstream.engine.core.backend import PromptPrefetch
+    from worldstream.engine.core.backend import PromptPrefetch, backend_info
     from worldstream.engine.core.config import EngineConfig
     from worldstream.engine.core.engine import Engine
+    from worldstream.engine.core.limits import DIRECTION_KEYS
     from worldstream.engine.core.registry import env_of, load_backend
     from worldstream.streaming.recording import Recorder
 
     if settings_cli.wants_help(args):
-        if args.env is not None or args.world not in (None, "landscape", "avatar"):
-            raise ValueError("--set: a game world has no settings")
-        return settings_cli.print_builtin_settings(args.world or "landscape", args.model_path)
-    args.settings = settings_cli.builtin_overrides(args)
-    if args.settings and (args.model or "builtin") != "builtin":
-        raise ValueError(f"--set takes the builtin model's settings; --model {args.model} has "
-                         "none")
+        choice = game_args.resolve(args)
+        return settings_cli.print_family_settings(choice.family, choice.world, args.model_path)
     if not Path(args.out).parent.is_dir():  # the recorder would write nothing, silently
         raise ValueError(f"--out: the folder {Path(args.out).parent} does not exist")
     if args.replay is not None or args.story is not None:
@@ -115,22 +109,24 @@ def run(args) -> int:
         # the backend named on the command line, checked against the log's; None: the log's
         keymap, args.keymap = args.keymap, None  # a replayed log names its own world
         named = args.model is not None or args.env is not None or args.world is not None
-        args.backend = game_args.resolve(args).backend if named else None
+        named_choice = game_args.resolve(args) if named else None
+        args.backend = named_choice.backend if named_choice is not None else None
+        if named_choice is not None:  # --set for a model that takes none: refused here
+            settings_cli.family_overrides(named_choice.family, args)
         args.keymap = keymap
         if args.story is not None and args.backend and env_of(args.backend) is not None:
             raise ValueError("--story: a game world has no text prompt to tell a story with")
         return run_replay(args) if args.replay is not None else run_story(args)
     choice = game_args.resolve(args)  # ValueError
     args.world, args.model, args.backend = choice.world, choice.model, choice.backend
-    if args.settings and choice.env is not None:
-        raise ValueError(f"--set takes the builtin model's settings; the game {choice.world} "
-                         "has none")
+    args.settings = settings_cli.family_overrides(choice.family, args)  # ValueError
     if args.frames < 1 or args.sessions < 1 or args.fps < 1:
         raise ValueError("--frames, --sessions and --fps must be >= 1")
     backend = load_backend(args.backend, model_path=args.model_path,
                            **game_args.backend_kwargs(args, choice), **args.settings)
-    if choice.env is not None:
-        scripts = _game_scripts(args, backend.wire_keys)
+    info = backend_info(backend)
+    if info.world == "game":  # a game's page: its own keys (or the direction keys), no prompt
+        scripts = _game_scripts(args, info.wire_keys or DIRECTION_KEYS)
         prompts = ["play"]  # a game's sessions take a prompt and ignore it
     else:
         prompts = args.prompt or [DEFAULT_PROMPTS[0]]

@@ -7,7 +7,6 @@ import os
 import socket
 
 from worldstream.app import game_args, settings_cli
-from worldstream.engine.core import registry
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
@@ -22,31 +21,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="the world: the top-down landscape (default), the avatar (a "
                              "character steered by expression, gaze and speech), or a named "
                              "game (pong, breakout)")
-    parser.add_argument("--model", choices=(*registry.WORLD_MODEL_NAMES,
-                                            *registry.OWN_WORLD_MODELS), default=None,
-                        help="model family: builtin (the world's trained model; the default; "
-                             "a game: its learned world, the default with --env and "
-                             "--model-path), sim (the world's ground-truth simulator; a game: "
-                             "the game itself, the default with --env alone), wan-causal (a "
-                             "Wan2.1 causal checkpoint on a GPU, with --model-path; landscape "
-                             "only) or emulated (a SIMULATION of a GPU model for scale-out "
-                             "tests: the simulator's frames at --frame-size, each chunk "
-                             "lasting a published model's time, spent waiting; landscape "
-                             "only), or matrix-game-2 (Matrix-Game 2.0 on a GPU, steered by "
-                             "keys and mouse; with --model-path and --variant)")
-    parser.add_argument("--variant", choices=("universal", "gta_drive", "templerun"),
-                        default=None,
-                        help="--model matrix-game-2 only: universal (WASD + mouse look; the "
-                             "default), gta_drive (W/S + A/D steering) or templerun")
+    parser.add_argument("--model", choices=game_args.model_choices(), default=None,
+                        help=game_args.model_help())
+    parser.add_argument("--variant", choices=game_args.variant_choices(), default=None,
+                        help="the variant of a model that has them (its default without)")
     game_args.add_arguments(parser)
     parser.add_argument("--model-path", default=None,
-                        help="model folder (builtin: default the world's assets; a game "
-                             "(--env): a folder of `worldstream train`; wan-causal: the "
-                             "diffusers-format Wan2.1-T2V-1.3B base plus the causal "
-                             "checkpoint as DIR/causal.*)")
-    parser.add_argument("--frame-size", choices=("128x128", "832x480"), default=None,
-                        help="--model emulated only: the emulated frame size (default "
-                             "128x128; 832x480 is Wan2.1's, upscaled from the simulator)")
+                        help="model folder, for a model that takes one (a world's trained "
+                             "model: default the world's assets; a game (--env): a folder "
+                             "of `worldstream train`)")
+    parser.add_argument("--frame-size", choices=game_args.frame_size_choices(), default=None,
+                        help="the frame size of a model that takes one (the emulated GPU "
+                             "model: default 128x128; 832x480 is Wan2.1's)")
     settings_cli.add_arguments(parser)
     parser.add_argument("--max-sessions", type=int, default=4,
                         help="sessions served at once; more get 503 (default 4)")
@@ -192,16 +178,21 @@ def access_settings(args: argparse.Namespace):
     return policy, per_client
 
 
-def _matrix_game_choice(args: argparse.Namespace):
-    """``--model matrix-game-2``: its own world (a picture it starts from), no ``--world`` or
-    ``--env``; None for another model. ValueError for ``--variant`` with another model."""
-    if args.model != "matrix-game-2":
-        if getattr(args, "variant", None) is not None:
-            raise ValueError("--variant goes with --model matrix-game-2")
-        return None
-    if args.world is not None or args.env is not None:
-        raise ValueError("--model matrix-game-2 is its own world: no --world or --env")
-    return game_args.WorldChoice("matrix-game-2", args.model, "matrix-game-2", None)
+def _without_weights(err: Exception, args: argparse.Namespace, choice) -> str:
+    """The error of a model that cannot load, with the way to play its world's simulator
+    instead where there is one (its family's rows say: ``simulator``)."""
+    from worldstream.engine.core import registry
+
+    family = choice.family
+    if family.simulator or family.own_world:
+        return str(err)
+    sim = registry.env_default_model(False) if choice.env is not None else \
+        registry.simulator_model(choice.world)
+    if sim is None:
+        return str(err)
+    where = f"--env {choice.env}" if args.env is not None else f"--world {args.world}"
+    return (f"{err}\nto play without the trained model, stream the ground-truth simulator: "
+            f"`worldstream play {where} --model {sim}`")
 
 
 def play_config(max_sessions: int, mode: str = "responsive"):
@@ -230,27 +221,28 @@ def run(args: argparse.Namespace) -> int:
     from worldstream.streaming.limits import Limits
     from worldstream.streaming.webrtc import bind_media, configure_ice_consent
 
-    choice = _matrix_game_choice(args) or game_args.resolve(args)  # ValueError
+    choice = game_args.resolve(args)  # ValueError
+    family = choice.family
     args.world, args.model = choice.world, choice.model
-    if settings_cli.wants_help(args) and choice.env is None:
-        return settings_cli.print_builtin_settings(args.world, args.model_path,
-                                                   {"compile": True})
+    if settings_cli.wants_help(args):
+        return settings_cli.print_family_settings(family, args.world, args.model_path,
+                                                  dict(family.play_settings))
     name = choice.backend
-    if (args.world == "avatar" or choice.env is not None) and args.replicas is not None:
+    if not family.replicas and args.replicas is not None:
         raise ValueError(f"--world {args.world} runs in one process (no --replicas)")
     args.media_from = media_from(args)
     kwargs = {"model_path": args.model_path, **game_args.backend_kwargs(args, choice)}
     if args.variant is not None:
-        kwargs["variant"] = args.variant
-    if args.model == "builtin" and choice.env is None:
-        # compiled at start-up (BuiltinConfig.compile); --set compile=false skips it
-        kwargs.update({"compile": True, **settings_cli.builtin_overrides(args)})
-    elif args.sets:
-        raise ValueError(f"--set takes the builtin model's settings; --model {args.model} has "
-                         "none")
+        if not family.variants:
+            raise ValueError(f"--variant goes with --model {game_args.models_with('variants')}")
+        kwargs[family.keyed or "variant"] = args.variant
+    # the row's serving settings (e.g. compiled at start-up), then --set (ValueError for a
+    # family that takes none)
+    kwargs.update({**dict(family.play_settings), **settings_cli.family_overrides(family, args)})
     if args.frame_size is not None:
-        if args.model != "emulated":
-            raise ValueError("--frame-size goes with --model emulated")
+        if args.frame_size not in family.frame_sizes:
+            raise ValueError("--frame-size goes with --model "
+                             f"{game_args.models_with('frame_sizes')}")
         kwargs["frame_size"] = args.frame_size
     policy, per_client = access_settings(args)
     if args.replicas is not None:
@@ -259,13 +251,8 @@ def run(args: argparse.Namespace) -> int:
         try:
             backend = load_backend(name, **kwargs)
         except BackendUnavailableError as err:
-            if args.model == "matrix-game-2":  # no simulator of its world
-                raise FileNotFoundError(str(err)) from None
-            where = f"--env {choice.env}" if args.env is not None else f"--world {args.world}"
-            raise FileNotFoundError(
-                f"{err}\nto play without the trained model, stream the ground-truth "
-                f"simulator: `worldstream play {where} --model sim`") from None
-        if choice.env is None and args.model != "matrix-game-2":
+            raise FileNotFoundError(_without_weights(err, args, choice)) from None
+        if family.prompt_encoder:
             # the scene-prompt encoder loads in seconds on an idle machine but far longer
             # under load: load it before serving, so the first session does not stall
             from worldstream.engine.models.builtin.text import scene_for_prompt

@@ -103,9 +103,11 @@ def run_story(args) -> int:
     if not path.is_file():
         raise FileNotFoundError(f"storyboard not found: {path}")
     story = parse_story(path.read_bytes(), str(path))
-    from worldstream.engine.core.registry import backend_id
+    from worldstream.app.game_args import DEFAULT_WORLD
+    from worldstream.engine.core.registry import backend_id, default_model
 
-    name = args.backend or backend_id(args.world or "landscape", "builtin")
+    world = args.world or DEFAULT_WORLD
+    name = args.backend or backend_id(world, default_model(world))
     backend = load_backend(name, model_path=args.model_path, **_settings(name, args))
     log = story_log(story, model=backend.name, model_version=model_version(backend),
                     fps=args.fps, chunk_frames=backend.chunk_frames, steps=args.steps)
@@ -123,14 +125,17 @@ def run_story(args) -> int:
 
 
 def _settings(name: str, args) -> dict:
-    """``--set`` settings for a built-in model's backend, ``--keymap`` for a game world's
-    (others take none)."""
-    from worldstream.engine.core.registry import env_of
+    """``--set`` settings for a backend whose family takes them (its row's ``settings``),
+    ``--keymap`` for a game world's (others take none: ``--set`` is left unused there, as a
+    replayed log names its own model)."""
+    from worldstream.app.settings_cli import family_overrides
+    from worldstream.engine.core.registry import env_of, family_of
 
     if env_of(name) is not None:
         keymap = getattr(args, "keymap", None)
         return {} if keymap is None else {"keymap": str(keymap)}
-    return args.settings if name in ("builtin", "avatar") else {}
+    family = family_of(name)
+    return family_overrides(family, args) if family is not None and family.settings else {}
 
 
 def score_story(story, frames: np.ndarray, fps: int) -> list[dict[str, Any]]:

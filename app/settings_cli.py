@@ -38,47 +38,44 @@ def print_settings(cls: type, values: dict, source: str) -> int:
     return 0
 
 
-def builtin_overrides(args: argparse.Namespace) -> dict:
-    """``--set`` items as built-in model settings (``BuiltinConfig``)."""
-    from worldstream.engine.backends.builtin import BuiltinConfig
-
-    return overrides(BuiltinConfig, args)
-
-
-def print_builtin_settings(world: str, model_path: str | Path | None = None,
-                           command_values: dict | None = None) -> int:
-    """``--set help`` of the built-in model family, with ``world``'s values and those the
-    command sets itself (``command_values``: ``play`` compiles the model)."""
-    from worldstream.engine.backends.builtin import BuiltinConfig
-    from worldstream.engine.backends.settings import SETTINGS_FILE, load_settings
-    from worldstream.engine.worlds.catalog import world as world_spec
-
-    folder = Path(model_path) if model_path else world_spec(world).assets
-    values = {**load_settings(BuiltinConfig, folder), **(command_values or {})}
-    anchored = values.get("colour_anchor", BuiltinConfig.colour_anchor) is not None
-    if "colour_prior" not in values and anchored:  # loaded from a file, not a setting
-        from worldstream.engine.models.builtin.colour_prior import FILENAME
-        from worldstream.engine.models.builtin.loading import BUILTIN_DIR
-
-        path = folder / FILENAME if (folder / FILENAME).is_file() else BUILTIN_DIR / FILENAME
-        values["colour_prior"] = _Shown(f"loaded from {_relative(path)}")
-    source = str(folder / SETTINGS_FILE) + (", this command" if command_values else "")
-    return print_settings(BuiltinConfig, values, source)
+def family_overrides(family, args: argparse.Namespace) -> dict:
+    """``--set`` items as settings of ``family`` (an ``engine.core.family.Family``: its
+    ``settings`` class); ValueError for items given to a family that takes none."""
+    items = [item for item in args.sets if item != "help"]
+    if family.settings is None:
+        if items:
+            raise ValueError(_none(family))
+        return {}
+    return overrides(_named(family.settings), args)
 
 
-class _Shown:
-    """A value shown as it reads (not quoted) in a ``--set help`` listing."""
+def print_family_settings(family, world: str, model_path: str | Path | None = None,
+                          command_values: dict | None = None) -> int:
+    """``--set help`` of ``family``: its settings with the values its ``settings_source`` reads
+    for ``world`` (none: the defaults) and those the command sets itself
+    (``command_values``: ``play`` compiles the model); ValueError for a family that takes no
+    settings."""
+    if family.settings is None:
+        raise ValueError(_none(family))
+    values, source = (_named(family.settings_source)(world, model_path)
+                      if family.settings_source is not None else ({}, "the defaults"))
+    if command_values:
+        values, source = {**values, **command_values}, source + ", this command"
+    return print_settings(_named(family.settings), values, source)
 
-    def __init__(self, text: str):
-        self.text = text
 
-    def __str__(self) -> str:
-        return self.text
+def _none(family) -> str:
+    """The one line for ``--set`` given to ``family``, which takes none: the models that do."""
+    from worldstream.engine.core.registry import FAMILIES
+
+    takers = " or ".join(dict.fromkeys(f.model for f in FAMILIES.values() if f.settings))
+    return (f"--set takes the {takers or 'no'} model's settings; --model "
+            f"{family.model or family.name} has none")
 
 
-def _relative(path: Path) -> str:
-    """``path`` relative to the working folder where it lies under it."""
-    try:
-        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(path)
+def _named(target: str):
+    """The object ``module:name`` names (a family row's settings class or help)."""
+    import importlib
+
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)

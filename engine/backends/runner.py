@@ -37,7 +37,7 @@ from worldstream.engine.backends.sampler import fork_rng
 from worldstream.engine.backends.stages import ChunkBatch, Stage
 from worldstream.engine.backends.stream_config import StreamConfig
 from worldstream.engine.core.api import CapacityError
-from worldstream.engine.core.backend import ChunkJob, ChunkResult
+from worldstream.engine.core.backend import BackendInfo, ChunkJob, ChunkResult, dtype_name
 from worldstream.engine.core.kv_cache import PageAllocator, PageTable, allocate_chunks
 from worldstream.engine.core.limits import MAX_STEPS
 
@@ -86,6 +86,8 @@ class PagedRunner(ABC):
     #: negative forwards a family's guided step may batch beside its conditional one
     #: (``paged_context.batched_forwards``); the pool keeps scratch pages for them
     negative_forwards: int = 0
+    #: the backend id (set by the family: a class attribute, or per variant)
+    name: str
     #: frames one chunk decodes to (set by the family)
     chunk_frames: int
 
@@ -120,6 +122,18 @@ class PagedRunner(ABC):
         # the cache fill and commits of the last generate(), run by finish() after the frames
         # were delivered (off the action-to-photon path) or before any other call
         self._deferred: list[Callable[[], None]] = []
+
+    def runner_info(self, **facts: Any) -> BackendInfo:
+        """A family's :class:`BackendInfo` (its ``info()``): ``facts`` (world, chunk sizes,
+        keys, ...) with this runner's name, chunk size, device and dtype."""
+        return BackendInfo(name=self.name, chunk_frames=self.chunk_frames,
+                           device=str(self.device), dtype=dtype_name(self.config.dtype),
+                           **facts)
+
+    def world_frames(self, state: RunnerState) -> int | None:
+        """The stream's position (``engine.core.backend.CountsWorldFrames``); None before its
+        first chunk."""
+        return state.position if state.history else None
 
     # -- what a family supplies ---------------------------------------------------------
     @abstractmethod

@@ -13,9 +13,10 @@ Tests swap one stage for a spy with :func:`replace_stage`.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -26,8 +27,37 @@ from worldstream.engine.backends.sampler import denoise as flow_denoise
 from worldstream.engine.backends.sampler import step_sigmas
 from worldstream.engine.core.backend import ChunkJob
 
-if TYPE_CHECKING:
-    from worldstream.engine.backends.runner import PagedRunner
+
+class StageRunner(Protocol):
+    """What the shared stages use of the runner that walks them (``PagedRunner``: a Protocol,
+    so this module never imports its owner)."""
+
+    device: torch.device
+    topk_pages: int
+    #: the family's ``StreamConfig`` (``shift``, ``last_step_cache_sigma``)
+    config: Any
+
+    def attended(self, state: Any, record: Any) -> list[int]: ...
+
+    def extra_context(self, state: Any, record: Any) -> list[int]: ...
+
+    def attention_context(self, pages: list[list[int]], contexts: list[list[int]],
+                          candidates: list[list[int]] | None = None,
+                          attention: str | None = None) -> PagedAttentionContext: ...
+
+    def conditioning(self, states: list[Any], records: list) -> Any: ...
+
+    def noise(self, generator: torch.Generator) -> torch.Tensor: ...
+
+    def forward(self, x: torch.Tensor, sigma: float, cond: Any,
+                ctx: PagedAttentionContext) -> torch.Tensor: ...
+
+    def to_x0(self, x: torch.Tensor, sigma: float, out: torch.Tensor) -> torch.Tensor: ...
+
+    def returned_on_failure(self, pages: list[list[int]]
+                            ) -> contextlib.AbstractContextManager[None]: ...
+
+    def trim_history(self, state: Any) -> None: ...
 
 
 #: what a family's ``plan`` leaves for its ``show`` (the built-in's ``MemoryViews``)
@@ -89,14 +119,14 @@ def replace_stage(stages: tuple[Stage, ...], name: str,
 
 
 # -- the shared stages --------------------------------------------------------------------
-def select_pages(backend: PagedRunner, batch: ChunkBatch) -> None:
+def select_pages(backend: StageRunner, batch: ChunkBatch) -> None:
     """Each row's attended pages (sink + window, the family's extra context), then the
     batch's attention context (:func:`attend`)."""
     attend(backend, batch, [backend.attended(s, r) + backend.extra_context(s, r)
                             for s, r in zip(batch.states, batch.records)])
 
 
-def attend(backend: PagedRunner, batch: ChunkBatch, contexts: list[list[int]]) -> None:
+def attend(backend: StageRunner, batch: ChunkBatch, contexts: list[list[int]]) -> None:
     """The batch's attention over ``contexts`` (each row's attended pages) and, with top-k
     selection, each row's older candidate pages."""
     batch.contexts = contexts
@@ -107,12 +137,12 @@ def attend(backend: PagedRunner, batch: ChunkBatch, contexts: list[list[int]]) -
                                        batch.states[0].attention)
 
 
-def condition(backend: PagedRunner, batch: ChunkBatch) -> None:
+def condition(backend: StageRunner, batch: ChunkBatch) -> None:
     """The batch's conditioning (the family's tensors, computed once per batch)."""
     batch.cond = backend.conditioning(batch.states, batch.records)
 
 
-def noise(backend: PagedRunner, batch: ChunkBatch) -> None:
+def noise(backend: StageRunner, batch: ChunkBatch) -> None:
     """Each row's initial noise: from the job's seed, else from the state's generator."""
     batch.noise = torch.stack([
         backend.noise(torch.Generator().manual_seed(job.seed) if job.seed is not None
@@ -120,7 +150,7 @@ def noise(backend: PagedRunner, batch: ChunkBatch) -> None:
         for job in batch.jobs]).to(backend.device)
 
 
-def denoise(backend: PagedRunner, batch: ChunkBatch) -> None:
+def denoise(backend: StageRunner, batch: ChunkBatch) -> None:
     """Flow-matching denoise of the batch (every step rewrites the chunks' keys/values in
     their pages); the clean latents go to the records."""
     cond, ctx = batch.cond, batch.attention
@@ -132,13 +162,13 @@ def denoise(backend: PagedRunner, batch: ChunkBatch) -> None:
     keep_latents(backend, batch)
 
 
-def keep_latents(backend: PagedRunner, batch: ChunkBatch) -> None:
+def keep_latents(backend: StageRunner, batch: ChunkBatch) -> None:
     """The denoised latents, float32 on the CPU, into each chunk's record."""
     for rec, lat in zip(batch.records, batch.x0):
         rec.latents = lat.float().cpu() if backend.device.type != "cpu" else lat.float()
 
 
-def cache_fill(backend: PagedRunner, batch: ChunkBatch) -> None:
+def cache_fill(backend: StageRunner, batch: ChunkBatch) -> None:
     """One forward of the clean chunks at ``ctx_sigma`` into their pages, the keys/values
     later chunks attend to; skipped where the last step's are kept
     (``StreamConfig.last_step_cache_sigma``)."""
@@ -148,7 +178,7 @@ def cache_fill(backend: PagedRunner, batch: ChunkBatch) -> None:
             cache_fill_ops.fill(backend, batch.states, batch.records, batch.pages, batch.contexts)
 
 
-def commit(backend: PagedRunner, batch: ChunkBatch) -> None:
+def commit(backend: StageRunner, batch: ChunkBatch) -> None:
     """Append each chunk to its state: pages to the page table, record to the history (the
     oldest beyond ``memory_chunks`` dropped)."""
     for state, rec, pages in zip(batch.states, batch.records, batch.pages):

@@ -17,12 +17,12 @@ from worldstream.engine.cluster.replies import public_frame
 from worldstream.engine.core.api import SessionClosedError
 
 if TYPE_CHECKING:
-    from worldstream.engine.cluster.router import RayEngine
+    from worldstream.engine.cluster.routing import Router
 
 log = logging.getLogger("worldstream.engine.cluster")
 
 
-def pump(engine: RayEngine, rep: Replica) -> None:
+def pump(engine: Router, rep: Replica) -> None:
     """Pull ``rep`` until it stops or the engine does; a failed pull fails it over."""
     import ray
 
@@ -41,14 +41,14 @@ def pump(engine: RayEngine, rep: Replica) -> None:
         deliver(engine, rep, reply)
 
 
-def _public(engine: RayEngine, rep: Replica, remote_id: str
+def _public(engine: Router, rep: Replica, remote_id: str
             ) -> tuple[str | None, RoutedSession | None]:
     with engine._lock:
         sid = engine._by_remote.get((rep.id, remote_id))
         return sid, engine._sessions.get(sid) if sid else None
 
 
-def deliver(engine: RayEngine, rep: Replica, reply: dict) -> None:
+def deliver(engine: Router, rep: Replica, reply: dict) -> None:
     """Hand one pull's frames, events, notes and closed sessions to the front end."""
     off = rep.offset_ns or 0
     for frame in reply["frames"]:
@@ -93,7 +93,7 @@ def deliver(engine: RayEngine, rep: Replica, reply: dict) -> None:
                 engine.close_session(sid)
 
 
-def notify(engine: RayEngine, session_id: str, note: dict) -> None:
+def notify(engine: Router, session_id: str, note: dict) -> None:
     """Give ``note`` to the engine's ``note_handler`` (a transport's failure is logged, the
     pump goes on)."""
     handler = engine.note_handler
@@ -105,7 +105,7 @@ def notify(engine: RayEngine, session_id: str, note: dict) -> None:
         log.warning("note %s of session %s failed: %r", note.get("kind"), session_id, err)
 
 
-def sync_forwarding(engine: RayEngine, session_id: str) -> None:
+def sync_forwarding(engine: Router, session_id: str) -> None:
     """Ask the session's replica for its frames exactly while something here uses them: with
     media from the front end always; else a live slot (a recording, a WebSocket viewer) or a
     journal whose backend re-caches recent frames on a failover (``observes``)."""

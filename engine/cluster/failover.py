@@ -23,7 +23,7 @@ from worldstream.engine.cluster.placement import Replica, RoutedSession
 from worldstream.engine.core.api import Event, SessionClosedError
 
 if TYPE_CHECKING:
-    from worldstream.engine.cluster.router import RayEngine
+    from worldstream.engine.cluster.routing import Router
 
 log = logging.getLogger("worldstream.engine.cluster")
 
@@ -31,7 +31,7 @@ log = logging.getLogger("worldstream.engine.cluster")
 RECREATE_TIMEOUT_S = 120.0
 
 
-def fail_over(engine: RayEngine, dead: Replica, why: str) -> None:
+def fail_over(engine: Router, dead: Replica, why: str) -> None:
     """Re-create ``dead``'s sessions elsewhere; a session no replica can take gets an
     ``error`` event (``session_failed``) and is closed. Kills ``dead`` (a hung replica must
     not go on generating)."""
@@ -71,7 +71,7 @@ def fail_over(engine: RayEngine, dead: Replica, why: str) -> None:
                         "failed", sid, target.id, target.host, time.monotonic() - t0)
 
 
-def recreate(engine: RayEngine, sid: str, routed: RoutedSession, source: Replica,
+def recreate(engine: Router, sid: str, routed: RoutedSession, source: Replica,
              target: Replica) -> dict | None:
     """Re-create session ``sid`` of ``source`` on ``target`` from its journal and route it
     there (frame indices continuing), then tell it ``recovered``: the event's payload, or
@@ -117,7 +117,7 @@ def recreate(engine: RayEngine, sid: str, routed: RoutedSession, source: Replica
     return payload
 
 
-def _give_up(engine: RayEngine, sid: str, routed, message: str) -> None:
+def _give_up(engine: Router, sid: str, routed, message: str) -> None:
     routed.events.put(Event("error", {"code": "session_failed", "message": message}))
     log.warning("session %s lost: %s", sid, message)
     with contextlib.suppress(SessionClosedError):  # the user may have closed it

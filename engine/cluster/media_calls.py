@@ -8,10 +8,10 @@ import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from worldstream.engine.cluster.router import RayEngine
+    from worldstream.engine.cluster.routing import Router
 
 
-def call(engine: RayEngine, session_id: str, method: str, args: tuple[Any, ...],
+def call(engine: Router, session_id: str, method: str, args: tuple[Any, ...],
          timeout_s: float) -> dict:
     """``method(remote_id, session_id, *args, index_offset=...)`` on the session's live replica
     (its ``media`` concurrency group; ``index_offset``: where its frame indices start, so the

@@ -22,7 +22,7 @@ from worldstream.engine.cluster.failover import recreate
 from worldstream.engine.cluster.placement import Replica
 
 if TYPE_CHECKING:
-    from worldstream.engine.cluster.router import RayEngine
+    from worldstream.engine.cluster.routing import Router
 
 log = logging.getLogger("worldstream.engine.cluster")
 
@@ -84,7 +84,7 @@ class Scaler:
         self.scale_down_after_s, self.drain_s = scale_down_after_s, drain_s
         self.surplus_since: float | None = None
 
-    def step(self, engine: RayEngine, now: float) -> None:
+    def step(self, engine: Router, now: float) -> None:
         """One look at ``engine``'s replicas at ``now`` (monotonic s)."""
         pool = engine._pool
         with engine._lock:  # decided and marked at once: no placement sees a half state
@@ -112,7 +112,7 @@ class Scaler:
             pool.await_ready(pool.launch(), engine._pump)
 
 
-def move_out(engine: RayEngine, rep: Replica) -> int:
+def move_out(engine: Router, rep: Replica) -> int:
     """Move the sessions of drained ``rep`` to replicas with room; a session with nowhere to
     go, or whose move fails, stays served where it is (tried again next look). Returns how
     many moved."""

@@ -7,9 +7,10 @@ only holds the opaque ``state`` objects a backend hands out.
 :class:`WorldBackend` is what every backend does; what only some do is a small
 ``Protocol`` each (:class:`PromptPrefetch`, :class:`StepCost`, :class:`Observes`,
 :class:`Finishes`, :class:`Configurable`, :class:`WorldControls`, :class:`FrameVersioned`,
-:class:`SavesState`), tested with ``isinstance``; what a backend is (world, keys, chunk sizes,
-action space) is read once into a frozen :class:`BackendInfo` (:func:`backend_info`). This
-module is the only place that looks for optional attributes.
+:class:`SavesState`, :class:`CountsWorldFrames`), tested with ``isinstance``; what a backend
+is (world, keys, chunk sizes, action space) it declares in a frozen :class:`BackendInfo` its
+``info()`` returns (read once: :func:`backend_info`). Nothing probes a backend for optional
+attributes.
 """
 
 from __future__ import annotations
@@ -73,16 +74,15 @@ class WorldBackend(Protocol):
     #: history depth (chunks) kept for rewind
     rewind_chunks: int
 
-    # optional: ``action_space`` (``engine.core.action_space.ActionSpace``): the backend's
-    # jobs then carry per-frame ``controls`` (held keys multi-hot, mouse motion)
-    # optional: ``pixel_art`` (bool, default False): its frames are pixel art (hard-edged
-    # palette pixels, e.g. a game's): sessions say so (``SessionInfo.pixel_art``) and the
-    # transports scale them up with nearest neighbour before encoding
+    def info(self) -> BackendInfo:
+        """What it is, declared (:class:`BackendInfo`: world, chunk sizes, keys, action space,
+        pixel art, picture starts, device): read once where an engine, a replay or a replica
+        starts."""
 
     def key_action(self, keys: frozenset[str]) -> int:
         """This model's action id for held direction keys (``engine.core.limits
-        .DIRECTION_KEYS``, or the backend's own ``wire_keys`` where it declares them: an
-        optional attribute, e.g. a game's ``fire``); ValueError naming an unknown key."""
+        .DIRECTION_KEYS``, or its own ``BackendInfo.wire_keys`` where it declares them, e.g. a
+        game's ``fire``); ValueError naming an unknown key."""
 
     def new_state(self, prompt: str, seed: int) -> Any:
         """Fresh state for a prompt; raises ``engine.core.api.CapacityError`` when the pool is full,
@@ -109,8 +109,9 @@ class WorldBackend(Protocol):
 
 @dataclass(frozen=True)
 class BackendInfo:
-    """What a backend is, read once (:func:`backend_info`) where an engine, a replay or a
-    replica starts.
+    """What a backend is, declared by its ``info()`` and read once (:func:`backend_info`)
+    where an engine, a replay or a replica starts. A misspelt field is a TypeError where the
+    backend makes it.
 
     ``world``: ``landscape``, ``avatar`` or ``game`` (the page adapts to it).
     ``supported_chunk_frames``: the chunk sizes it can generate (its default alone when it
@@ -145,30 +146,26 @@ class BackendInfo:
 
 
 def backend_info(backend: Any) -> BackendInfo:
-    """The :class:`BackendInfo` of ``backend``, from its attributes (the optional ones at their
-    defaults)."""
-    keys = getattr(backend, "wire_keys", None)
-    count = getattr(backend, "num_actions", None)
-    inner = getattr(backend, "builtin", backend)  # the avatar wraps a built-in backend
-    cfg = getattr(inner, "config", None)
-    return BackendInfo(
-        name=str(backend.name), world=str(getattr(backend, "world", "landscape")),
-        chunk_frames=int(backend.chunk_frames),
-        supported_chunk_frames=tuple(getattr(backend, "supported_chunk_frames",
-                                             (backend.chunk_frames,))),
-        action_space=getattr(backend, "action_space", None),
-        wire_keys=None if keys is None else tuple(keys),
-        controls=getattr(backend, "controls", None),
-        num_actions=None if count is None else int(count),
-        pixel_art=bool(getattr(backend, "pixel_art", False)),
-        starts_from_frames=bool(getattr(backend, "starts_from_frames", False)),
-        device=str(getattr(inner, "device", "cpu")), dtype=_dtype(getattr(cfg, "dtype", None)),
-        autoencoder_dtype=_dtype(getattr(inner, "ae_dtype", None)),
-        compile=getattr(cfg, "compile", None))
+    """The :class:`BackendInfo` a backend declares (its ``info()``); TypeError naming the
+    backend when it returns something else."""
+    info = backend.info()
+    if not isinstance(info, BackendInfo):
+        raise TypeError(f"backend {backend.name!r}: info() must return a BackendInfo, got "
+                        f"{type(info).__name__}")
+    return info
 
 
-def _dtype(dtype: Any) -> str | None:
+def dtype_name(dtype: Any) -> str | None:
+    """A torch dtype as the start-up line shows it (``bfloat16``); None for None."""
     return None if dtype is None else str(dtype).removeprefix("torch.")
+
+
+@runtime_checkable
+class CountsWorldFrames(Protocol):
+    """The frames the world of a state has lived (a simulator's clock, a stream's position),
+    shown when a save point loads."""
+
+    def world_frames(self, state: Any) -> int | None: ...
 
 
 @runtime_checkable

@@ -1,95 +1,46 @@
-"""Model backends by name (``--model NAME``), imported lazily so that ``sim`` never loads torch."""
+"""Model backends by name (``--model NAME``): the families' rows, read from installed metadata
+at every start, and backends made from them lazily (``sim`` never loads torch).
+
+Every family, the shipped ones included, arrives through the ``worldstream.families`` entry
+point group (``importlib.metadata``): an entry point names a :class:`Family`, a sequence of
+them, or a callable returning one. Nothing is kept between starts, so a family installed or
+removed with pip is there, or gone, at the next start of any process (a command, a Ray
+replica). A plugin that fails to load is one line on stderr naming its distribution and entry
+point, and the other families still load. This module names no family.
+"""
 
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import importlib.util
-from dataclasses import dataclass
+import sys
+from collections.abc import Iterable
+from typing import Any
 
 from worldstream.engine.core.backend import WorldBackend
+from worldstream.engine.core.family import Family
 
+__all__ = ["Family", "FAMILIES", "register", "discover", "load_backend", "family_of"]
 
-@dataclass(frozen=True)
-class Family:
-    """One model family: how its backends are made and what they take.
+#: the entry point group a family's distribution declares
+ENTRY_POINT_GROUP = "worldstream.families"
 
-    ``name``: the backend id (``builtin``) or, where ``keyed`` is set, the prefix of ids
-    ``NAME:KEY`` (``game-sim:ALE/Pong-v5``: a game world's env; ``matrix-game-2:universal``: a
-    variant). ``factory``: ``module:factory`` taking keyword arguments, returning a
-    WorldBackend. ``keyed``: the factory argument the key goes to (``env``, ``variant``);
-    ``key_optional``: ``NAME`` alone is a model too (the factory's default key).
-    ``path_argument``: the factory argument a model folder (``--model-path``) goes to; None:
-    the family takes none. ``checkpoint``: weights may come from a separate file
-    (``--checkpoint``). ``hint``: what to do when its weights are missing (``{env}``: the
-    game, ``{folder}``: the missing folder). ``model``: its ``--model`` name (the second axis,
-    beside ``--world``); ``worlds``: the worlds it plays (``--world``; for a family keyed by
-    env, the named game worlds of :data:`GAME_WORLDS` it plays, each as ``NAME:ENV``); none:
-    it is a world of its own (``--model NAME`` alone). The id is what save points and input
-    logs record as their model."""
-
-    name: str
-    factory: str
-    keyed: str | None = None
-    key_optional: bool = False
-    path_argument: str | None = None
-    checkpoint: bool = False
-    hint: str = ""
-    model: str = ""
-    worlds: tuple[str, ...] = ()
-
-
-#: named game worlds (``--world NAME``) -> their env
-GAME_WORLDS: dict[str, str] = {"pong": "ALE/Pong-v5", "breakout": "ALE/Breakout-v5"}
-
-FAMILIES: dict[str, Family] = {f.name: f for f in (
-    Family("builtin", "worldstream.engine.backends.builtin:load_builtin_backend",
-           path_argument="path", model="builtin", worlds=("landscape",),
-           hint="train them with `worldstream train-ae` and `worldstream train-world`, or "
-                "restore the shipped assets/builtin from git"),
-    Family("sim", "worldstream.engine.backends.sim.backend:SimBackend",
-           model="sim", worlds=("landscape",)),
-    Family("wan-causal", "worldstream.engine.backends.wan.backend:load_wan_backend",
-           path_argument="model_path", checkpoint=True, model="wan-causal",
-           worlds=("landscape",),
-           hint="pass --model-path DIR holding the diffusers-format Wan2.1-T2V-1.3B base "
-                "(transformer/, vae/, text_encoder/, tokenizer/) and the causal checkpoint"),
-    Family("avatar", "worldstream.engine.backends.avatar.backend:load_avatar_backend",
-           path_argument="path", model="builtin", worlds=("avatar",),
-           hint="train them with `worldstream train-ae --world avatar` and `worldstream "
-                "train-world --world avatar`, or restore the shipped assets/avatar from git"),
-    Family("avatar-sim", "worldstream.engine.backends.avatar.sim:AvatarSimBackend",
-           model="sim", worlds=("avatar",)),
-    # a simulation of a GPU model (the simulator's frames, a published model's chunk time
-    # spent waiting): scale-out measured where no accelerator is (engine/backends/emulated.py)
-    Family("emulated", "worldstream.engine.backends.emulated:load_emulated_backend",
-           model="emulated", worlds=("landscape",)),
-    # Matrix-Game 2.0 (keys and mouse, GPU): input logs record its variant,
-    # matrix-game-2:universal (load_backend takes that id, or variant=)
-    Family("matrix-game-2",
-           "worldstream.engine.backends.matrix_game.backend:load_matrix_game_backend",
-           keyed="variant", key_optional=True, path_argument="model_path",
-           model="matrix-game-2",
-           hint="pass --model-path DIR holding the Skywork/Matrix-Game-2.0 release "
-                "(base_distilled_model/, gta_distilled_model/, templerun_distilled_model/, "
-                "Wan2.1_VAE.pth, the CLIP .pth)"),
-    # game worlds, FAMILY:ENV; ENV is a Gymnasium id or ``module:factory``
-    Family("game-sim", "worldstream.engine.backends.game.sim:load_game_backend", keyed="env",
-           model="sim", worlds=tuple(GAME_WORLDS)),
-    Family("game-builtin", "worldstream.engine.backends.game.world:load_game_world_backend",
-           keyed="env", path_argument="path", model="builtin", worlds=tuple(GAME_WORLDS),
-           hint="train with `worldstream train --env {env} --out {folder}`"),
-)}
+FAMILIES: dict[str, Family] = {}
+#: one line per entry point that failed at the last :func:`discover`
+PLUGIN_ERRORS: list[str] = []
+#: named game worlds (``--world NAME``) -> their env: the named worlds of families keyed by env
+GAME_WORLDS: dict[str, str] = {}
 #: the families whose key is a game's env
 _ENV_FAMILIES: frozenset[str] = frozenset()
-#: model family (``--model``) -> backend family of a game world (``--env ID``); ``sim`` is the
-#: game itself, ``builtin`` its learned world model (a folder of ``worldstream train``)
+#: model family (``--model``) -> backend family of a game world (``--env ID``)
 ENV_MODELS: dict[str, str] = {}
 #: (world, model family) -> backend id: the two axes of ``--world`` and ``--model``
 WORLD_MODELS: dict[tuple[str, str], str] = {}
 #: ``--world`` values, and the ``--model`` values of a world (``--world``, ``--env``)
 WORLDS: tuple[str, ...] = ()
 WORLD_MODEL_NAMES: tuple[str, ...] = ()
-#: ``--model`` values that are a world of their own (Matrix-Game 2.0 starts from a picture)
+#: ``--model`` values that are a world of their own (no ``--world``)
 OWN_WORLD_MODELS: tuple[str, ...] = ()
 
 
@@ -97,38 +48,154 @@ def _derive() -> None:
     """The tables above, from :data:`FAMILIES` (each family's row is the one place it is
     written)."""
     global _ENV_FAMILIES, WORLDS, WORLD_MODEL_NAMES, OWN_WORLD_MODELS
-    _ENV_FAMILIES = frozenset(f.name for f in FAMILIES.values() if f.keyed == "env")
+    rows = FAMILIES.values()
+    _ENV_FAMILIES = frozenset(f.name for f in rows if f.keyed == "env")
+    GAME_WORLDS.clear()
+    GAME_WORLDS.update({w: k for f in rows if f.keyed == "env" for w, k in f.world_keys})
     ENV_MODELS.clear()
-    ENV_MODELS.update({f.model: f.name for f in FAMILIES.values() if f.keyed == "env"})
+    ENV_MODELS.update({f.model: f.name for f in rows if f.keyed == "env"})
     WORLD_MODELS.clear()
-    for f in FAMILIES.values():
+    for f in rows:
         for world in f.worlds:
-            WORLD_MODELS[(world, f.model)] = (f"{f.name}:{GAME_WORLDS[world]}"
-                                              if f.keyed == "env" else f.name)
+            WORLD_MODELS[(world, f.model)] = f.backend_id(world)
     WORLDS = tuple(dict.fromkeys(w for w, _ in WORLD_MODELS))
     WORLD_MODEL_NAMES = tuple(dict.fromkeys(m for _, m in WORLD_MODELS))
-    OWN_WORLD_MODELS = tuple(f.model for f in FAMILIES.values() if f.model and not f.worlds)
+    OWN_WORLD_MODELS = tuple(f.model for f in rows if f.own_world)
 
 
 def register(family: Family) -> None:
     """Add a model family (its one row) to those ``--model``, ``load_backend``, input logs and
-    save points know; ValueError for a name or (world, model) pair already taken."""
-    taken = {(w, family.model) for w in family.worlds} & set(WORLD_MODELS)
-    if family.name in FAMILIES or taken:
+    save points know; TypeError for a row that is not a :class:`Family`, ValueError for a name
+    or a (world, model) pair already taken, or a ``--model`` name that would mean both a world
+    of its own and a model of a world."""
+    if not isinstance(family, Family):
+        raise TypeError(f"expected a Family row, got {type(family).__name__}")
+    taken = [str(pair) for pair in sorted({(w, family.model) for w in family.worlds}
+                                          & set(WORLD_MODELS))]
+    if family.name in FAMILIES:
+        taken.append(family.name)
+    clash = (OWN_WORLD_MODELS + WORLD_MODEL_NAMES) if family.own_world else OWN_WORLD_MODELS
+    if family.model and family.model in clash:
+        taken.append(f"--model {family.model}")
+    if taken:
         raise ValueError(f"model family {family.name!r}: already registered "
-                         f"({sorted(taken) or family.name})")
+                         f"({', '.join(taken)})")
     FAMILIES[family.name] = family
     _derive()
 
 
-_derive()
+def _rows(obj: Any) -> list[Family]:
+    """An entry point's object as rows: a Family, a sequence of them, or a callable returning
+    either; TypeError for anything else."""
+    if callable(obj) and not isinstance(obj, Family):
+        obj = obj()
+    rows = [obj] if isinstance(obj, Family) else list(obj) if isinstance(obj, Iterable) \
+        else None
+    if rows is None or not all(isinstance(r, Family) for r in rows):
+        raise TypeError("expected a Family, a sequence of Family rows or a callable "
+                        f"returning one, got {type(obj).__name__}")
+    return rows
 
 
-def env_backend_id(env: str, model: str = "sim") -> str:
-    """The backend that plays the game ``env`` (``--env``) with model family ``model``;
-    ValueError for an empty env or a family no game world has."""
+def _entry_points() -> list[importlib.metadata.EntryPoint]:
+    """The group's entry points, worldstream's own first (the shipped families' order is
+    the order of ``--world`` and ``--model`` choices), then by distribution and name.
+
+    NOTE: every copy of a distribution's metadata on ``sys.path`` is read, not only the first
+    (as ``entry_points()`` does): an editable install leaves a ``worldstream.egg-info`` in the
+    checkout, which shadows the installed metadata wherever the checkout is on ``sys.path``
+    (pytest, ``python -m``) and may predate the entry point. :func:`discover` keeps the first
+    of each (distribution, name)."""
+    found = [ep for dist in importlib.metadata.distributions()
+             for ep in dist.entry_points.select(group=ENTRY_POINT_GROUP)]
+
+    def order(ep: importlib.metadata.EntryPoint) -> tuple[bool, str, str]:
+        dist = _dist_name(ep)
+        return dist != "worldstream", dist, ep.name
+
+    return sorted(found, key=order)
+
+
+def _dist_name(ep: importlib.metadata.EntryPoint) -> str:
+    dist = ep.dist
+    return "?" if dist is None else str(dist.metadata["Name"])
+
+
+def discover() -> list[str]:
+    """Read the families of every installed distribution's ``worldstream.families`` entry
+    points afresh (the rows registered before are dropped); returns and prints (stderr) one
+    line per entry point that failed, its rows left out."""
+    FAMILIES.clear()
+    PLUGIN_ERRORS.clear()
+    _derive()
+    seen: set[tuple[str, str]] = set()
+    for ep in _entry_points():
+        dist = _dist_name(ep)
+        if (dist, ep.name) in seen:  # one distribution found twice on sys.path
+            continue
+        seen.add((dist, ep.name))
+        try:
+            rows = _rows(ep.load())
+            for row in rows:  # all or none: check every row before taking any
+                if row.name in FAMILIES:
+                    raise ValueError(f"model family {row.name!r}: already registered")
+            for row in rows:
+                register(row)
+        except Exception as err:  # a plugin's failure is its own: the others still load
+            text = str(err).splitlines()[0] if str(err) else ""
+            line = (f"worldstream: family plugin {ep.name!r} ({ep.value}) of distribution "
+                    f"{dist!r} not loaded: {type(err).__name__}: {text}")
+            PLUGIN_ERRORS.append(line)
+            print(line, file=sys.stderr, flush=True)
+    return list(PLUGIN_ERRORS)
+
+
+def family_of(name: str) -> Family | None:
+    """The family of a backend id (``NAME`` or ``NAME:KEY``), None for an unknown one."""
+    return FAMILIES.get(str(name).partition(":")[0])
+
+
+def model_family(model: str, world: str | None = None) -> Family | None:
+    """The family that ``--model model`` names for ``world`` (None: an own world), None for
+    none."""
+    for f in FAMILIES.values():
+        if f.model == model and (world in f.worlds if world is not None else f.own_world):
+            return f
+    return None
+
+
+def default_model(world: str) -> str:
+    """The ``--model`` a world plays when none is given: its ``default`` family's (else its
+    first); ValueError for an unknown world."""
+    rows = [f for f in FAMILIES.values() if world in f.worlds]
+    if not rows:
+        raise ValueError(f"no world {world!r}; there are: {', '.join(WORLDS)}")
+    return next((f.model for f in rows if f.default), rows[0].model)
+
+
+def simulator_model(world: str) -> str | None:
+    """The ``--model`` of the ground-truth simulator of ``world``, None where it has none."""
+    return next((f.model for f in FAMILIES.values() if f.simulator and world in f.worlds),
+                None)
+
+
+def env_default_model(with_weights: bool) -> str:
+    """The ``--model`` of a game given by ``--env`` when none is given: the ``default`` family
+    with a model folder (``with_weights``), else the simulator; ValueError where none is."""
+    found = next((f.model for f in FAMILIES.values()
+                  if f.keyed == "env" and (f.default if with_weights else f.simulator)), None)
+    if found is None:
+        raise ValueError(f"no {'default' if with_weights else 'simulator'} model for a game "
+                         "world (--env)")
+    return found
+
+
+def env_backend_id(env: str, model: str | None = None) -> str:
+    """The backend that plays the game ``env`` (``--env``) with model family ``model`` (None:
+    the game's simulator); ValueError for an empty env or a family no game world has."""
     if not isinstance(env, str) or not env.strip():
         raise ValueError("--env needs a Gymnasium id (ALE/Pong-v5) or module:factory")
+    model = env_default_model(False) if model is None else model
     family = ENV_MODELS.get(model)
     if family is None:
         raise ValueError(f"no model {model!r} for a game world (--env); there are: "
@@ -138,12 +205,13 @@ def env_backend_id(env: str, model: str = "sim") -> str:
 
 def takes_own_keys(name: str) -> bool:
     """Whether the backend ``name`` (as an input log records it) declares key names of its own
-    instead of the direction keys: a game world, Matrix-Game 2.0 (``matrix-game-2:VARIANT``)."""
-    return env_of(name) is not None or str(name).partition(":")[0] == "matrix-game-2"
+    instead of the direction keys (its family's ``own_keys``; False for an unknown name)."""
+    family = family_of(name)
+    return family is not None and family.own_keys
 
 
 def env_of(name: str) -> str | None:
-    """The env of a game world's backend id (``game-sim:ALE/Pong-v5`` -> ``ALE/Pong-v5``),
+    """The env of a game world's backend id (``FAMILY:ALE/Pong-v5`` -> ``ALE/Pong-v5``),
     None for another backend."""
     family, _, env = name.partition(":")
     return env if family in _ENV_FAMILIES and env else None
@@ -198,8 +266,8 @@ def load_backend(name: str, model_path: str | None = None, checkpoint: str | Non
                  **kwargs) -> WorldBackend:
     """The backend ``name`` built with ``kwargs`` (the backend's config fields), its weights
     from ``model_path`` (a folder) and ``checkpoint`` (a file) where the model takes them.
-    ``name`` may be the id an input log records: ``game-sim:ENV`` passes ``env=ENV``,
-    ``matrix-game-2:VARIANT`` passes ``variant=VARIANT``.
+    ``name`` may be the id an input log records: ``FAMILY:KEY`` passes the key as the
+    family's ``keyed`` argument (``env=ENV``, ``variant=VARIANT``).
 
     Raises ValueError for an unknown name (listing the known ones) or a path the model does
     not take, BackendUnavailableError naming the missing module or weights file when a known
@@ -231,8 +299,8 @@ def load_backend(name: str, model_path: str | None = None, checkpoint: str | Non
             f"model {name!r} needs module {module_name}, which is not installed in this build"
         )
     module = importlib.import_module(module_name)
-    factory = getattr(module, factory_name, None)
-    if factory is None:
+    factory = vars(module).get(factory_name)
+    if not callable(factory):
         raise BackendUnavailableError(f"model {name!r}: {module_name} has no {factory_name}()")
     try:
         return factory(**kwargs)
@@ -255,3 +323,6 @@ def _shown_path(where: object) -> str:
         rel = os.path.relpath(text)
         return text if rel.startswith("..") else rel
     return text
+
+
+discover()

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from worldstream.engine.core.api import CapacityError, PromptCommand
-from worldstream.engine.core.backend import PromptPrefetch
+from worldstream.engine.core.backend import CountsWorldFrames, PromptPrefetch
 from worldstream.engine.core.inputlog import InputLog
 from worldstream.engine.core.session import Session
 from worldstream.engine.studio.picture import PictureError, fit_picture, png_base64
@@ -95,7 +95,7 @@ def load(engine: Any, session_id: str, data: bytes) -> Future:
         s.degrade.set_requested(steps=saved.steps)
         s.script = None
         s.inputs = _new_log(s, {"kind": "savepoint", "sha256": sha})
-        frames = _world_frames(s.state)
+        frames = _world_frames(engine.backend, s.state)
         s.emit("info", loaded=sha[:12], prompt=s.prompt)
         return {"prompt": s.prompt, "seed": s.seed, "world_frames": frames,
                 "frame_index": s.frame_index}
@@ -103,12 +103,10 @@ def load(engine: Any, session_id: str, data: bytes) -> Future:
     return engine.call(session_id, run)
 
 
-def _world_frames(state: Any) -> int | None:
-    history = getattr(state, "history", None)
-    if history and hasattr(history[-1], "position"):
-        return int(state.position)
-    sim = getattr(state, "sim", None)
-    return None if sim is None else int(sim.t)
+def _world_frames(backend: Any, state: Any) -> int | None:
+    """The frames the loaded world has lived, where its backend counts them
+    (``CountsWorldFrames``), else None."""
+    return backend.world_frames(state) if isinstance(backend, CountsWorldFrames) else None
 
 
 def start_from_picture(engine: Any, session_id: str, data: bytes) -> Future:

@@ -1,6 +1,8 @@
-"""A new model family touches one folder and one registry row (issue 65): a toy family written
-in a temporary folder, registered, played through ``worldstream generate`` and saved and
-restored through the save-point contract, with no other edit."""
+"""A new model family inside the repository is one folder (issues 65, 73): a toy family's
+folder (``__init__.py``, ``backend.py``, ``family.py`` with its row) put where
+``engine/backends`` looks, found by the shipped families' entry point, played through
+``worldstream generate`` and saved and restored through the save-point contract, with no
+other edit."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ TOY = textwrap.dedent('''
 
     import numpy as np
 
-    from worldstream.engine.core.backend import ChunkJob, ChunkResult
+    from worldstream.engine.core.backend import BackendInfo, ChunkJob, ChunkResult
 
 
     @dataclass
@@ -33,6 +35,10 @@ TOY = textwrap.dedent('''
         name, width, height, default_fps = "toy", 64, 48, 10
         max_states, chunk_frames, rewind_chunks = 8, 2, 4
         imports_off_thread = False
+
+        def info(self):
+            return BackendInfo(name=self.name, world="landscape", chunk_frames=2,
+                               supported_chunk_frames=(2,))
 
         def key_action(self, keys):
             return 0
@@ -78,23 +84,33 @@ TOY = textwrap.dedent('''
 ''')
 
 
+ROW = textwrap.dedent('''
+    from worldstream.engine.core.family import Family
+
+    FAMILIES = (Family("toy", "worldstream.engine.backends.toyfamily.backend:ToyBackend",
+                       model="toy", worlds=("landscape",)),)
+''')
+
+
 @pytest.fixture
 def toy_family(tmp_path, monkeypatch):
-    """The toy family's folder on ``sys.path`` and its one registry row; both undone after."""
+    """The toy family's folder, as if it were ``engine/backends/toyfamily/`` (the package's
+    search path gains ``tmp_path``), and the registry read again; undone after."""
+    import worldstream.engine.backends as backends
+
     folder = tmp_path / "toyfamily"
     folder.mkdir()
     (folder / "__init__.py").write_text("")
     (folder / "backend.py").write_text(TOY)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    families = dict(registry.FAMILIES)
-    registry.register(registry.Family("toy", "toyfamily.backend:ToyBackend", model="toy",
-                                      worlds=("landscape",)))
+    (folder / "family.py").write_text(ROW)
+    monkeypatch.setattr(backends, "__path__", [*backends.__path__, str(tmp_path)])
+    registry.discover()
+    assert registry.PLUGIN_ERRORS == []
     yield
-    registry.FAMILIES.clear()
-    registry.FAMILIES.update(families)
-    registry._derive()
-    sys.modules.pop("toyfamily.backend", None)
-    sys.modules.pop("toyfamily", None)
+    monkeypatch.undo()
+    for name in [m for m in sys.modules if ".toyfamily" in m]:
+        del sys.modules[name]
+    registry.discover()
 
 
 def test_a_registered_family_plays_through_generate(toy_family, tmp_path):

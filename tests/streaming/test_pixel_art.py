@@ -4,6 +4,7 @@ game pixel a block of its own colour after VP8 or JPEG), other worlds' frames as
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import io
 
 import av
@@ -14,12 +15,11 @@ from PIL import Image
 
 from tests.fixtures.engine import EchoBackend
 from worldstream.engine.backends.avatar.sim import AvatarSimBackend
-from worldstream.engine.backends.builtin.backend import BuiltinBackend
 from worldstream.engine.backends.game.sim import GameEnvBackend
 from worldstream.engine.backends.game.world import GameWorldBackend
 from worldstream.engine.backends.sim.backend import SimBackend
 from worldstream.engine.core.api import Frame, FrameSlot
-from worldstream.engine.core.backend import ChunkJob
+from worldstream.engine.core.backend import ChunkJob, backend_info
 from worldstream.engine.core.engine import Engine
 from worldstream.streaming.frames import upscale_nearest, video_scale
 from worldstream.streaming.webrtc import FrameTrack, pixel_art_frame
@@ -129,7 +129,8 @@ def test_pixel_art_jpeg_frame_keeps_each_game_pixel_a_uniform_block(breakout_fra
 
 
 class _PixelArtEcho(EchoBackend):
-    pixel_art = True
+    def info(self):
+        return dataclasses.replace(super().info(), pixel_art=True)
 
 
 def test_sessions_say_whether_their_world_is_pixel_art():
@@ -138,8 +139,8 @@ def test_sessions_say_whether_their_world_is_pixel_art():
     assert Engine(_PixelArtEcho()).create_session("play", seed=0).pixel_art is True
     for backend in (GameWorldBackend, GameEnvBackend):
         assert backend.pixel_art is True, backend
-    for backend in (BuiltinBackend, SimBackend, AvatarSimBackend, EchoBackend):
-        assert getattr(backend, "pixel_art", False) is False, backend
+    for backend in (SimBackend(), AvatarSimBackend(), EchoBackend()):
+        assert backend_info(backend).pixel_art is False, backend
     info = Engine(EchoBackend()).create_session("a green meadow with ponds", seed=0)
     assert info.pixel_art is False and video_scale(info.width, info.height, info.pixel_art) == 1
     rgb = np.random.default_rng(1).integers(0, 256, (48, 64, 3), np.uint8)

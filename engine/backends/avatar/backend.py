@@ -24,7 +24,7 @@ from worldstream.engine.backends.builtin import (
     load_builtin_backend,
 )
 from worldstream.engine.backends.settings import load_settings
-from worldstream.engine.core.backend import ChunkJob, ChunkResult
+from worldstream.engine.core.backend import BackendInfo, ChunkJob, ChunkResult, backend_info
 from worldstream.engine.core.limits import check_prompt
 from worldstream.engine.models.builtin.text import look_for_prompt
 from worldstream.engine.worlds.avatar.actions import NUM_ACTIONS, encode_action
@@ -52,6 +52,12 @@ class AvatarModelBackend(AvatarControlsMixin, AvatarSaves):
         self.max_states = builtin.max_states
         self.chunk_frames = builtin.chunk_frames
         self.rewind_chunks = builtin.rewind_chunks
+
+    def info(self) -> BackendInfo:
+        """The avatar over its built-in model (whose device, dtypes and chunk sizes it has);
+        it starts from its looks, not from a picture."""
+        return replace(backend_info(self.builtin), name=self.name, world="avatar",
+                             starts_from_frames=False)
 
     def step_cost(self, steps: int) -> int:
         """The built-in backend's forwards a chunk (``PagedRunner.step_cost``)."""

@@ -24,7 +24,7 @@ from worldstream.engine.backends.sim.backend import (
     push_history,
     simulate_each,
 )
-from worldstream.engine.core.backend import ChunkJob, ChunkResult
+from worldstream.engine.core.backend import BackendInfo, ChunkJob, ChunkResult
 from worldstream.engine.core.limits import check_prompt, heavier_prompt
 from worldstream.engine.worlds.actions import IDLE, keys_to_action
 from worldstream.engine.worlds.avatar.actions import expression_index
@@ -98,6 +98,11 @@ class AvatarSimBackend(AvatarControlsMixin, AvatarSaves):
 
     name = "avatar-sim"
     supported_chunk_frames = (1, 2, 3, 4)
+
+    def info(self) -> BackendInfo:
+        """The avatar, steered by the direction keys and its controls, any chunk size."""
+        return BackendInfo(name=self.name, world="avatar", chunk_frames=self.chunk_frames,
+                           supported_chunk_frames=self.supported_chunk_frames)
 
     def __init__(self, *, max_states: int = 32, default_fps: int = 20, chunk_frames: int = 2,
                  rewind_chunks: int = 16, look_for: Callable[[str], str] | None = None):

@@ -1,46 +1,37 @@
 """The built-in family: a trained :class:`WorldDiT` and its autoencoder streamed over the
 paged KV cache and the spatial memory, one module per stage of a chunk (``plan``, ``pages``,
 ``noise``, ``guidance``, ``compositing``, ``colour``, ``memory``) beside the backend that
-lists them (``backend``), its settings (``config``) and its per-stream state (``state``)."""
+lists them (``backend``), its settings (``config``), its per-stream state (``state``), its
+loading (``load``) and its rows (``family``).
+
+NOTE: the names below are imported on first use (PEP 562): the registry reads ``family`` at
+every start, and that must not load torch (``--model sim`` never does).
+"""
 
 from __future__ import annotations
 
-from pathlib import Path
+import importlib
+from typing import Any
 
-from worldstream.engine.backends.builtin.backend import AFTER_DELIVERY, STAGES, BuiltinBackend
-from worldstream.engine.backends.builtin.config import BuiltinConfig
-from worldstream.engine.backends.builtin.state import BuiltinState, ChunkRecord, MemoryViews
-from worldstream.engine.backends.paged_context import PagedAttentionContext
-from worldstream.engine.backends.settings import load_settings
-from worldstream.engine.models.builtin.loading import (
-    BUILTIN_DIR,
-    load_autoencoder,
-    load_colour_prior,
-    load_world_model,
-)
+#: exported name -> the module that defines it
+_EXPORTS = {
+    "AFTER_DELIVERY": "worldstream.engine.backends.builtin.backend",
+    "STAGES": "worldstream.engine.backends.builtin.backend",
+    "BuiltinBackend": "worldstream.engine.backends.builtin.backend",
+    "BuiltinConfig": "worldstream.engine.backends.builtin.config",
+    "BuiltinState": "worldstream.engine.backends.builtin.state",
+    "ChunkRecord": "worldstream.engine.backends.builtin.state",
+    "MemoryViews": "worldstream.engine.backends.builtin.state",
+    "PagedAttentionContext": "worldstream.engine.backends.paged_context",
+    "builtin_config": "worldstream.engine.backends.builtin.load",
+    "load_builtin_backend": "worldstream.engine.backends.builtin.load",
+}
 
-__all__ = ["AFTER_DELIVERY", "STAGES", "BuiltinBackend", "BuiltinConfig", "BuiltinState",
-           "ChunkRecord", "MemoryViews", "PagedAttentionContext", "builtin_config",
-           "load_builtin_backend"]
-
-
-def builtin_config(path: str | Path = BUILTIN_DIR, **overrides) -> BuiltinConfig:
-    """The stream settings of the weights in ``path``: its ``stream_config.json`` (the
-    class's defaults where it has none), the colour prior of ``path/colour_prior.json`` or
-    the shipped one (the prior is the simulator's, not the weights'), then ``overrides``
-    (``colour_prior=None`` leaves the prior out). ValueError naming a bad setting or file."""
-    path = Path(path)
-    settings = {**load_settings(BuiltinConfig, path), **overrides}
-    anchored = settings.get("colour_anchor", BuiltinConfig.colour_anchor) is not None
-    if "colour_prior" not in settings and anchored:
-        settings["colour_prior"] = load_colour_prior(path)
-    return BuiltinConfig(**settings)
+__all__ = sorted(_EXPORTS)
 
 
-def load_builtin_backend(path: str | Path = BUILTIN_DIR, **overrides) -> BuiltinBackend:
-    """The weights in ``path`` (``transformer/``, ``vae/``; default the shipped landscape) as
-    a backend with :func:`builtin_config`'s settings. FileNotFoundError names a missing
-    weights file, ValueError a corrupt weights, prior or settings file."""
-    path = Path(path)
-    return BuiltinBackend(load_world_model(path / "transformer"),
-                          load_autoencoder(path / "vae"), builtin_config(path, **overrides))
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

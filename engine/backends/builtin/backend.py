@@ -35,7 +35,7 @@ from worldstream.engine.backends.builtin.state import BuiltinState, ChunkRecord
 from worldstream.engine.backends.paged_context import PagedAttentionContext
 from worldstream.engine.backends.runner import PagedRunner
 from worldstream.engine.backends.stages import Stage
-from worldstream.engine.core.backend import ChunkJob
+from worldstream.engine.core.backend import BackendInfo, ChunkJob, dtype_name
 from worldstream.engine.models.builtin import attention
 from worldstream.engine.models.builtin import text as text_encoder
 from worldstream.engine.models.builtin.autoencoder import frames_to_tensor, tensor_to_frames
@@ -86,6 +86,14 @@ class BuiltinBackend(PagedRunner, BuiltinSaves):
     #: ``new_state`` takes ``start_frames`` (a start from a picture, engine.studio.worldio)
     starts_from_frames = True
     negative_forwards = 2  # prompt and action guidance
+
+    def info(self) -> BackendInfo:
+        """A landscape (or the avatar it carries) steered by the direction keys, one chunk
+        size, started from a picture too."""
+        return self.runner_info(world="landscape", supported_chunk_frames=(self.chunk_frames,),
+                                starts_from_frames=self.starts_from_frames,
+                                autoencoder_dtype=dtype_name(self.ae_dtype),
+                                compile=self.config.compile)
 
     def __init__(self, model: WorldDiT, autoencoder, config: BuiltinConfig | None = None):
         cfg = config or BuiltinConfig()

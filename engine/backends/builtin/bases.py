@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 if TYPE_CHECKING:
-    from worldstream.engine.backends.builtin.backend import BuiltinBackend
+    from worldstream.engine.backends.builtin.protocol import BuiltinRunner
 
 #: distinct memory pictures kept
 CACHE_SIZE = 64
@@ -40,7 +40,7 @@ class BaseCache:
     def clear(self) -> None:
         self._entries.clear()
 
-    def encode(self, backend: BuiltinBackend, pictures: list[np.ndarray], keys: list[bytes]
+    def encode(self, backend: BuiltinRunner, pictures: list[np.ndarray], keys: list[bytes]
                ) -> torch.Tensor:
         """Model-space latents ``(N, C, h, w)`` of memory pictures ``(H, W, 3)`` uint8
         (``keys``: their hashes), each encoded by ``backend.encode_frames`` only when it is
@@ -57,7 +57,7 @@ class BaseCache:
         self._trim()
         return torch.stack([entries[k][0] for k in keys])
 
-    def decoded(self, backend: BuiltinBackend, key: bytes, z: torch.Tensor) -> np.ndarray:
+    def decoded(self, backend: BuiltinRunner, key: bytes, z: torch.Tensor) -> np.ndarray:
         """The decoded base ``(H, W, 3)`` uint8 of the picture ``key`` (latent ``z``), decoded
         by ``backend.decode_latents`` once while it stays cached."""
         entry = self._entries.get(key)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
-    from worldstream.engine.backends.builtin.backend import BuiltinBackend
+    from worldstream.engine.backends.builtin.protocol import BuiltinRunner
 
 #: the running mean keeps this much of itself a frame (~100 frames: a few seconds of moving)
 ANCHOR_DECAY = 0.99
@@ -35,7 +35,7 @@ def anchor_colour(pixels: np.ndarray, mean: np.ndarray, reference: np.ndarray,
     return pixels * gain + lift
 
 
-def anchor_colours(backend: BuiltinBackend, states: list, records: list, rgb: np.ndarray,
+def anchor_colours(backend: BuiltinRunner, states: list, records: list, rgb: np.ndarray,
                    views: Any) -> None:
     """Correct the generated ground of frames ``rgb (N, H, W, 3)`` uint8, in place, against
     each stream's reference; each record keeps the running mean after its last frame and the

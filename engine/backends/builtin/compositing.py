@@ -21,19 +21,19 @@ from worldstream.engine.backends.builtin.state import MemoryViews
 from worldstream.engine.backends.stages import ChunkBatch
 
 if TYPE_CHECKING:
-    from worldstream.engine.backends.builtin.backend import BuiltinBackend
+    from worldstream.engine.backends.builtin.protocol import BuiltinRunner
 
 #: side (px) of the square over which ``residual_gate`` averages the change's magnitude, so
 #: that one noisy pixel does not switch alone (a speckle of memory and decode)
 GATE_WINDOW = 5
 
 
-def show(backend: BuiltinBackend, batch: ChunkBatch) -> None:
+def show(backend: BuiltinRunner, batch: ChunkBatch) -> None:
     """Stage: each row's frames ``(F, H, W, 3)`` uint8."""
     batch.frames = compose(backend, batch.states, batch.records, batch.x0, batch.views)
 
 
-def compose(backend: BuiltinBackend, states: list, records: list, x0, views: MemoryViews
+def compose(backend: BuiltinRunner, states: list, records: list, x0, views: MemoryViews
             ) -> list[np.ndarray]:
     """Each state's frames ``(F, H, W, 3)`` uint8 for its latents ``x0 (B, F, C, h, w)``."""
     cfg = backend.config
@@ -63,7 +63,7 @@ def compose(backend: BuiltinBackend, states: list, records: list, x0, views: Mem
                             backend.width, 3))
 
 
-def refining_detail(backend: BuiltinBackend, states: list, views: MemoryViews,
+def refining_detail(backend: BuiltinRunner, states: list, views: MemoryViews,
                     decoded: np.ndarray) -> np.ndarray:
     """The memory pictures ``(N, H, W, 3)`` int16 with the detail on each frame's refining
     pixels (picture less its decoded base ``decoded``) kept as shading of the decoded colour

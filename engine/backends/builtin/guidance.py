@@ -21,10 +21,10 @@ from worldstream.engine.backends.sampler import denoise as flow_denoise
 from worldstream.engine.backends.stages import ChunkBatch, keep_latents
 
 if TYPE_CHECKING:
-    from worldstream.engine.backends.builtin.backend import BuiltinBackend
+    from worldstream.engine.backends.builtin.protocol import BuiltinRunner
 
 
-def denoise(backend: BuiltinBackend, batch: ChunkBatch) -> None:
+def denoise(backend: BuiltinRunner, batch: ChunkBatch) -> None:
     """Stage: the batch's clean latents ``(B, F, C, h, w)`` float32, into its records."""
     cond, ctx = batch.cond, batch.attention
 
@@ -36,7 +36,7 @@ def denoise(backend: BuiltinBackend, batch: ChunkBatch) -> None:
     keep_latents(backend, batch)
 
 
-def guided_forward(backend: BuiltinBackend, x: torch.Tensor, sigma: float, cond: tuple,
+def guided_forward(backend: BuiltinRunner, x: torch.Tensor, sigma: float, cond: tuple,
                    ctx: Any) -> torch.Tensor:
     """One denoising step's prediction for chunks ``x`` at ``sigma``: guided on the prompt
     for guided rows (all rows at σ >= ``steady_guidance_sigma``) and on the action for rows
@@ -66,7 +66,7 @@ def guided_forward(backend: BuiltinBackend, x: torch.Tensor, sigma: float, cond:
     return guided_out
 
 
-def neutral_actions(backend: BuiltinBackend, actions: torch.Tensor) -> torch.Tensor:
+def neutral_actions(backend: BuiltinRunner, actions: torch.Tensor) -> torch.Tensor:
     """The negative condition of action guidance for int64 ids ``actions (B, F)``: the
     neutral action, with the ``kept_factors`` of each id as asked (factored ids
     ``a_0 + f_0 * (a_1 + f_1 * ...)``, as ``WorldDiTActionEmbedding`` reads them)."""
@@ -89,7 +89,7 @@ def first_step_skipped(config: Any, steps: int) -> bool:
     return least is not None and steps >= least
 
 
-def first_x0(backend: BuiltinBackend, records: list[ChunkRecord], cond: tuple,
+def first_x0(backend: BuiltinRunner, records: list[ChunkRecord], cond: tuple,
              steps: int) -> torch.Tensor | None:
     """The chunks' memory bases ``(B, F, C, h, w)`` (with their context noise, as the model
     reads them) as the first step's prediction (SDEdit's start from a noised guide), in

@@ -15,16 +15,16 @@ from worldstream.engine.worlds.actions import IDLE
 from worldstream.engine.worlds.simulator import WorldSimulator
 
 if TYPE_CHECKING:
-    from worldstream.engine.backends.builtin.backend import BuiltinBackend
+    from worldstream.engine.backends.builtin.protocol import BuiltinRunner
 
 
-def remember(backend: BuiltinBackend, batch: ChunkBatch) -> None:
+def remember(backend: BuiltinRunner, batch: ChunkBatch) -> None:
     """Stage (after delivery): each chunk's frames into its state's spatial memory."""
     for state, rec, frames in zip(batch.states, batch.records, batch.frames):
         write(backend, state, rec, frames)
 
 
-def write(backend: BuiltinBackend, state: BuiltinState, rec: ChunkRecord, frames: np.ndarray,
+def write(backend: BuiltinRunner, state: BuiltinState, rec: ChunkRecord, frames: np.ndarray,
           settled: bool = False) -> None:
     """Write a chunk's frames ``(F, H, W, 3)`` uint8 into the state's memory at the chunk's
     windows (the centred player sprite excluded), keeping the undo records on ``rec``;
@@ -39,14 +39,14 @@ def undo(state: BuiltinState, rec: ChunkRecord) -> None:
         state.memory.undo(record)
 
 
-def simulated_start(backend: BuiltinBackend, prompt: str, seed: int) -> np.ndarray:
+def simulated_start(backend: BuiltinRunner, prompt: str, seed: int) -> np.ndarray:
     """Simulator frames ``(chunk_frames, H, W, 3)`` uint8 of the prompt's nearest scene at
     world ``seed``, the camera at rest: a stream's default start."""
     sim = WorldSimulator(seed, text_encoder.scene_for_prompt(prompt))
     return np.stack([sim.step(IDLE) for _ in range(backend.chunk_frames)])
 
 
-def set_references(backend: BuiltinBackend, state: BuiltinState, frames: np.ndarray,
+def set_references(backend: BuiltinRunner, state: BuiltinState, frames: np.ndarray,
                    latents=None) -> None:
     """The stream's detail and colour references from real frames ``(F, H, W, 3)`` uint8
     (those switched off stay None): the RMS of what the autoencoder loses on them, and their

@@ -15,10 +15,10 @@ from worldstream.engine.backends.stages import ChunkBatch
 from worldstream.engine.models.builtin.world_noise import chunk_noise
 
 if TYPE_CHECKING:
-    from worldstream.engine.backends.builtin.backend import BuiltinBackend
+    from worldstream.engine.backends.builtin.protocol import BuiltinRunner
 
 
-def noise(backend: BuiltinBackend, batch: ChunkBatch) -> None:
+def noise(backend: BuiltinRunner, batch: ChunkBatch) -> None:
     """Stage: ``(B, F, C, h, w)`` float32 initial noise, from the field of each job's seed
     (else its stream's) or, without the field, from the job's seed or the state's
     generator."""

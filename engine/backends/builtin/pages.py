@@ -18,16 +18,16 @@ from worldstream.engine.backends.stages import ChunkBatch, attend
 from worldstream.engine.models.builtin.spatial_memory import select_by_overlap
 
 if TYPE_CHECKING:
-    from worldstream.engine.backends.builtin.backend import BuiltinBackend
+    from worldstream.engine.backends.builtin.protocol import BuiltinRunner
 
 
-def select_pages(backend: BuiltinBackend, batch: ChunkBatch) -> None:
+def select_pages(backend: BuiltinRunner, batch: ChunkBatch) -> None:
     """Stage: each row's attended pages, then the batch's attention context."""
     attend(backend, batch, [attended(backend, s, r) + spatial_pages(backend, s, r.origins)
                             for s, r in zip(batch.states, batch.records)])
 
 
-def attended(backend: BuiltinBackend, state: BuiltinState, record: ChunkRecord) -> list[int]:
+def attended(backend: BuiltinRunner, state: BuiltinState, record: ChunkRecord) -> list[int]:
     """The sink and window pages, less the window frames posed more than
     ``window_pose_tolerance`` from the new chunk's first frame (a model with a rig)."""
     pages = state.table.attended_pages()
@@ -46,7 +46,7 @@ def attended(backend: BuiltinBackend, state: BuiltinState, record: ChunkRecord) 
     return [p for p in pages if p not in far]
 
 
-def spatial_pages(backend: BuiltinBackend, state: BuiltinState, origins: np.ndarray) -> list[int]:
+def spatial_pages(backend: BuiltinRunner, state: BuiltinState, origins: np.ndarray) -> list[int]:
     """Up to ``spatial_pages`` older pages whose frame's camera window overlaps the view at
     ``origins[-1]`` most (overlap > 0), oldest first."""
     k = backend.config.spatial_pages

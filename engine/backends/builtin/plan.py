@@ -19,16 +19,16 @@ from worldstream.engine.backends.stages import ChunkBatch
 from worldstream.engine.models.builtin.spatial_memory import model_inputs
 
 if TYPE_CHECKING:
-    from worldstream.engine.backends.builtin.backend import BuiltinBackend
+    from worldstream.engine.backends.builtin.protocol import BuiltinRunner
 
 
-def plan(backend: BuiltinBackend, batch: ChunkBatch) -> None:
+def plan(backend: BuiltinRunner, batch: ChunkBatch) -> None:
     """Stage: the batch's records and memory views from its jobs' actions."""
     batch.records, batch.views = plan_chunks(backend, batch.states,
                                              [job.actions for job in batch.jobs])
 
 
-def plan_chunks(backend: BuiltinBackend, states: list[BuiltinState], actions: list[list[int]],
+def plan_chunks(backend: BuiltinRunner, states: list[BuiltinState], actions: list[list[int]],
                 move: bool = True) -> tuple[list[ChunkRecord], MemoryViews]:
     """Each state's next chunk up to its latents, and what memory showed each frame.
 

@@ -31,7 +31,7 @@ import numpy as np
 from worldstream.engine.backends.game.keys import GameKeys, load_keymap
 from worldstream.engine.backends.game.savestate_sim import REPLAY_NICE, GameEnvSaves
 from worldstream.engine.backends.sim.backend import check_job, pop_history, push_history
-from worldstream.engine.core.backend import ChunkJob, ChunkResult
+from worldstream.engine.core.backend import BackendInfo, ChunkJob, ChunkResult
 from worldstream.engine.worlds.game.env import GameEnv, Snapshot
 
 #: the registry's backend family of this file (a backend id is ``game-sim:ENV``)
@@ -81,6 +81,13 @@ class GameEnvBackend(GameKeys, GameEnvSaves):
     world = "game"
     #: its frames are a game's palette pixels: sent scaled up with nearest neighbour
     pixel_art = True
+    def info(self) -> BackendInfo:
+        """A game: its own keys and the page's key map, palette pixels, any chunk size."""
+        return BackendInfo(name=self.name, world=self.world, chunk_frames=self.chunk_frames,
+                           supported_chunk_frames=self.supported_chunk_frames,
+                           wire_keys=self.wire_keys, controls=self.controls,
+                           num_actions=self.num_actions, pixel_art=self.pixel_art)
+
     #: any chunk size the engine allows: the env steps frame by frame
     supported_chunk_frames = (1, 2, 3, 4)
 

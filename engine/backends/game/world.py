@@ -36,7 +36,7 @@ from worldstream.engine.backends.game.keys import GameKeys, load_keymap
 from worldstream.engine.backends.game.savestate_world import GameWorldSaves
 from worldstream.engine.backends.game.sim import episode_seed
 from worldstream.engine.backends.sim.backend import check_job, pop_history, push_history
-from worldstream.engine.core.backend import ChunkJob, ChunkResult
+from worldstream.engine.core.backend import BackendInfo, ChunkJob, ChunkResult
 from worldstream.engine.models.device import cpu_has_fast_bf16
 from worldstream.engine.models.game.world import GameWorld, frame_draws, load_world
 from worldstream.engine.worlds.game.env import GameEnv
@@ -121,6 +121,14 @@ class GameWorldBackend(GameKeys, GameWorldSaves):
     world = "game"
     #: its frames are a game's palette pixels: sent scaled up with nearest neighbour
     pixel_art = True
+    def info(self) -> BackendInfo:
+        """A game: its own keys and the page's key map, palette pixels, any chunk size."""
+        return BackendInfo(name=self.name, world=self.world, chunk_frames=self.chunk_frames,
+                           supported_chunk_frames=self.supported_chunk_frames,
+                           wire_keys=self.wire_keys, controls=self.controls,
+                           num_actions=self.num_actions, pixel_art=self.pixel_art,
+                           device=str(self.device))
+
     #: any chunk size the engine allows: frames are predicted one by one
     supported_chunk_frames = (1, 2, 3, 4)
 

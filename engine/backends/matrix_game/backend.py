@@ -45,6 +45,7 @@ from worldstream.engine.backends.stages import Stage
 from worldstream.engine.backends.stream_config import StreamConfig
 from worldstream.engine.backends.wan.backend import redecode, show_stream
 from worldstream.engine.core.action_space import ActionSpace
+from worldstream.engine.core.backend import BackendInfo
 from worldstream.engine.core.kv_cache import PageTable
 from worldstream.engine.core.limits import check_prompt
 from worldstream.engine.models.matrix_game.config import MatrixGameConfig, get_variant
@@ -120,6 +121,13 @@ class MatrixGameBackend(PagedRunner, MatrixGameSaves):
 
     world = "game"  # the page: the variant's controls, no prompt box
     starts_from_frames = True  # the picture start of engine.studio.worldio
+
+    def info(self) -> BackendInfo:
+        """Its variant's keys (and mouse) as a game's page, one chunk size, a picture start."""
+        return self.runner_info(world=self.world,
+                                supported_chunk_frames=self.supported_chunk_frames,
+                                action_space=self.action_space, wire_keys=self.wire_keys,
+                                controls=self.controls, starts_from_frames=True)
     stages = (
         Stage("plan", mg.plan),
         Stage("select_pages", shared.select_pages),

@@ -11,7 +11,7 @@ next level with fresh noise from the chunk's generator (not an ODE step).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
@@ -24,7 +24,29 @@ from worldstream.engine.models.matrix_game.conditions import (
 )
 
 if TYPE_CHECKING:
-    from worldstream.engine.backends.matrix_game.backend import MatrixGameBackend
+    from worldstream.engine.backends.paged_context import PagedAttentionContext
+    from worldstream.engine.core.action_space import ActionSpace
+
+
+class MatrixGameRunner(Protocol):
+    """What these stages use of their backend (``MatrixGameBackend``), as a ``Protocol``: the
+    stages never import the backend that lists them. ``latent_shape``: ``(channels, frames,
+    height, width)`` of one chunk's latents; ``sigmas``: the variant's warped noise levels;
+    ``variant``: its ``Variant`` (keys, timesteps); ``model_config``: the DiT's config."""
+
+    name: str
+    device: torch.device
+    config: Any
+    model_config: Any
+    variant: Any
+    action_space: ActionSpace
+    latent_shape: tuple[int, int, int, int]
+    sigmas: Any
+
+    def forward(self, x: torch.Tensor, sigma: float, cond: tuple,
+                ctx: PagedAttentionContext) -> torch.Tensor: ...
+
+    def to_x0(self, x: torch.Tensor, sigma: float, out: torch.Tensor) -> torch.Tensor: ...
 
 
 def warped_sigmas(timesteps: tuple[int, ...], shift: float,
@@ -61,7 +83,7 @@ class MatrixGameChunk:
         return self.latents.shape[1]
 
 
-def job_controls(backend: MatrixGameBackend, job) -> torch.Tensor:
+def job_controls(backend: MatrixGameRunner, job) -> torch.Tensor:
     """The job's per-frame action vectors ``(T, size)``: its ``controls``, or (a job of an
     action script) its action ids decoded (held keys, no mouse motion)."""
     space = backend.action_space
@@ -74,7 +96,7 @@ def job_controls(backend: MatrixGameBackend, job) -> torch.Tensor:
     return torch.tensor(rows, dtype=torch.float32)
 
 
-def plan(backend: MatrixGameBackend, batch: ChunkBatch) -> None:
+def plan(backend: MatrixGameRunner, batch: ChunkBatch) -> None:
     """Stage: each chunk's record (position, action windows, history after it, noise
     generator)."""
     cfg, variant = backend.model_config.action, backend.variant
@@ -103,13 +125,13 @@ def plan(backend: MatrixGameBackend, batch: ChunkBatch) -> None:
     batch.records = records
 
 
-def noise(backend: MatrixGameBackend, batch: ChunkBatch) -> None:
+def noise(backend: MatrixGameRunner, batch: ChunkBatch) -> None:
     """Stage: each chunk's initial noise from its record's generator."""
     batch.noise = torch.stack([torch.randn(backend.latent_shape, generator=r.rng)
                                for r in batch.records]).to(backend.device)
 
 
-def denoise(backend: MatrixGameBackend, batch: ChunkBatch) -> None:
+def denoise(backend: MatrixGameRunner, batch: ChunkBatch) -> None:
     """Stage: the variant's distilled steps (the first ``steps`` of them): predict x0 at each
     level, noise it afresh to the next; the last prediction is the chunk."""
     sigmas = backend.sigmas[:max(1, min(batch.steps, len(backend.sigmas)))]

@@ -19,7 +19,7 @@ import numpy as np
 
 from worldstream.engine.backends.sim.savestate import SimSaves
 from worldstream.engine.backends.sim.state import SimState
-from worldstream.engine.core.backend import ChunkJob, ChunkResult
+from worldstream.engine.core.backend import BackendInfo, ChunkJob, ChunkResult
 from worldstream.engine.core.limits import MAX_STEPS, check_prompt, heavier_prompt
 from worldstream.engine.worlds.actions import action_to_direction, keys_to_action
 from worldstream.engine.worlds.simulator import SIZE, WorldSimulator
@@ -53,6 +53,15 @@ class SimBackend(SimSaves):
     name = "sim"
     #: any chunk size the engine allows: the simulator steps frame by frame
     supported_chunk_frames = (1, 2, 3, 4)
+
+    def info(self) -> BackendInfo:
+        """A landscape steered by the direction keys, any chunk size."""
+        return BackendInfo(name=self.name, world="landscape", chunk_frames=self.chunk_frames,
+                           supported_chunk_frames=self.supported_chunk_frames)
+
+    def world_frames(self, state: SimState) -> int:
+        """The simulator's clock (``engine.core.backend.CountsWorldFrames``)."""
+        return int(state.sim.t)
 
     def __init__(
         self,

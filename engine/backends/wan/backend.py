@@ -38,6 +38,7 @@ from worldstream.engine.backends.runner import (
     StreamConfig,
 )
 from worldstream.engine.backends.stages import ChunkBatch, Stage
+from worldstream.engine.core.backend import BackendInfo
 from worldstream.engine.core.limits import check_keys, check_prompt
 from worldstream.engine.models.wan.loading import load_wan_parts
 from worldstream.engine.models.wan.model import NUM_TRAIN_TIMESTEPS, WanChunkModel
@@ -155,6 +156,11 @@ class WanBackend(PagedRunner):
     """
 
     name = "wan-causal"
+
+    def info(self) -> BackendInfo:
+        """A landscape of text alone (its actions are ignored), one chunk size."""
+        return self.runner_info(world="landscape",
+                                supported_chunk_frames=self.supported_chunk_frames)
     #: one chunk's path (``engine.backends.stages``)
     stages = (
         Stage("plan", _plan),
