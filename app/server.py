@@ -21,9 +21,13 @@ from fastapi.staticfiles import StaticFiles  # noqa: E402
 from starlette.middleware.trustedhost import TrustedHostMiddleware  # noqa: E402
 
 from worldstream.app.access import AccessPolicy, page_only  # noqa: E402
+from worldstream.app.bodies import BodyLimit, UploadBudget, route_limits  # noqa: E402
 from worldstream.app.errors import ApiError  # noqa: E402
 from worldstream.app.metrics import metrics_body  # noqa: E402
 from worldstream.engine.core.api import CapacityError, EngineAPI, SessionClosedError  # noqa: E402
+from worldstream.engine.studio.picture import MAX_PICTURE_BYTES  # noqa: E402
+from worldstream.engine.studio.savepoint import MAX_SAVEPOINT_BYTES  # noqa: E402
+from worldstream.engine.studio.story import MAX_STORY_BYTES  # noqa: E402
 from worldstream.streaming import messages as m  # noqa: E402
 from worldstream.streaming.limits import ClientBuckets, Limits  # noqa: E402
 from worldstream.streaming.sessions import (  # noqa: E402
@@ -124,6 +128,9 @@ def create_app(engine: EngineAPI, limits: Limits | None = None, *, ui: bool = Tr
     # NOTE: a session may close (DELETE, the reaper) during any await of a request that
     # authenticated before it: whatever then meets the closed session is a 404, never a 500
     app.add_exception_handler(SessionClosedError, lambda _request, _err: SESSION_ENDED.response())
+    # every body against its route's limit as it streams in (app/bodies.py)
+    app.add_middleware(BodyLimit, limit_of=route_limits(m.MAX_HTTP_BODY_BYTES, {
+        "state": MAX_SAVEPOINT_BYTES, "picture": MAX_PICTURE_BYTES, "story": MAX_STORY_BYTES}))
     if access.allowed_hosts is not None:  # against DNS rebinding (HTTP and WebSocket)
         app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(access.allowed_hosts))
 
@@ -303,7 +310,9 @@ def create_app(engine: EngineAPI, limits: Limits | None = None, *, ui: bool = Tr
 
     from worldstream.app import world_routes
 
-    app.include_router(world_routes.router(engine, authorized, client_of, _bearer))
+    uploads = UploadBudget(limits.uploads_per_session, limits.upload_budget_bytes,
+                           limits.retry_after_s)
+    app.include_router(world_routes.router(engine, authorized, client_of, _bearer, uploads))
 
     # NOTE: not /static: Gradio serves its own fonts and scripts there, and a mount of ours
     # would shadow them (404s in the page)
