@@ -39,6 +39,7 @@ from worldstream.engine.core.limits import (
     MAX_SEED,
     MAX_STEPS,
 )
+from worldstream.engine.core.reader import read_json
 
 SAVEPOINT_FORMAT = "worldstream-savepoint/1"
 #: the largest save file read (a built-in model state is ~10 MB: KV pages, latents, tiles)
@@ -224,10 +225,10 @@ def _header(data: bytes | bytearray) -> dict[str, Any]:
     if size > len(data) - 8:
         raise SavepointError("not a worldstream save point, or one cut short (its header "
                              "is longer than the file)")
-    try:
-        header = json.loads(bytes(data[8:8 + size]))
-    except ValueError:
-        raise SavepointError("not a worldstream save point (no worldstream header)") from None
+    try:  # bounded depth: a nested header once raised RecursionError
+        header = read_json(bytes(data[8:8 + size]), "the save file's header", size)
+    except ValueError as err:
+        raise SavepointError(f"not a worldstream save point ({err})") from None
     if not isinstance(header, dict):
         raise SavepointError("not a worldstream save point (no worldstream header)")
     return header
@@ -238,9 +239,15 @@ def read_meta(data: bytes | bytearray) -> dict[str, Any]:
     file that is not a worldstream save point or is cut short."""
     header = _header(data)
     try:
-        meta = json.loads(header["__metadata__"][_META_KEY])
-    except (ValueError, KeyError, TypeError):
+        text = header["__metadata__"][_META_KEY]
+        if not isinstance(text, str):
+            raise TypeError(text)
+    except (KeyError, TypeError):
         raise SavepointError("not a worldstream save point (no worldstream header)") from None
+    try:
+        meta = read_json(text, "the save point's metadata", len(text))
+    except ValueError as err:
+        raise SavepointError(str(err)) from None
     if not isinstance(meta, dict) or meta.get("format") != SAVEPOINT_FORMAT:
         raise SavepointError(f"not a {SAVEPOINT_FORMAT} file (format "
                              f"{meta.get('format') if isinstance(meta, dict) else None!r})")
