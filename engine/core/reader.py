@@ -29,6 +29,10 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 #: save point's undo records)
 MAX_FILE_DEPTH = 32
 
+#: the largest metadata file read (a world's ``world.json``, a dataset's ``meta.json``,
+#: ``training.json``, a colour prior: a few KB)
+MAX_META_BYTES = 4 * 2**20
+
 T = TypeVar("T")
 
 # a JSON string (escapes included); linear: the alternatives are disjoint single characters
