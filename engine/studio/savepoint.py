@@ -40,6 +40,7 @@ from worldstream.engine.core.limits import (
     MAX_STEPS,
 )
 from worldstream.engine.core.reader import read_json
+from worldstream.engine.core.saved import SAFETENSORS_DTYPES, nonfinite_array
 
 SAVEPOINT_FORMAT = "worldstream-savepoint/1"
 #: the largest save file read (a built-in model state is ~10 MB: KV pages, latents, tiles)
@@ -144,9 +145,7 @@ def encode(arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> bytes:
 _META_FIELDS = frozenset({"format", "model", "model_version", "session", "state"})
 #: safetensors' dtype names -> numpy's (its files are little-endian; bfloat16 has no numpy
 #: dtype and no exporter writes it)
-_DTYPES = {name: np.dtype(code) for name, code in {
-    "BOOL": "?", "U8": "u1", "I8": "i1", "U16": "<u2", "I16": "<i2", "F16": "<f2",
-    "U32": "<u4", "I32": "<i4", "F32": "<f4", "U64": "<u8", "I64": "<i8", "F64": "<f8"}.items()}
+_DTYPES = SAFETENSORS_DTYPES
 
 
 _Entry = tuple[str, tuple[int, ...], int]
@@ -289,7 +288,13 @@ def decode(data: bytes | bytearray, backend: Any
     # NOTE: every field against the world it loads into, and every array's size, before any
     # array is decoded: a 16 MB list of actions once became 600 MB of rewind snapshots
     check_saved(backend, meta["session"], meta["state"], read_layout(data))
-    return _arrays(data), meta
+    arrays = _arrays(data)
+    # NOTE: every family's floating-point arrays (latents, KV pages, text embeddings...): a
+    # NaN loaded with 200 and ended the session at its next chunk
+    bad = nonfinite_array(arrays)
+    if bad is not None:
+        raise SavepointError(f"the save point's array {bad[:60]} holds NaN or infinite values")
+    return arrays, meta
 
 
 def check_saved(backend: Any, session: Any, scalars: dict[str, Any],
