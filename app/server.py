@@ -24,7 +24,9 @@ from worldstream.app.access import AccessPolicy, page_only  # noqa: E402
 from worldstream.app.bodies import BodyLimit, UploadBudget, route_limits  # noqa: E402
 from worldstream.app.errors import ApiError  # noqa: E402
 from worldstream.app.metrics import metrics_body  # noqa: E402
+from worldstream.app.slow_work import SlowWork  # noqa: E402
 from worldstream.engine.core.api import CapacityError, EngineAPI, SessionClosedError  # noqa: E402
+from worldstream.engine.core.helpers import HelperError  # noqa: E402
 from worldstream.engine.studio.picture import MAX_PICTURE_BYTES  # noqa: E402
 from worldstream.engine.studio.savepoint import MAX_SAVEPOINT_BYTES  # noqa: E402
 from worldstream.engine.studio.story import MAX_STORY_BYTES  # noqa: E402
@@ -99,6 +101,8 @@ def create_app(engine: EngineAPI, limits: Limits | None = None, *, ui: bool = Tr
         webrtc: Any = ReplicaWebRTC(manager)
     else:
         webrtc = WebRTCTransport(manager)
+    # session creations and the studio routes' loads: a bounded pool of their own
+    slow = SlowWork(retry_after_s=limits.retry_after_s)
     throttle = ClientBuckets(limits.auth_failures_per_s, limits.auth_failure_burst)
     creations = ClientBuckets(limits.creations_per_s, limits.creation_burst)
 
@@ -114,6 +118,7 @@ def create_app(engine: EngineAPI, limits: Limits | None = None, *, ui: bool = Tr
             yield
         finally:
             reaper.cancel()
+            slow.close()
             manager.close_all()
             await webrtc.close_all()
 
@@ -194,9 +199,14 @@ def create_app(engine: EngineAPI, limits: Limits | None = None, *, ui: bool = Tr
         prompt = _session_prompt(body.prompt, engine.world)
         creations.take(client)
         try:
-            # off the event loop: the engine may encode the prompt, a replica may be remote
-            session = await asyncio.to_thread(manager.create, prompt, seed=body.seed,
-                                              fps=body.fps, client=client)
+            # off the event loop and off the pool that encodes frames: the engine may encode
+            # the prompt or make a game's world, a replica may be remote
+            session = await slow.run(lambda: manager.create(prompt, seed=body.seed,
+                                                            fps=body.fps, client=client))
+        except HelperError as err:  # the helper failed, not the request: retry
+            raise ApiError(503, str(err), retry_after_s=limits.retry_after_s,
+                           headers={"Retry-After": str(max(1, round(limits.retry_after_s)))}
+                           ) from None
         except CapacityError as err:
             raise ApiError(503, str(err), retry_after_s=err.retry_after_s,
                            headers={"Retry-After": str(max(1, round(err.retry_after_s)))}
@@ -312,7 +322,8 @@ def create_app(engine: EngineAPI, limits: Limits | None = None, *, ui: bool = Tr
 
     uploads = UploadBudget(limits.uploads_per_session, limits.upload_budget_bytes,
                            limits.retry_after_s)
-    app.include_router(world_routes.router(engine, authorized, client_of, _bearer, uploads))
+    app.include_router(world_routes.router(engine, authorized, client_of, _bearer, uploads,
+                                           slow))
 
     # NOTE: not /static: Gradio serves its own fonts and scripts there, and a mount of ours
     # would shadow them (404s in the page)

@@ -21,7 +21,9 @@ from fastapi.responses import JSONResponse, Response
 
 from worldstream.app.bodies import UploadBudget
 from worldstream.app.errors import ApiError
+from worldstream.app.slow_work import SlowWork
 from worldstream.engine.core.api import CapacityError, RunsStudio, SessionClosedError
+from worldstream.engine.core.helpers import HelperError
 from worldstream.engine.studio.picture import MAX_PICTURE_BYTES, PictureError
 from worldstream.engine.studio.savepoint import MAX_SAVEPOINT_BYTES, SavepointError
 from worldstream.engine.studio.story import MAX_STORY_BYTES, parse_story
@@ -57,11 +59,14 @@ def _content_type(request: Request) -> str:
 
 
 def router(engine: Any, authorized: Callable, client_of: Callable,
-           bearer: Callable, uploads: UploadBudget | None = None) -> APIRouter:
+           bearer: Callable, uploads: UploadBudget | None = None,
+           slow: SlowWork | None = None) -> APIRouter:
     """The routes, as a FastAPI router over ``engine``; ``authorized(session_id, token,
     client)`` is the server's session check (raises its ApiError); ``uploads`` bounds the
-    uploads in flight (default: one per session, ``Limits().upload_budget_bytes`` in all)."""
+    uploads in flight (default: one per session, ``Limits().upload_budget_bytes`` in all);
+    ``slow`` runs their loads (default: a pool of its own, ``app.slow_work``)."""
     routes = APIRouter()
+    slow = slow or SlowWork()
     if uploads is None:
         from worldstream.streaming.limits import Limits
 
@@ -77,12 +82,15 @@ def router(engine: Any, authorized: Callable, client_of: Callable,
         return getattr(worldio, op)(engine, session_id, *args)
 
     async def wait(start: Callable[[], Any], field: str) -> Any:
-        """Run ``start()`` (validates, returns the engine's future) off the event loop (it may
-        decode a large picture or hash the model once) and await its result, mapping failures
-        to ApiError."""
+        """Run ``start()`` (validates, returns the engine's future) in the slow-work pool (it
+        may decode a large picture, replay a game or hash the model once; never the pool that
+        encodes frames) and await its result, mapping failures to ApiError."""
         try:
-            future = await asyncio.to_thread(start)
+            future = await slow.run(start, field)
             return await asyncio.wait_for(asyncio.wrap_future(future), _ENGINE_WAIT_S)
+        except HelperError as err:  # a helper process failed, not the file: retry
+            raise ApiError(503, str(err), field, retry_after_s=slow.retry_after_s,
+                           headers={"Retry-After": "2"}) from None
         except (SavepointError, PictureError) as err:
             raise ApiError(400, str(err), field) from None
         except CapacityError as err:
@@ -160,7 +168,7 @@ def router(engine: Any, authorized: Callable, client_of: Callable,
                           "the body must be JSON sent as Content-Type: application/json",
                           MAX_STORY_BYTES) as raw:
             try:
-                board = await asyncio.to_thread(parse_story, raw)
+                board = await slow.run(lambda: parse_story(raw), "story")
             except ValueError as err:
                 raise ApiError(400, str(err), "story") from None
         result = await wait(lambda: studio("play_story", session_id, board), "story")
