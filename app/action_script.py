@@ -143,6 +143,6 @@ def load_action_script(path: str | Path, keys: tuple[str, ...] | None = None) ->
     the directions); raises FileNotFoundError or ValueError (one line)."""
     from worldstream.engine.core.reader import read_json_file, validate
 
-    data = read_json_file(path, MAX_SCRIPT_BYTES)
+    data = read_json_file(path, MAX_SCRIPT_BYTES, what="action script")
     return validate(ActionScript, data, f"{path}: malformed action script",
                     {"keys": keys} if keys else None)

@@ -61,10 +61,10 @@ def _from_log(args: argparse.Namespace) -> dict:
     from worldstream.engine.core.reader import read_bytes
     from worldstream.engine.studio.savepoint import MAX_SAVEPOINT_BYTES
 
-    log = read_bytes(args.from_log, MAX_LOG_BYTES)
+    log = read_bytes(args.from_log, MAX_LOG_BYTES, what="input log")
     savepoint = None
     if args.state is not None:
-        savepoint = read_bytes(args.state, MAX_SAVEPOINT_BYTES)
+        savepoint = read_bytes(args.state, MAX_SAVEPOINT_BYTES, what="save point")
     if args.keymap is not None and not args.keymap.is_file():
         raise FileNotFoundError(f"key map not found: {args.keymap}")
     model = None  # the game the command line named, if any: the log's must be the same

@@ -81,12 +81,12 @@ def run_replay(args) -> int:
     from worldstream.engine.studio.replay import read_log
 
     path = Path(args.replay)
-    log = read_log(read_bytes(path, MAX_LOG_BYTES), str(path))
+    log = read_log(read_bytes(path, MAX_LOG_BYTES, what="input log"), str(path))
     # the log is data: its model is compared, never imported from it (module:factory games)
     model_of_file(log.model, args.backend, str(path))
     savepoint = None
     if args.state is not None:
-        savepoint = read_bytes(args.state, MAX_SAVEPOINT_BYTES)
+        savepoint = read_bytes(args.state, MAX_SAVEPOINT_BYTES, what="save point")
     backend = load_backend(log.model, model_path=args.model_path, **_settings(log.model, args))
     result = _play(backend, log, args.out, savepoint)
     print(json.dumps(result))
@@ -101,7 +101,7 @@ def run_story(args) -> int:
     from worldstream.engine.studio.story import parse_story, story_log
 
     path = Path(args.story)
-    story = parse_story(read_bytes(path, MAX_STORY_BYTES), str(path))
+    story = parse_story(read_bytes(path, MAX_STORY_BYTES, what="storyboard"), str(path))
     from worldstream.engine.core.registry import backend_id
 
     name = args.backend or backend_id(args.world or "landscape", "builtin")

@@ -71,12 +71,16 @@ def read_json(raw: bytes | bytearray | str, name: str, limit: int,
         raise InputError(f"{name}: not valid JSON ({_one_line(err)})") from None
 
 
-def read_bytes(path: str | Path, limit: int, name: str | None = None) -> bytes:
+def read_bytes(path: str | Path, limit: int, name: str | None = None,
+               what: str = "file") -> bytes:
     """A file's bytes, its size checked before it is read; InputError (one line naming the
-    file) when it is missing, not a file, unreadable or larger than ``limit`` bytes."""
+    file) when it is missing (``{what} not found: {path}``), not a file, unreadable or
+    larger than ``limit`` bytes."""
     path = Path(path)
     name = name or str(path)
     try:
+        if not path.exists():
+            raise InputError(f"{what} not found: {path}")
         size = path.stat().st_size
         if not path.is_file():
             raise InputError(f"{name}: not a file")
@@ -92,10 +96,10 @@ def read_bytes(path: str | Path, limit: int, name: str | None = None) -> bytes:
 
 
 def read_json_file(path: str | Path, limit: int, name: str | None = None,
-                   max_depth: int = MAX_FILE_DEPTH) -> Any:
+                   max_depth: int = MAX_FILE_DEPTH, what: str = "file") -> Any:
     """:func:`read_json` of a file read by :func:`read_bytes`."""
     name = name or str(path)
-    return read_json(read_bytes(path, limit, name), name, limit, max_depth)
+    return read_json(read_bytes(path, limit, name, what), name, limit, max_depth)
 
 
 def validate(model: type[T] | TypeAdapter, data: Any, name: str,

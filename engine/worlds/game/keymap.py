@@ -201,7 +201,7 @@ def load(path: str | Path, meanings: tuple[str, ...] | list[str], env_id: str) -
     from worldstream.engine.core.reader import read_json_file
 
     try:
-        data = read_json_file(path, MAX_KEYMAP_BYTES)
+        data = read_json_file(path, MAX_KEYMAP_BYTES, what="key map")
     except ValueError as exc:  # too large, too deep, not UTF-8, not JSON, unreadable
         raise KeyMapError(f"cannot read key map: {exc}") from None
     return from_json(data, meanings, env_id)
