@@ -19,6 +19,7 @@ from fastapi import FastAPI, Request, WebSocket  # noqa: E402
 from fastapi.responses import Response  # noqa: E402
 from fastapi.staticfiles import StaticFiles  # noqa: E402
 from starlette.middleware.trustedhost import TrustedHostMiddleware  # noqa: E402
+from starlette.requests import ClientDisconnect  # noqa: E402
 
 from worldstream.app.access import AccessPolicy, page_only  # noqa: E402
 from worldstream.app.bodies import BodyLimit, UploadBudget, route_limits  # noqa: E402
@@ -133,6 +134,8 @@ def create_app(engine: EngineAPI, limits: Limits | None = None, *, ui: bool = Tr
     # NOTE: a session may close (DELETE, the reaper) during any await of a request that
     # authenticated before it: whatever then meets the closed session is a 404, never a 500
     app.add_exception_handler(SessionClosedError, lambda _request, _err: SESSION_ENDED.response())
+    # a client that goes away in the middle of its body: nothing to answer, nothing to log
+    app.add_exception_handler(ClientDisconnect, lambda _request, _err: Response(status_code=400))
     # every body against its route's limit as it streams in (app/bodies.py)
     app.add_middleware(BodyLimit, limit_of=route_limits(m.MAX_HTTP_BODY_BYTES, {
         "state": MAX_SAVEPOINT_BYTES, "picture": MAX_PICTURE_BYTES, "story": MAX_STORY_BYTES}))
