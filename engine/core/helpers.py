@@ -132,7 +132,8 @@ def run_in_child(function: Callable[..., Any], *args: Any, timeout_s: float,
         # it filled the pipe, and start() waited for the child's interpreter to read it
         # while that started at full priority beside the sessions playing
         try:
-            os.setpriority(os.PRIO_PROCESS, process.pid, nice)
+            if process.pid is not None:  # (0 would renice this process)
+                os.setpriority(os.PRIO_PROCESS, process.pid, nice)
         except OSError:  # it has ended already
             pass
         try:

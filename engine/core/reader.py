@@ -176,13 +176,13 @@ def value_problem(metadata: list[Any], value: Any) -> str | None:
             continue
         if not isinstance(value, int | float) or isinstance(value, bool):
             continue
-        if isinstance(item, annotated_types.Ge) and not value >= item.ge:
+        if isinstance(item, annotated_types.Ge) and not value >= typing.cast(float, item.ge):
             return f"must be >= {item.ge}, got {value!r}"
-        if isinstance(item, annotated_types.Gt) and not value > item.gt:
+        if isinstance(item, annotated_types.Gt) and not value > typing.cast(float, item.gt):
             return f"must be > {item.gt}, got {value!r}"
-        if isinstance(item, annotated_types.Le) and not value <= item.le:
+        if isinstance(item, annotated_types.Le) and not value <= typing.cast(float, item.le):
             return f"must be <= {item.le}, got {value!r}"
-        if isinstance(item, annotated_types.Lt) and not value < item.lt:
+        if isinstance(item, annotated_types.Lt) and not value < typing.cast(float, item.lt):
             return f"must be < {item.lt}, got {value!r}"
     return None
 
