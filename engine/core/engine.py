@@ -172,7 +172,7 @@ class Engine:
             # NOTE: made here, in the caller's thread (a crafter world: ~1 s): on the engine
             # thread it stalled every session's stream at each create
             with self._lock:
-                self.scheduler.admit(len(self._sessions))  # CapacityError before the work
+                self.scheduler.check_admit(len(self._sessions))  # CapacityError before the work
             make = self.backend.prepare_state(prompt, seed)
         if self._prompts is not None:  # encode it here, in the caller's thread, not on ours
             try:
