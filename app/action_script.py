@@ -16,16 +16,18 @@ keys such as ``fire``); ``prompt`` switches the scene prompt. An event has ``key
 
 from __future__ import annotations
 
-import json
 import time
 from collections import deque
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from worldstream.engine.core.fields import HeldKey
 from worldstream.engine.worlds.actions import keys_to_action
+
+#: the largest action script read (a 10-minute script with a key change every frame: ~1 MB)
+MAX_SCRIPT_BYTES = 4 * 2**20
 
 _ROTATE = {"up": "right", "right": "down", "down": "left", "left": "up"}
 
@@ -139,15 +141,8 @@ def game_script(wire_keys: tuple[str, ...] | list[str], frames: int) -> ActionSc
 def load_action_script(path: str | Path, keys: tuple[str, ...] | None = None) -> ActionScript:
     """Parse and validate a script whose held keys are ``keys`` (a game's wire keys; None:
     the directions); raises FileNotFoundError or ValueError (one line)."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"action script not found: {path}")
-    try:
-        return ActionScript.model_validate(json.loads(path.read_text()),
-                                           context={"keys": keys} if keys else None)
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path}: not valid JSON ({err})") from None
-    except ValidationError as err:
-        first = err.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise ValueError(f"{path}: malformed action script at '{where}': {first['msg']}") from None
+    from worldstream.engine.core.reader import read_json_file, validate
+
+    data = read_json_file(path, MAX_SCRIPT_BYTES, what="action script")
+    return validate(ActionScript, data, f"{path}: malformed action script",
+                    {"keys": keys} if keys else None)

@@ -41,10 +41,23 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError, BackendUnavailableError) as err:
-        # bad input or a model that cannot load here: one line, exit code 2
-        print(f"worldstream {args.command}: error: {err}", file=sys.stderr)
+    except (ValueError, OSError, RecursionError, BackendUnavailableError) as err:
+        # bad input (a file, a value: engine.core.reader), a file that cannot be read or a
+        # model that cannot load here: one line, exit code 2
+        print(f"worldstream {args.command}: error: {_one_line(err)}", file=sys.stderr)
         return 2
+    except Exception as err:
+        # NOTE: no traceback reaches a user; one who debugs asks for it
+        if os.environ.get("WORLDSTREAM_TRACEBACK"):
+            raise
+        print(f"worldstream {args.command}: internal error: {type(err).__name__}: "
+              f"{_one_line(err)} (WORLDSTREAM_TRACEBACK=1 shows where)", file=sys.stderr)
+        return 1
+
+
+def _one_line(err: BaseException) -> str:
+    text = " ".join(str(err).split())
+    return text if len(text) <= 500 else text[:497] + "..."
 
 
 if __name__ == "__main__":

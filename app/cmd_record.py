@@ -57,14 +57,14 @@ def _game_worlds() -> tuple[str, ...]:
 
 def _from_log(args: argparse.Namespace) -> dict:
     from worldstream.engine.backends.game.log_dataset import dataset_from_log
+    from worldstream.engine.core.inputlog import MAX_LOG_BYTES
+    from worldstream.engine.core.reader import read_bytes
+    from worldstream.engine.studio.savepoint import MAX_SAVEPOINT_BYTES
 
-    if not args.from_log.is_file():
-        raise FileNotFoundError(f"input log not found: {args.from_log}")
+    log = read_bytes(args.from_log, MAX_LOG_BYTES, what="input log")
     savepoint = None
     if args.state is not None:
-        if not args.state.is_file():
-            raise FileNotFoundError(f"save point not found: {args.state}")
-        savepoint = args.state.read_bytes()
+        savepoint = read_bytes(args.state, MAX_SAVEPOINT_BYTES, what="save point")
     if args.keymap is not None and not args.keymap.is_file():
         raise FileNotFoundError(f"key map not found: {args.keymap}")
     model = None  # the game the command line named, if any: the log's must be the same
@@ -72,7 +72,7 @@ def _from_log(args: argparse.Namespace) -> dict:
         from worldstream.engine.core.registry import GAME_WORLDS, env_backend_id
 
         model = env_backend_id(args.env if args.env is not None else GAME_WORLDS[args.world])
-    return dataset_from_log(args.from_log.read_bytes(), args.out, name=str(args.from_log),
+    return dataset_from_log(log, args.out, name=str(args.from_log),
                             keymap=args.keymap, savepoint=savepoint,
                             shard_frames=args.shard_frames, model=model)
 

@@ -16,6 +16,11 @@ from typing import Any
 
 import numpy as np
 
+from worldstream.engine.core.inputlog import MAX_LOG_BYTES
+from worldstream.engine.core.reader import read_bytes
+from worldstream.engine.studio.savepoint import MAX_SAVEPOINT_BYTES
+from worldstream.engine.studio.story import MAX_STORY_BYTES
+
 
 class Mp4Writer:
     """Frames ``(n, H, W, 3)`` uint8 appended to an H.264 MP4 at ``fps`` (PyAV)."""
@@ -76,16 +81,12 @@ def run_replay(args) -> int:
     from worldstream.engine.studio.replay import read_log
 
     path = Path(args.replay)
-    if not path.is_file():
-        raise FileNotFoundError(f"input log not found: {path}")
-    log = read_log(path.read_bytes(), str(path))
+    log = read_log(read_bytes(path, MAX_LOG_BYTES, what="input log"), str(path))
     # the log is data: its model is compared, never imported from it (module:factory games)
     model_of_file(log.model, args.backend, str(path))
     savepoint = None
     if args.state is not None:
-        if not Path(args.state).is_file():
-            raise FileNotFoundError(f"save point not found: {args.state}")
-        savepoint = Path(args.state).read_bytes()
+        savepoint = read_bytes(args.state, MAX_SAVEPOINT_BYTES, what="save point")
     backend = load_backend(log.model, model_path=args.model_path, **_settings(log.model, args))
     result = _play(backend, log, args.out, savepoint)
     print(json.dumps(result))
@@ -100,9 +101,7 @@ def run_story(args) -> int:
     from worldstream.engine.studio.story import parse_story, story_log
 
     path = Path(args.story)
-    if not path.is_file():
-        raise FileNotFoundError(f"storyboard not found: {path}")
-    story = parse_story(path.read_bytes(), str(path))
+    story = parse_story(read_bytes(path, MAX_STORY_BYTES, what="storyboard"), str(path))
     from worldstream.app.game_args import DEFAULT_WORLD
     from worldstream.engine.core.registry import backend_id, default_model
 

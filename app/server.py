@@ -19,11 +19,18 @@ from fastapi import FastAPI, Request, WebSocket  # noqa: E402
 from fastapi.responses import Response  # noqa: E402
 from fastapi.staticfiles import StaticFiles  # noqa: E402
 from starlette.middleware.trustedhost import TrustedHostMiddleware  # noqa: E402
+from starlette.requests import ClientDisconnect  # noqa: E402
 
 from worldstream.app.access import AccessPolicy, page_only  # noqa: E402
+from worldstream.app.bodies import BodyLimit, UploadBudget, route_limits  # noqa: E402
 from worldstream.app.errors import ApiError  # noqa: E402
 from worldstream.app.metrics import metrics_body  # noqa: E402
+from worldstream.app.slow_work import SlowWork  # noqa: E402
 from worldstream.engine.core.api import CapacityError, EngineAPI, SessionClosedError  # noqa: E402
+from worldstream.engine.core.helpers import HelperError  # noqa: E402
+from worldstream.engine.studio.picture import MAX_PICTURE_BYTES  # noqa: E402
+from worldstream.engine.studio.savepoint import MAX_SAVEPOINT_BYTES  # noqa: E402
+from worldstream.engine.studio.story import MAX_STORY_BYTES  # noqa: E402
 from worldstream.streaming import messages as m  # noqa: E402
 from worldstream.streaming.limits import ClientBuckets, Limits  # noqa: E402
 from worldstream.streaming.sessions import (  # noqa: E402
@@ -95,6 +102,8 @@ def create_app(engine: EngineAPI, limits: Limits | None = None, *, ui: bool = Tr
         webrtc: Any = ReplicaWebRTC(manager)
     else:
         webrtc = WebRTCTransport(manager)
+    # session creations and the studio routes' loads: a bounded pool of their own
+    slow = SlowWork(retry_after_s=limits.retry_after_s)
     throttle = ClientBuckets(limits.auth_failures_per_s, limits.auth_failure_burst)
     creations = ClientBuckets(limits.creations_per_s, limits.creation_burst)
 
@@ -110,6 +119,7 @@ def create_app(engine: EngineAPI, limits: Limits | None = None, *, ui: bool = Tr
             yield
         finally:
             reaper.cancel()
+            slow.close()
             manager.close_all()
             await webrtc.close_all()
 
@@ -124,6 +134,11 @@ def create_app(engine: EngineAPI, limits: Limits | None = None, *, ui: bool = Tr
     # NOTE: a session may close (DELETE, the reaper) during any await of a request that
     # authenticated before it: whatever then meets the closed session is a 404, never a 500
     app.add_exception_handler(SessionClosedError, lambda _request, _err: SESSION_ENDED.response())
+    # a client that goes away in the middle of its body: nothing to answer, nothing to log
+    app.add_exception_handler(ClientDisconnect, lambda _request, _err: Response(status_code=400))
+    # every body against its route's limit as it streams in (app/bodies.py)
+    app.add_middleware(BodyLimit, limit_of=route_limits(m.MAX_HTTP_BODY_BYTES, {
+        "state": MAX_SAVEPOINT_BYTES, "picture": MAX_PICTURE_BYTES, "story": MAX_STORY_BYTES}))
     if access.allowed_hosts is not None:  # against DNS rebinding (HTTP and WebSocket)
         app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(access.allowed_hosts))
 
@@ -187,9 +202,14 @@ def create_app(engine: EngineAPI, limits: Limits | None = None, *, ui: bool = Tr
         prompt = _session_prompt(body.prompt, engine.world)
         creations.take(client)
         try:
-            # off the event loop: the engine may encode the prompt, a replica may be remote
-            session = await asyncio.to_thread(manager.create, prompt, seed=body.seed,
-                                              fps=body.fps, client=client)
+            # off the event loop and off the pool that encodes frames: the engine may encode
+            # the prompt or make a game's world, a replica may be remote
+            session = await slow.run(lambda: manager.create(prompt, seed=body.seed,
+                                                            fps=body.fps, client=client))
+        except HelperError as err:  # the helper failed, not the request: retry
+            raise ApiError(503, str(err), retry_after_s=limits.retry_after_s,
+                           headers={"Retry-After": str(max(1, round(limits.retry_after_s)))}
+                           ) from None
         except CapacityError as err:
             raise ApiError(503, str(err), retry_after_s=err.retry_after_s,
                            headers={"Retry-After": str(max(1, round(err.retry_after_s)))}
@@ -303,7 +323,10 @@ def create_app(engine: EngineAPI, limits: Limits | None = None, *, ui: bool = Tr
 
     from worldstream.app import world_routes
 
-    app.include_router(world_routes.router(engine, authorized, client_of, _bearer))
+    uploads = UploadBudget(limits.uploads_per_session, limits.upload_budget_bytes,
+                           limits.retry_after_s)
+    app.include_router(world_routes.router(engine, authorized, client_of, _bearer, uploads,
+                                           slow))
 
     # NOTE: not /static: Gradio serves its own fonts and scripts there, and a mount of ours
     # would shadow them (404s in the page)

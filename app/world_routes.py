@@ -11,15 +11,19 @@ the session goes on as it was), then hands the work to the engine thread and wai
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from worldstream.app.bodies import UploadBudget
 from worldstream.app.errors import ApiError
+from worldstream.app.slow_work import SlowWork
 from worldstream.engine.core.api import CapacityError, RunsStudio, SessionClosedError
+from worldstream.engine.core.helpers import HelperError
 from worldstream.engine.studio.picture import MAX_PICTURE_BYTES, PictureError
 from worldstream.engine.studio.savepoint import MAX_SAVEPOINT_BYTES, SavepointError
 from worldstream.engine.studio.story import MAX_STORY_BYTES, parse_story
@@ -28,9 +32,11 @@ from worldstream.engine.studio.story import MAX_STORY_BYTES, parse_story
 _ENGINE_WAIT_S = 60.0
 
 
-async def _read_capped(request: Request, limit: int, error) -> bytearray:
+async def _read_capped(request: Request, limit: int, error,
+                       take: Callable[[int], None] | None = None) -> bytearray:
     """The request body in one buffer, refused with 413 past ``limit`` bytes (before reading
-    it all when Content-Length says so)."""
+    it all when Content-Length says so); ``take(n)`` is told of each chunk before it is held
+    (an upload budget's: raises to refuse it, ``app.bodies.UploadBudget``)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise error(413, f"{declared} bytes exceeds the limit of {limit} bytes", "body")
@@ -42,6 +48,8 @@ async def _read_capped(request: Request, limit: int, error) -> bytearray:
     async for chunk in request.stream():
         if len(body) + len(chunk) > limit:
             raise error(413, f"the body exceeds the limit of {limit} bytes", "body")
+        if take is not None:
+            take(len(chunk))
         body += chunk
     return body
 
@@ -51,10 +59,19 @@ def _content_type(request: Request) -> str:
 
 
 def router(engine: Any, authorized: Callable, client_of: Callable,
-           bearer: Callable) -> APIRouter:
+           bearer: Callable, uploads: UploadBudget | None = None,
+           slow: SlowWork | None = None) -> APIRouter:
     """The routes, as a FastAPI router over ``engine``; ``authorized(session_id, token,
-    client)`` is the server's session check (raises its ApiError)."""
+    client)`` is the server's session check (raises its ApiError); ``uploads`` bounds the
+    uploads in flight (default: one per session, ``Limits().upload_budget_bytes`` in all);
+    ``slow`` runs their loads (default: a pool of its own, ``app.slow_work``)."""
     routes = APIRouter()
+    slow = slow or SlowWork()
+    if uploads is None:
+        from worldstream.streaming.limits import Limits
+
+        defaults = Limits()
+        uploads = UploadBudget(defaults.uploads_per_session, defaults.upload_budget_bytes)
     from worldstream.engine.studio import worldio
 
     def studio(op: str, session_id: str, *args: Any) -> Any:
@@ -65,12 +82,15 @@ def router(engine: Any, authorized: Callable, client_of: Callable,
         return getattr(worldio, op)(engine, session_id, *args)
 
     async def wait(start: Callable[[], Any], field: str) -> Any:
-        """Run ``start()`` (validates, returns the engine's future) off the event loop (it may
-        decode a large picture or hash the model once) and await its result, mapping failures
-        to ApiError."""
+        """Run ``start()`` (validates, returns the engine's future) in the slow-work pool (it
+        may decode a large picture, replay a game or hash the model once; never the pool that
+        encodes frames) and await its result, mapping failures to ApiError."""
         try:
-            future = await asyncio.to_thread(start)
+            future = await slow.run(start, field)
             return await asyncio.wait_for(asyncio.wrap_future(future), _ENGINE_WAIT_S)
+        except HelperError as err:  # a helper process failed, not the file: retry
+            raise ApiError(503, str(err), field, retry_after_s=slow.retry_after_s,
+                           headers={"Retry-After": "2"}) from None
         except (SavepointError, PictureError) as err:
             raise ApiError(400, str(err), field) from None
         except CapacityError as err:
@@ -88,14 +108,18 @@ def router(engine: Any, authorized: Callable, client_of: Callable,
     def session_of(session_id: str, request: Request, token: str | None = None):
         return authorized(session_id, bearer(request) or token, client_of(request))
 
+    @contextlib.asynccontextmanager
     async def upload(session_id: str, request: Request, types: tuple[str, ...], refusal: str,
-                     limit: int) -> bytearray:
-        """The body sent to session ``session_id`` (checked first): 415 with ``refusal`` when
-        its Content-Type is none of ``types``, 413 past ``limit`` bytes."""
+                     limit: int) -> AsyncIterator[bytearray]:
+        """The body sent to session ``session_id`` (checked first), for the body of the
+        ``async with``: 415 with ``refusal`` when its Content-Type is none of ``types``, 413
+        past ``limit`` bytes; its bytes count against the upload budget (``uploads``) as they
+        arrive and until the ``async with`` ends (429/503/413 past it)."""
         session_of(session_id, request)
         if _content_type(request) not in types:
             raise ApiError(415, refusal, "content-type")
-        return await _read_capped(request, limit, ApiError)
+        async with uploads.slot(session_id) as ticket:
+            yield await _read_capped(request, limit, ApiError, ticket.take)
 
     @routes.get("/api/controls")
     async def controls() -> dict[str, Any]:
@@ -125,28 +149,28 @@ def router(engine: Any, authorized: Callable, client_of: Callable,
 
     @routes.post("/api/sessions/{session_id}/state")
     async def load_state(session_id: str, request: Request) -> dict[str, Any]:
-        data = await upload(session_id, request, ("application/octet-stream",),
-                            "send the save file as Content-Type: application/octet-stream",
-                            MAX_SAVEPOINT_BYTES)
-        return await wait(lambda: studio("load", session_id, data), "state")
+        async with upload(session_id, request, ("application/octet-stream",),
+                          "send the save file as Content-Type: application/octet-stream",
+                          MAX_SAVEPOINT_BYTES) as data:  # counted until the load is done
+            return await wait(lambda: studio("load", session_id, data), "state")
 
     @routes.post("/api/sessions/{session_id}/picture")
     async def picture(session_id: str, request: Request) -> dict[str, Any]:
-        data = await upload(session_id, request, ("image/png", "image/jpeg"),
-                            "send the picture as Content-Type: image/png or image/jpeg",
-                            MAX_PICTURE_BYTES)
-        return await wait(lambda: studio("start_from_picture", session_id, data),
-                          "picture")
+        async with upload(session_id, request, ("image/png", "image/jpeg"),
+                          "send the picture as Content-Type: image/png or image/jpeg",
+                          MAX_PICTURE_BYTES) as data:
+            return await wait(lambda: studio("start_from_picture", session_id, data),
+                              "picture")
 
     @routes.post("/api/sessions/{session_id}/story")
     async def story(session_id: str, request: Request) -> dict[str, Any]:
-        raw = await upload(session_id, request, ("application/json",),
-                           "the body must be JSON sent as Content-Type: application/json",
-                           MAX_STORY_BYTES)
-        try:
-            board = await asyncio.to_thread(parse_story, raw)
-        except ValueError as err:
-            raise ApiError(400, str(err), "story") from None
+        async with upload(session_id, request, ("application/json",),
+                          "the body must be JSON sent as Content-Type: application/json",
+                          MAX_STORY_BYTES) as raw:
+            try:
+                board = await slow.run(lambda: parse_story(raw), "story")
+            except ValueError as err:
+                raise ApiError(400, str(err), "story") from None
         result = await wait(lambda: studio("play_story", session_id, board), "story")
         return {**result, "story": json.loads(board.model_dump_json())}
 

@@ -22,6 +22,7 @@ SUITES = {
     "browser": "worldstream.bench.browser",
     "replay": "worldstream.bench.replay",
     "savepoint": "worldstream.bench.savepoint_load",
+    "robustness": "worldstream.bench.robustness",
     "matrix_game_cpu": "worldstream.bench.matrix_game_cpu",
     "gpu_matrix_game": "worldstream.bench.gpu_matrix_game",
 }

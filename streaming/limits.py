@@ -53,11 +53,18 @@ class Limits:
     websockets_per_client: int | None = None
     """Open WebSocket connections one client address may hold over all its sessions, those
     still closing included (more: 429; None: ``max_sessions * websockets_per_session``)."""
+    uploads_per_session: int = 1
+    """Uploads (save point, picture, story) a session may have in flight, read or being
+    loaded (more: 429)."""
+    upload_budget_bytes: int = 48 * 2**20
+    """Bytes of uploads held in all at once, counted as they arrive (``app.bodies``): the
+    server's memory over idle that uploads may take. Past it: 503 and Retry-After; one upload
+    larger than it: 413."""
 
     def __post_init__(self) -> None:
         for name in ("max_sessions", "message_burst", "frame_log_frames",
                      "peer_connections_per_session", "auth_failure_burst", "creation_burst",
-                     "websockets_per_session"):
+                     "websockets_per_session", "uploads_per_session", "upload_budget_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("sessions_per_client", "websockets_per_client"):

@@ -22,6 +22,7 @@ from worldstream.engine.core.limits import (
     MAX_FORK_BRANCHES,  # noqa: F401  # the wire's bounds, read as messages.MAX_*
     MAX_PROMPT_CHARS,
 )
+from worldstream.engine.core.reader import json_depth
 from worldstream.engine.worlds.avatar.actions import EXPRESSIONS
 
 #: the largest control message accepted, bytes of UTF-8 (PROTOCOL: 4 KB)
@@ -176,29 +177,6 @@ def _seq_of(data: Any) -> int | None:
 
 #: deepest nesting of arrays/objects a client message may have (the protocol needs 3)
 MAX_JSON_DEPTH = 16
-
-
-def json_depth(text: str) -> int:
-    """Deepest nesting of ``[``/``{`` in a JSON text, strings skipped; computed without parsing
-    (Python's parser raises RecursionError on ~1,000 levels: 2 KB of brackets)."""
-    depth = deepest = 0
-    in_string = escaped = False
-    for ch in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif ch in "]}":
-            depth -= 1
-    return deepest
 
 
 def parse_client_message(raw: str | bytes, keys: tuple[str, ...] | None = None) -> Any:
@@ -370,6 +348,8 @@ def parse_body(model: type[BaseModel], raw: bytes) -> Any:
     if len(raw) > MAX_HTTP_BODY_BYTES:
         raise MessageError("too_large", "body",
                            f"{len(raw)} bytes exceeds the limit of {MAX_HTTP_BODY_BYTES} bytes")
+    if json_depth(raw) > MAX_JSON_DEPTH:
+        raise MessageError("malformed", "body", f"nested deeper than {MAX_JSON_DEPTH} levels")
     try:
         return model.model_validate_json(raw)
     except ValidationError as err:

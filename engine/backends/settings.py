@@ -11,6 +11,7 @@ import ast
 import dataclasses
 import inspect
 import json
+import math
 import textwrap
 import types
 import typing
@@ -19,12 +20,19 @@ from typing import Any
 
 import torch
 
+from worldstream.engine.core.reader import field_metadata, json_depth, read_json_file, value_problem
+
 #: the file beside a world's weights that holds its stream settings
 SETTINGS_FILE = "stream_config.json"
 #: the commit that last had the code of retired settings (the model cards' experiments tables)
 RETIRED_AT = "60fcd8b"
 #: settings of experiments that did not ship, with the value that meant "off"
 RETIRED = {"decode_refining": False, "world_noise_period": 0, "world_noise_hold": 64}
+
+#: the largest settings file (or ``--set`` value) read, and the deepest value (a colour
+#: prior's table is the deepest setting: 3)
+_MAX_SETTINGS_BYTES = 256 * 2**10
+_MAX_VALUE_DEPTH = 4
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -53,9 +61,13 @@ def coerce(cls: type, name: str, value: Any) -> Any:
     if name not in {f.name for f in dataclasses.fields(cls)}:
         raise ValueError(f"unknown setting {name!r}; `--set help` lists them")
     try:
-        return _coerce(hints[name], value)
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"setting {name}: {err}") from None
+        value = _coerce(hints[name], value)
+    except (TypeError, ValueError, RecursionError) as err:
+        raise ValueError(f"setting {name}: {' '.join(str(err).split())[:200]}") from None
+    problem = value_problem(field_metadata(cls)[name], value)  # the field's declared range
+    if problem:
+        raise ValueError(f"setting {name} {problem}")
+    return value
 
 
 def _coerce(hint: Any, value: Any) -> Any:
@@ -89,8 +101,9 @@ def _coerce(hint: Any, value: Any) -> Any:
             raise ValueError(f"expected an integer, got {value!r}")
         return value
     if hint is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ValueError(f"expected a number, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, int | float) or \
+                not math.isfinite(value):
+            raise ValueError(f"expected a finite number, got {value!r}")
         return float(value)
     if hint is str:
         if not isinstance(value, str):
@@ -121,10 +134,7 @@ def load_settings(cls: type, folder: Path) -> dict[str, Any]:
     path = Path(folder) / SETTINGS_FILE
     if not path.is_file():
         return {}
-    try:
-        raw = json.loads(path.read_text())
-    except ValueError as err:
-        raise ValueError(f"{path}: not JSON ({err})") from None
+    raw = read_json_file(path, _MAX_SETTINGS_BYTES)
     if not isinstance(raw, dict):
         raise ValueError(f"{path}: expected an object of settings")
     try:
@@ -142,6 +152,10 @@ def parse_overrides(cls: type, items: list[str]) -> dict[str, Any]:
         name, sep, text = item.partition("=")
         if not sep or not name:
             raise ValueError(f"--set expects field=value, got {item!r}")
+        if json_depth(text) > _MAX_VALUE_DEPTH or len(text) > _MAX_SETTINGS_BYTES:
+            raise ValueError(f"--set {name.strip()[:60]}: the value is nested deeper than "
+                             f"{_MAX_VALUE_DEPTH} levels or longer than "
+                             f"{_MAX_SETTINGS_BYTES} bytes")
         try:
             value = json.loads(text)
         except ValueError:

@@ -8,6 +8,14 @@ is what it is lives in the world's model card, not here.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
+
+from annotated_types import Interval
+
+from worldstream.engine.core.reader import check_declared
+
+#: the most chunks a stream may retain (each costs KV pages in every state's budget)
+MAX_MEMORY_CHUNKS = 256
 
 
 @dataclass
@@ -15,22 +23,23 @@ class StreamConfig:
     """Streaming settings every neural backend shares (cross-field checks in
     :meth:`__post_init__`)."""
 
-    window_chunks: int = 4
+    window_chunks: Annotated[int, Interval(ge=1, le=64)] = 4
     """Chunks always attended besides the current one (the recency window), >= 1."""
     sink: bool = False
     """Keep the stream's first chunk attended for the whole stream (the attention sink)."""
-    memory_chunks: int = 12
-    """Chunks retained (>= window_chunks): sparse-memory candidates and rewind history."""
-    ctx_sigma: float = 0.05
+    memory_chunks: Annotated[int, Interval(ge=1, le=MAX_MEMORY_CHUNKS)] = 12
+    """Chunks retained (>= window_chunks, <= 256): sparse-memory candidates and rewind
+    history."""
+    ctx_sigma: Annotated[float, Interval(ge=0.0, lt=1.0)] = 0.05
     """Noise level in [0, 1) the cache fill labels the context with."""
     ctx_noise: bool = True
     """Also add real noise at ctx_sigma to the context (context augmentation)."""
-    shift: float = 1.0
+    shift: Annotated[float, Interval(gt=0.0, le=100.0)] = 1.0
     """Timestep shift of the flow-matching sampler (> 0)."""
-    last_step_cache_sigma: float | None = None
+    last_step_cache_sigma: Annotated[float, Interval(ge=0.0, lt=1.0)] | None = None
     """Keep the last denoising step's keys/values as the cache entry when its σ is at most
     this, skipping the cache fill's forward; in [0, 1) or None (always fill)."""
-    max_states: int = 16
+    max_states: Annotated[int, Interval(ge=1, le=256)] = 16
     """Sessions plus fork branches the KV page pool is sized for, >= 1."""
     recache: bool = True
     """Recompute the window's keys/values under a new prompt (a prompt switch)."""
@@ -43,6 +52,7 @@ class StreamConfig:
     (exact replay)."""
 
     def __post_init__(self):
+        check_declared(self)  # each field's declared range (and check), then across fields
         if self.window_chunks < 1 or self.memory_chunks < self.window_chunks:
             raise ValueError("need 1 <= window_chunks <= memory_chunks")
         if not 0.0 <= self.ctx_sigma < 1.0:

@@ -15,6 +15,7 @@ attributes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
@@ -174,6 +175,17 @@ class PromptPrefetch(Protocol):
 
     def prepare_prompt(self, text: str, blend_text: str | None = None,
                        blend_weight: float = 0.0) -> None: ...
+
+
+@runtime_checkable
+class PreparesStates(Protocol):
+    """A first state that is slow to make (a game's world generation) made off the engine
+    thread: ``prepare_state(prompt, seed)`` does the slow part in the caller's thread and
+    returns a function, cheap, that the engine thread calls for the state (a state never
+    taken is freed when the function is dropped). ValueError for a bad prompt or seed,
+    ``engine.core.helpers.HelperError`` when its helper fails."""
+
+    def prepare_state(self, prompt: str, seed: int) -> Callable[[], Any]: ...
 
 
 @runtime_checkable

@@ -32,6 +32,7 @@ from worldstream.engine.core.api import (
     SettingsCommand,
 )
 from worldstream.engine.core.backend import (
+    PreparesStates,
     PromptPrefetch,
     StepCost,
     WorldBackend,
@@ -166,6 +167,13 @@ class Engine:
         seed, fps = check_seed_and_fps(seed, fps, self.default_fps, self.config)  # ValueError
         if self._stop.is_set():
             raise RuntimeError("engine stopped")
+        make = None
+        if history is None and isinstance(self.backend, PreparesStates):
+            # NOTE: made here, in the caller's thread (a crafter world: ~1 s): on the engine
+            # thread it stalled every session's stream at each create
+            with self._lock:
+                self.scheduler.check_admit(len(self._sessions))  # CapacityError before the work
+            make = self.backend.prepare_state(prompt, seed)
         if self._prompts is not None:  # encode it here, in the caller's thread, not on ours
             try:
                 self.backend.prepare_prompt(prompt)
@@ -189,7 +197,7 @@ class Engine:
                                       seed=seed, prompt=prompt, chunk_frames=self.chunk_frames,
                                       steps=session.steps, fps=fps)
             self._sessions[session.session_id] = session
-        self._commands.put(Create(session, history))
+        self._commands.put(Create(session, history, make))
         return SessionInfo(session.session_id, self.backend.width, self.backend.height, fps,
                            pixel_art=self.pixel_art)
 
@@ -340,9 +348,10 @@ class Engine:
                         session.clock.started = False  # the next chunk starts it again
                         session.clock.anchor_ns = time.perf_counter_ns()
                     session.paused = paused
-            case Create(_, history):
+            case Create(_, history, make):
                 try:
-                    session.state = self.backend.new_state(session.prompt, session.seed)
+                    session.state = make() if make is not None else \
+                        self.backend.new_state(session.prompt, session.seed)
                     if history is not None:
                         observe_history(self.backend, session.state, *history)
                 except Exception as exc:  # CapacityError, ValueError, a backend failure

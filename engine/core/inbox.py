@@ -25,6 +25,8 @@ class Create:
 
     session: Session
     history: tuple[Any, Any] | None
+    #: the state made ahead off the engine thread (``PreparesStates``): called for it
+    make: Callable[[], Any] | None = None
 
 
 @dataclass(frozen=True)

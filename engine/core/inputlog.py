@@ -20,7 +20,7 @@ from __future__ import annotations
 import threading
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from worldstream.engine.core import fields
 from worldstream.engine.core.api import (
@@ -36,6 +36,7 @@ from worldstream.engine.core.limits import (
     MAX_SEED,
     check_json,
 )
+from worldstream.engine.core.reader import validate
 
 LOG_FORMAT = "worldstream-input-log/1"
 #: the largest input log read (a 60 s session with a key change every frame is ~100 KB)
@@ -220,10 +221,22 @@ LogEvent = Annotated[
 
 
 class LogStart(BaseModel):
+    """Where a log starts: a prompt, a picture (``png``, base64), a save point (the file's
+    ``sha256``), another replica's recent frames (``history``)."""
+
     model_config = ConfigDict(extra="forbid", strict=True)
     kind: Literal["prompt", "image", "savepoint", "history"]
     png: str | None = Field(default=None, max_length=4 * 2**20)
     sha256: str | None = Field(default=None, pattern="^[0-9a-f]{64}$")
+
+    @model_validator(mode="after")
+    def _has_its_source(self) -> LogStart:
+        # what the start's kind needs is present (a save point's log without its hash once
+        # failed with a TypeError at replay)
+        needed = {"image": "png", "savepoint": "sha256"}.get(self.kind)
+        if needed is not None and getattr(self, needed) is None:
+            raise ValueError(f"a start of kind {self.kind!r} needs its {needed}")
+        return self
 
 
 class ReplayLog(BaseModel):
@@ -262,12 +275,7 @@ def parse_log(raw: bytes | str, name: str = "input log",
     data = check_json(raw, name, MAX_LOG_BYTES)
     if isinstance(data, dict) and data.get("format") not in (None, LOG_FORMAT):
         raise ValueError(f"{name}: format {data.get('format')!r} is not {LOG_FORMAT!r}")
-    try:
-        log = ReplayLog.model_validate(data, context={"keys": keys} if keys else None)
-    except ValidationError as err:
-        first = err.errors(include_url=False)[0]
-        where = ".".join(str(p) for p in first["loc"]) or "log"
-        raise ValueError(f"{name}: {where}: {first['msg']}") from None
+    log = validate(ReplayLog, data, name, {"keys": keys} if keys else None)
     chunks = [e.chunk for e in log.events]
     if chunks != sorted(chunks):
         raise ValueError(f"{name}: events: chunk indices must not decrease")

@@ -7,7 +7,6 @@ this implementation admits, documented in ``streaming/PROTOCOL_EXTENSIONS.md``.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 #: the direction keys an ``action`` message may hold; a backend maps held keys to its own
@@ -54,13 +53,11 @@ def check_prompt(text: object, name: str = "prompt") -> str:
 
 def check_json(raw: bytes | str, name: str, limit: int) -> Any:
     """The decoded JSON text ``raw``; ValueError (one line naming ``name``) when it is longer
-    than ``limit`` bytes (characters for a str) or not valid JSON."""
-    if len(raw) > limit:
-        raise ValueError(f"{name}: {len(raw)} bytes, the limit is {limit}")
-    try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{name}: not valid JSON ({err})") from None
+    than ``limit`` bytes (characters for a str), nested too deep or not valid JSON
+    (:func:`engine.core.reader.read_json`)."""
+    from worldstream.engine.core.reader import read_json
+
+    return read_json(raw, name, limit)
 
 
 def heavier_prompt(text: str, blend_text: str | None, blend_weight: float) -> str:

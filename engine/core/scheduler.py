@@ -131,13 +131,18 @@ class Scheduler:
     def admit(self, num_sessions: int) -> None:
         """Reserve one state for a new session (call with the lock held). CapacityError when
         ``max_sessions`` sessions are live or the state budget is spent."""
+        self.check_admit(num_sessions)
+        self.budget.live += 1
+
+    def check_admit(self, num_sessions: int) -> None:
+        """:meth:`admit`'s CapacityError, reserving nothing (before slow work a refusal would
+        waste)."""
         cfg = self.config
         if num_sessions >= cfg.max_sessions:
             raise CapacityError(f"all {cfg.max_sessions} sessions are in use", cfg.retry_after_s)
         if not self.budget.can_reserve(1):
             raise CapacityError(f"the model's memory holds {self.budget.max_states} "
                                 "states and all are in use", cfg.retry_after_s)
-        self.budget.live += 1
 
     def plan_ms(self, s: Session) -> float:
         """The generation time a chunk of ``s`` is planned with, ms: the p95 of its recent

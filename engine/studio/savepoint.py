@@ -39,6 +39,8 @@ from worldstream.engine.core.limits import (
     MAX_SEED,
     MAX_STEPS,
 )
+from worldstream.engine.core.reader import read_json
+from worldstream.engine.core.saved import SAFETENSORS_DTYPES, nonfinite_array
 
 SAVEPOINT_FORMAT = "worldstream-savepoint/1"
 #: the largest save file read (a built-in model state is ~10 MB: KV pages, latents, tiles)
@@ -143,9 +145,7 @@ def encode(arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> bytes:
 _META_FIELDS = frozenset({"format", "model", "model_version", "session", "state"})
 #: safetensors' dtype names -> numpy's (its files are little-endian; bfloat16 has no numpy
 #: dtype and no exporter writes it)
-_DTYPES = {name: np.dtype(code) for name, code in {
-    "BOOL": "?", "U8": "u1", "I8": "i1", "U16": "<u2", "I16": "<i2", "F16": "<f2",
-    "U32": "<u4", "I32": "<i4", "F32": "<f4", "U64": "<u8", "I64": "<i8", "F64": "<f8"}.items()}
+_DTYPES = SAFETENSORS_DTYPES
 
 
 _Entry = tuple[str, tuple[int, ...], int]
@@ -224,10 +224,10 @@ def _header(data: bytes | bytearray) -> dict[str, Any]:
     if size > len(data) - 8:
         raise SavepointError("not a worldstream save point, or one cut short (its header "
                              "is longer than the file)")
-    try:
-        header = json.loads(bytes(data[8:8 + size]))
-    except ValueError:
-        raise SavepointError("not a worldstream save point (no worldstream header)") from None
+    try:  # bounded depth: a nested header once raised RecursionError
+        header = read_json(bytes(data[8:8 + size]), "the save file's header", size)
+    except ValueError as err:
+        raise SavepointError(f"not a worldstream save point ({err})") from None
     if not isinstance(header, dict):
         raise SavepointError("not a worldstream save point (no worldstream header)")
     return header
@@ -238,9 +238,15 @@ def read_meta(data: bytes | bytearray) -> dict[str, Any]:
     file that is not a worldstream save point or is cut short."""
     header = _header(data)
     try:
-        meta = json.loads(header["__metadata__"][_META_KEY])
-    except (ValueError, KeyError, TypeError):
+        text = header["__metadata__"][_META_KEY]
+        if not isinstance(text, str):
+            raise TypeError(text)
+    except (KeyError, TypeError):
         raise SavepointError("not a worldstream save point (no worldstream header)") from None
+    try:
+        meta = read_json(text, "the save point's metadata", len(text))
+    except ValueError as err:
+        raise SavepointError(str(err)) from None
     if not isinstance(meta, dict) or meta.get("format") != SAVEPOINT_FORMAT:
         raise SavepointError(f"not a {SAVEPOINT_FORMAT} file (format "
                              f"{meta.get('format') if isinstance(meta, dict) else None!r})")
@@ -282,7 +288,13 @@ def decode(data: bytes | bytearray, backend: Any
     # NOTE: every field against the world it loads into, and every array's size, before any
     # array is decoded: a 16 MB list of actions once became 600 MB of rewind snapshots
     check_saved(backend, meta["session"], meta["state"], read_layout(data))
-    return _arrays(data), meta
+    arrays = _arrays(data)
+    # NOTE: every family's floating-point arrays (latents, KV pages, text embeddings...): a
+    # NaN loaded with 200 and ended the session at its next chunk
+    bad = nonfinite_array(arrays)
+    if bad is not None:
+        raise SavepointError(f"the save point's array {bad[:60]} holds NaN or infinite values")
+    return arrays, meta
 
 
 def check_saved(backend: Any, session: Any, scalars: dict[str, Any],

@@ -12,6 +12,7 @@ import numpy as np
 
 from worldstream.engine.core.api import CapacityError
 from worldstream.engine.core.backend import SavesState
+from worldstream.engine.core.helpers import HelperError
 from worldstream.engine.studio.savepoint import SavepointError
 
 
@@ -64,7 +65,7 @@ def import_state(backend: Any, arrays: dict[str, np.ndarray], scalars: dict[str,
     saves = _saves(backend, "load")
     try:
         return saves.import_state(arrays, scalars)
-    except (CapacityError, SavepointError):
+    except (CapacityError, SavepointError, HelperError):  # each names its own cause
         raise
     except Exception as err:  # a hand-edited or damaged file that passed the header checks
         raise SavepointError(f"the save point's state does not fit this model ({err!r})") from None

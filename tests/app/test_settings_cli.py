@@ -84,7 +84,7 @@ def test_retired_settings_load_at_their_off_value_and_are_refused_otherwise(tmp_
 
 def test_a_broken_settings_file_names_the_file(tmp_path):
     (tmp_path / "stream_config.json").write_text("{not json")
-    with pytest.raises(ValueError, match="stream_config.json: not JSON"):
+    with pytest.raises(ValueError, match="stream_config.json: not valid JSON"):
         load_settings(BuiltinConfig, tmp_path)
     (tmp_path / "stream_config.json").write_text(json.dumps({"guidance": "lots"}))
     with pytest.raises(ValueError, match="stream_config.json: setting guidance"):
@@ -93,7 +93,7 @@ def test_a_broken_settings_file_names_the_file(tmp_path):
 
 @pytest.mark.parametrize("argv,message", [
     (["eval", "--set", "nonsense=1"], "unknown setting 'nonsense'"),
-    (["eval", "--set", "guidance=-1", "--skip-metrics"], "guidance and guidance_chunks"),
+    (["eval", "--set", "guidance=-1", "--skip-metrics"], "setting guidance must be >= 0"),
     (["play", "--world", "avatar", "--model", "wan-causal"], "no model 'wan-causal' for world"),
     (["generate", "--model", "sim", "--set", "guidance=3"], "--set takes the builtin model"),
 ])

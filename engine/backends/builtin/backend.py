@@ -197,10 +197,14 @@ class BuiltinBackend(PagedRunner, BuiltinSaves):
             start_frames = memory.simulated_start(self, prompt, seed)
         return super().new_state(prompt, seed, start_frames=start_frames)
 
+    def new_memory(self) -> SpatialMemory:
+        """A stream's empty spatial memory, as this model keeps it (a save point's must
+        match: ``savestate.check_builtin``)."""
+        return SpatialMemory(max_tiles=self.config.memory_tiles,
+                             settle_px=self.config.memory_settle_px)
+
     def _make_state(self, table, prompt, text, rng, start_frames=None) -> BuiltinState:
-        return BuiltinState(table, prompt, text, rng,
-                            memory=SpatialMemory(max_tiles=self.config.memory_tiles,
-                                                 settle_px=self.config.memory_settle_px),
+        return BuiltinState(table, prompt, text, rng, memory=self.new_memory(),
                             start_frames=start_frames, noise_seed=rng.initial_seed(),
                             reference_prompt=prompt)
 

@@ -8,70 +8,75 @@ card.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
 
 import torch
+from annotated_types import Interval
 
 from worldstream.engine.backends.stream_config import StreamConfig
+from worldstream.engine.core.limits import MAX_STEPS
+from worldstream.engine.core.reader import Check
 from worldstream.engine.models.builtin.colour_prior import ColourPrior
+from worldstream.engine.models.device import MAX_CPU_THREADS, device_problem
 
 
 @dataclass
 class BuiltinConfig(StreamConfig):
     """Streaming settings of the built-in model (the shared ones: :class:`StreamConfig`)."""
 
-    topk_pages: int = 0
+    topk_pages: Annotated[int, Interval(ge=0, le=4096)] = 0
     """Older KV pages attended per query chunk, picked by key similarity (0 = off)."""
-    spatial_pages: int = 0
+    spatial_pages: Annotated[int, Interval(ge=0, le=4096)] = 0
     """Older KV pages attended per query chunk, picked by camera overlap with the view
     (0 = off)."""
-    memory_tiles: int = 256
+    memory_tiles: Annotated[int, Interval(ge=1, le=65536)] = 256
     """Spatial-memory tiles (64 px a side) kept per stream, least recently used dropped, >= 1."""
-    memory_settle_px: int = 24
+    memory_settle_px: Annotated[int, Interval(ge=1, le=1024)] = 24
     """Pixels inside a frame's border a generated pixel must have been seen before it is final
     in memory, >= 1."""
     pixel_residual: bool = True
     """Show remembered pixels plus the model's change to them where memory holds current
     content, instead of the decode."""
-    residual_deadzone: float = 0.0
+    residual_deadzone: Annotated[float, Interval(ge=0.0, lt=255.0)] = 0.0
     """Soft threshold (levels of 255, in [0, 255)) on the model's change to remembered pixels
     (0 = off)."""
     residual_gate: tuple[float, float] | None = None
     """``(t1, t2)`` levels: where the change exceeds t1 the frame fades to the model's own
     decode, fully at t2 (None = off)."""
-    window_pose_tolerance: float | None = None
+    window_pose_tolerance: Annotated[float, Interval(ge=0.0, le=1e6)] | None = None
     """Window frames whose rig pose differs from the new chunk's by more than this (pose
     units) are left out of its attention (None = off)."""
     world_noise: bool = True
     """Read each frame's initial noise from a Gaussian field fixed in world coordinates
     instead of fresh noise."""
-    restyle_chunks: int = 3
+    restyle_chunks: Annotated[int, Interval(ge=1, le=10_000)] = 3
     """Chunks after a prompt switch that each start a new memory epoch, >= 1."""
-    guidance: float = 2.0
+    guidance: Annotated[float, Interval(ge=0.0, le=100.0)] = 2.0
     """Classifier-free guidance scale on the prompt after a switch (1 = off), >= 0."""
-    guidance_chunks: int | None = 30
+    guidance_chunks: Annotated[int, Interval(ge=0, le=10**9)] | None = 30
     """Chunks guided from a prompt switch (None: every chunk), >= 0."""
-    steady_guidance_sigma: float | None = 0.6
+    steady_guidance_sigma: Annotated[float, Interval(gt=0.0, le=1.0)] | None = 0.6
     """Outside those chunks, guide the prompt at the steps whose σ is at least this, in
     (0, 1] (None = off)."""
-    last_step_cache_sigma: float | None = 0.3
+    last_step_cache_sigma: Annotated[float, Interval(ge=0.0, lt=1.0)] | None = 0.3
     """:class:`StreamConfig`'s, at the built-in recipe's largest context noise."""
-    first_step_from_memory: int | None = 4
+    first_step_from_memory: Annotated[int, Interval(ge=2, le=MAX_STEPS)] | None = 4
     """In chunks of at least this many steps (>= 2), the memory base stands in for the first
     step's prediction (None = off)."""
-    refining_detail_cap: float | None = 2.0
+    refining_detail_cap: Annotated[float, Interval(gt=0.0, le=1e3)] | None = 2.0
     """Remembered detail carried onto ground still being refined is limited to this many
     times the autoencoder's loss on the stream's real frames, > 0 (None = off)."""
     refining_detail_shading: bool = True
     """That detail keeps only its shading of the decoded colour under it."""
-    colour_anchor: float | None = 2.0
+    colour_anchor: Annotated[float, Interval(ge=0.0, le=1e6)] | None = 2.0
     """Tolerance (levels, >= 0) around the reference colour that generated ground's running
     mean colour is held within (None = off)."""
     colour_prior: ColourPrior | None = None
     """Per-scene mean colours the colour reference is shrunk toward (None: the frames' own)."""
-    action_guidance: float = 1.0
+    action_guidance: Annotated[float, Interval(ge=0.0, le=100.0)] = 1.0
     """Classifier-free guidance scale on the action against ``neutral_action`` (1 = off),
     >= 0."""
-    neutral_action: int | None = None
+    neutral_action: Annotated[int, Interval(ge=0, lt=2**16)] | None = None
     """The world's action id for no key, no expression, silence (needed by action
     guidance)."""
     kept_factors: tuple[int, ...] = ()
@@ -80,9 +85,9 @@ class BuiltinConfig(StreamConfig):
     """Compute dtype of the world model and the KV pool."""
     autoencoder_dtype: torch.dtype | None = None
     """The autoencoder's compute dtype (None: bf16 where the hardware has it, else dtype)."""
-    device: str = "cpu"
+    device: Annotated[str, Check(device_problem)] = "cpu"
     """torch device of the model and the KV pool."""
-    cpu_threads: int | None = 1
+    cpu_threads: Annotated[int, Interval(ge=1, le=MAX_CPU_THREADS)] | None = 1
     """torch intra-op threads on a CPU (process-wide; None = leave as is)."""
     compile: bool = False
     """Run the world model through ``torch.compile`` (warm-up at construction; eager where

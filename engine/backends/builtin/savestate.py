@@ -18,6 +18,7 @@ from worldstream.engine.core.limits import (
     MAX_PROMPT_CHARS,
     MAX_SEED,
 )
+from worldstream.engine.core.saved import Saved, layout_problem, saved_arrays, values_problem
 from worldstream.engine.studio.savepoint import SavepointError, frame_config, hash_tensors
 
 #: generator settings of experiments retired at 60fcd8b, and their defaults
@@ -122,9 +123,82 @@ def check_builtin(gen, scalars: dict[str, Any],
                              f"model's pool has {gen.k_pool.shape[1]}")
     if len(saved.history) > cfg.memory_chunks + (1 if cfg.sink else 0):
         raise SavepointError("the save point keeps more chunks than this model")
-    memory = saved.memory
+    if saved.window_chunks > cfg.window_chunks:
+        raise SavepointError(f"the save point's window_chunks {saved.window_chunks} is past "
+                             f"this model's {cfg.window_chunks}")
+    memory, own = saved.memory, gen.new_memory()
+    for name in ("tile", "max_tiles", "settle_px"):  # the model's own memory's, exactly
+        if getattr(memory, name) != getattr(own, name):
+            raise SavepointError(f"the save point's memory.{name} is "
+                                 f"{getattr(memory, name)}; this model's is "
+                                 f"{getattr(own, name)}")
     if len(memory.keys) != len(memory.used) or len(memory.keys) > memory.max_tiles:
         raise SavepointError("the save point's spatial memory lists its tiles unevenly")
+    _check_chunks(gen, saved, layout)
+    problem = layout_problem(layout, saved_layout(), saved_sizes(gen))
+    if problem:
+        raise SavepointError(f"the save point's {problem}")
+
+
+def saved_layout() -> dict[str, Saved]:
+    """The arrays a built-in state is saved as, from the declarations on its fields
+    (``BuiltinState``, ``ChunkRecord``, the memory's tiles) and its KV pages."""
+    from worldstream.engine.backends.builtin.state import BuiltinState, ChunkRecord
+    from worldstream.engine.models.builtin.spatial_memory import _Tile
+
+    tile = saved_arrays(_Tile)
+    return {"kv.k": _PAGES, "kv.v": _PAGES, "text": Saved(("D",), "<f4", limit=1e6),
+            "rng": Saved(("R",), "|u1"), **saved_arrays(BuiltinState),
+            **saved_arrays(ChunkRecord, "h*."),
+            **{f"mem.{k}": v.counted() for k, v in tile.items()},
+            # an undo record's part: a part of a tile (its span is checked against it)
+            **{f"h*.u*.*.{k}": v.loose("T") for k, v in tile.items()}}
+
+
+#: a state's KV pages: (layers, pages, *one page), float32
+_PAGES = Saved(("L", "*", "P0", "P1", "P2"), "<f4", limit=1e6)
+
+
+def saved_sizes(gen) -> dict[str, int]:
+    """The symbols of :func:`saved_layout` for the model ``gen``."""
+    import torch
+
+    mc = gen.model.config
+    layers, _, *page = gen.k_pool.shape
+    return {"F": gen.chunk_frames, "C": mc.latent_channels, "S": mc.latent_size,
+            "H": gen.height, "W": gen.width, "D": mc.text_dim, "L": layers,
+            **{f"P{i}": n for i, n in enumerate(page)},
+            "T": gen.new_memory().tile, "R": torch.Generator().get_state().numel()}
+
+
+def _check_chunks(gen, saved: _BuiltinScalars,
+                  layout: dict[str, tuple[str, tuple[int, ...]]]) -> None:
+    """Each retained chunk: the model's frames per chunk and action ids, the arrays it says
+    it has, and undo parts inside one tile, each as large as its array."""
+    f, tile = gen.chunk_frames, saved.memory.tile
+    count = gen.model.config.num_actions
+    if len(saved.memory.keys) and layout.get("mem.rgb", ("", (0,)))[1][:1] != \
+            (len(saved.memory.keys),):
+        raise SavepointError("the save point's memory tiles and their list differ in number")
+    for i, chunk in enumerate(saved.history):
+        if len(chunk.actions) != f or any(a >= count for a in chunk.actions):
+            raise SavepointError(f"the save point's chunk {i} holds {len(chunk.actions)} "
+                                 f"actions of ids < {count}; this model: {f} of ids < {count}")
+        needed = ["base", "known", "origins", "cam_pos", "cam_vel", *chunk.has]
+        missing = [n for n in needed if f"h{i}.{n}" not in layout]
+        if missing:
+            raise SavepointError(f"the save point's chunk {i} lacks its array {missing[0]}")
+        for j, parts in enumerate(chunk.undo):
+            for k, (_key, ys, xs) in enumerate(parts):
+                rows, cols = ys[1] - ys[0], xs[1] - xs[0]
+                if not (0 <= ys[0] < ys[1] <= tile and 0 <= xs[0] < xs[1] <= tile):
+                    raise SavepointError(f"the save point's undo part h{i}.u{j}.{k} lies "
+                                         f"outside a tile of {tile} px")
+                for name, extra in (("rgb", (3,)), ("epoch", ()), ("view", ())):
+                    shape = layout.get(f"h{i}.u{j}.{k}.{name}", ("", None))[1]
+                    if shape is None or tuple(shape) != (rows, cols, *extra):
+                        raise SavepointError(f"the save point's undo part h{i}.u{j}.{k}.{name} "
+                                             f"is not {(rows, cols, *extra)}")
 
 
 def export_builtin(gen, state) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
@@ -203,6 +277,9 @@ def import_builtin(gen, arrays: dict[str, np.ndarray], scalars: dict[str, Any]):
     from worldstream.engine.backends.builtin.state import BuiltinState, ChunkRecord
     from worldstream.engine.models.builtin.spatial_memory import SpatialMemory, UndoRecord, _Tile
 
+    problem = values_problem(arrays, saved_layout())
+    if problem:
+        raise SavepointError(f"the save point's {problem}")
     f = gen.chunk_frames
     n = int(scalars["table"]["pages"])
     sink = int(scalars["table"]["sink_pages"])

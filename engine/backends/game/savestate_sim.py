@@ -11,14 +11,12 @@ env without a native state is restored by replaying its episode's actions from i
 from __future__ import annotations
 
 import dataclasses
-import multiprocessing
-import os
 import threading
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from worldstream.engine.core.helpers import run_in_child
 from worldstream.engine.core.limits import MAX_SEED
 from worldstream.engine.studio.savepoint import SavepointError
 
@@ -56,6 +54,9 @@ _replaying = threading.Lock()
 #: the replaying process's niceness (Linux: 0-19, higher yields more): the sessions playing
 #: come first
 REPLAY_NICE = 10
+#: the longest a save point's replay may take, s (MAX_REPLAY_STEPS of crafter: ~15 s on a
+#: busy core); past it the process is killed and the load fails with HelperError
+REPLAY_TIMEOUT_S = 90.0
 
 
 def _int(value: Any, low: int, high: int | None = None) -> bool:
@@ -207,51 +208,12 @@ def _replayed(backend: Any, now: Any, history: list[tuple[Any, int]]
     # step) held the GIL for seconds, and every other session's engine thread waited on it
     # (their frames stalled during loads). The child runs at a lower CPU priority and sends
     # back the snapshots (the env's copies pickled).
-    out = _in_child(_replay, backend.env_id, backend.size, snaps)
+    out = run_in_child(_replay, backend.env_id, backend.size, snaps, nice=REPLAY_NICE,
+                       timeout_s=REPLAY_TIMEOUT_S, what="the process replaying the save point")
     # the actions as sent: one episode's snapshots stay views of one array (_episodes)
     out = [dataclasses.replace(o, actions=s.actions) for o, s in zip(out, snaps, strict=True)]
     return out[0], [(snap, episode) for snap, (_, episode) in zip(out[1:], history,
                                                                    strict=True)]
-
-
-def _in_child(function: Callable[..., Any], *args: Any) -> Any:
-    """``function(*args)`` in a new interpreter (multiprocessing's spawn) at niceness
-    REPLAY_NICE; its exception is raised here."""
-    context = multiprocessing.get_context("spawn")
-    here, there = context.Pipe()
-    process = context.Process(target=_serve_one, args=(there,), daemon=True)
-    process.start()
-    there.close()
-    try:
-        # NOTE: reniced at once, the work sent after: passed to start() (frames, actions),
-        # it filled the pipe, and start() waited for the child's interpreter to read it
-        # while that started at full priority beside the sessions playing
-        try:
-            os.setpriority(os.PRIO_PROCESS, process.pid, REPLAY_NICE)
-        except OSError:  # it has ended already
-            pass
-        try:
-            here.send((function, args))
-            ok, result = here.recv()
-        except (EOFError, BrokenPipeError):
-            raise SavepointError(f"loading the save point failed: its replaying process "
-                                 f"died (exit {process.exitcode})") from None
-    finally:
-        here.close()
-        process.join()
-    if not ok:
-        raise result
-    return result
-
-
-def _serve_one(connection: Any) -> None:
-    function, args = connection.recv()
-    try:
-        reply = (True, function(*args))
-    except Exception as err:  # noqa: BLE001  (sent to the caller, raised there)
-        reply = (False, err)
-    connection.send(reply)
-    connection.close()
 
 
 def _chains(snaps: list[Any]) -> dict[int, int]:

@@ -17,12 +17,11 @@ tell the transports and the page which keys the game has.
 
 from __future__ import annotations
 
-import multiprocessing
-import os
 import threading
 import time
 from collections import deque
-from concurrent.futures import Future, ProcessPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,10 +31,13 @@ from worldstream.engine.backends.game.keys import GameKeys, load_keymap
 from worldstream.engine.backends.game.savestate_sim import REPLAY_NICE, GameEnvSaves
 from worldstream.engine.backends.sim.backend import check_job, pop_history, push_history
 from worldstream.engine.core.backend import BackendInfo, ChunkJob, ChunkResult
+from worldstream.engine.core.helpers import HelperError, HelperPool
 from worldstream.engine.worlds.game.env import GameEnv, Snapshot
 
 #: the registry's backend family of this file (a backend id is ``game-sim:ENV``)
 FAMILY = "game-sim"
+#: the longest an episode start made ahead may take, s (crafter's world generation: ~1 s)
+STARTS_TIMEOUT_S = 30.0
 
 
 def episode_seed(seed: int, episode: int) -> int:
@@ -122,7 +124,10 @@ class GameEnvBackend(GameKeys, GameEnvSaves):
         #: episode starts made ahead in another process: a pure-Python env that copies
         #: (crafter's world generation), not an emulator whose reset is cheap (ALE)
         self.starts_ahead = probe.copyable and not probe.native_state
-        self._starts: ProcessPoolExecutor | None = None
+        # NOTE: supervised (engine.core.helpers): a dead process is replaced at the next
+        # start and only the start it held is lost (made by a reset at game over); one
+        # running past STARTS_TIMEOUT_S (a hung world generation) is killed and replaced
+        self._starts: HelperPool | None = None
 
     # ------------------------------------------------------------ states
     def _env(self) -> GameEnv:
@@ -150,6 +155,37 @@ class GameEnvBackend(GameKeys, GameEnvSaves):
         state = GameState(game, int(seed))
         self._start_ahead(state)
         return state
+
+    def prepare_state(self, prompt: str, seed: int) -> Callable[[], GameState]:
+        """:meth:`new_state` made in the caller's thread (``PreparesStates``): where episode
+        starts are made ahead (crafter's world generation, ~1 s), the first episode's start
+        comes from the starts process (waited for at most STARTS_TIMEOUT_S: HelperError past
+        it) and is restored here; the engine thread only takes the state."""
+        if not isinstance(seed, int | np.integer) or isinstance(seed, bool) or seed < 0:
+            raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+        if not self.starts_ahead:
+            return lambda: self.new_state(prompt, seed)
+        future = self._starts_pool().submit(first_snapshot, self.env_id, self.size,
+                                            episode_seed(int(seed), 0))
+        if future is None:
+            raise HelperError("the process making game worlds is busy; retry shortly")
+        try:
+            snap = future.result(STARTS_TIMEOUT_S)
+        except TimeoutError:
+            raise HelperError(f"the game world was not made within {STARTS_TIMEOUT_S:g} "
+                              "s") from None
+        except HelperError:
+            raise
+        except Exception as err:  # BrokenProcessPool: the starts process died
+            raise HelperError(f"the process making game worlds failed ({type(err).__name__})"
+                              ) from None
+        return _Taken(self, self.state_from(int(seed), 0, snap, []))
+
+    def _starts_pool(self) -> HelperPool:
+        if self._starts is None:
+            self._starts = HelperPool(1, nice=REPLAY_NICE, timeout_s=STARTS_TIMEOUT_S,
+                                      max_pending=4 * self.max_states)
+        return self._starts
 
     def state_from(self, seed: int, episode: int, snap: Snapshot,
                    history: list[tuple[Snapshot, int]]) -> GameState:
@@ -193,7 +229,7 @@ class GameEnvBackend(GameKeys, GameEnvSaves):
         for game in spare:
             game.close()
         if self._starts is not None:
-            self._starts.shutdown(wait=False, cancel_futures=True)
+            self._starts.close()
             self._starts = None
 
     def _start_ahead(self, state: GameState) -> None:
@@ -201,12 +237,12 @@ class GameEnvBackend(GameKeys, GameEnvSaves):
         (where :attr:`starts_ahead`)."""
         if not self.starts_ahead:
             return
-        if self._starts is None:
-            self._starts = ProcessPoolExecutor(
-                1, mp_context=multiprocessing.get_context("spawn"), initializer=_lower_priority)
         seed = episode_seed(state.seed, state.episode + 1)
-        state.next_start = (seed, self._starts.submit(first_snapshot, self.env_id, self.size,
-                                                      seed))
+        try:
+            future = self._starts_pool().submit(first_snapshot, self.env_id, self.size, seed)
+        except HelperError:  # none can start now: the next episode starts by a reset
+            future = None
+        state.next_start = None if future is None else (seed, future)
 
     def _next_episode(self, state: GameState, seed: int) -> np.ndarray:
         """The first frame of episode ``seed`` in ``state``'s env: restored from the start
@@ -285,12 +321,21 @@ def first_snapshot(env_id: str, size: int, seed: int) -> Snapshot:
         game.close()
 
 
-def _lower_priority() -> None:
-    # the starts process yields to the sessions playing (as the save-point replays do)
-    try:
-        os.setpriority(os.PRIO_PROCESS, 0, REPLAY_NICE)
-    except OSError:
-        pass
+class _Taken:
+    """A state made off the engine thread, handed over once; freed if never taken."""
+
+    def __init__(self, backend: GameEnvBackend, state: GameState):
+        self.backend, self.state = backend, state
+
+    def __call__(self) -> GameState:
+        state, self.state = self.state, None
+        if state is None:
+            raise ValueError("the state was already taken")
+        return state
+
+    def __del__(self) -> None:
+        if self.state is not None:
+            self.backend.free(self.state)
 
 
 def load_game_backend(**kwargs: Any) -> GameEnvBackend:

@@ -30,7 +30,7 @@ import threading
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 import torch
@@ -48,6 +48,8 @@ from worldstream.engine.core.action_space import ActionSpace
 from worldstream.engine.core.backend import BackendInfo
 from worldstream.engine.core.kv_cache import PageTable
 from worldstream.engine.core.limits import check_prompt
+from worldstream.engine.core.reader import Check
+from worldstream.engine.models.device import device_problem
 from worldstream.engine.models.matrix_game.config import MatrixGameConfig, get_variant
 from worldstream.engine.models.matrix_game.transformer import (
     NUM_TRAIN_TIMESTEPS,
@@ -91,7 +93,7 @@ class MatrixGameBackendConfig(StreamConfig):
     """A PNG/JPEG the world starts from (None: a plain horizon)."""
     dtype: torch.dtype | None = None
     """Compute dtype (None: bf16 on CUDA, fp32 on a CPU)."""
-    device: str | None = None
+    device: Annotated[str, Check(device_problem)] | None = None
     """torch device (None: CUDA where there is one)."""
     fps: int = 25
     """Default playback rate (the model's 25 fps)."""

@@ -26,6 +26,7 @@ import threading
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated
 
 import numpy as np
 import torch
@@ -40,6 +41,8 @@ from worldstream.engine.backends.runner import (
 from worldstream.engine.backends.stages import ChunkBatch, Stage
 from worldstream.engine.core.backend import BackendInfo
 from worldstream.engine.core.limits import check_keys, check_prompt
+from worldstream.engine.core.reader import Check
+from worldstream.engine.models.device import device_problem
 from worldstream.engine.models.wan.loading import load_wan_parts
 from worldstream.engine.models.wan.model import NUM_TRAIN_TIMESTEPS, WanChunkModel
 from worldstream.engine.models.wan.vae_stream import (
@@ -79,7 +82,7 @@ class WanConfig(StreamConfig):
     """Projected prompts kept (least recently used dropped), >= 1."""
     dtype: torch.dtype | None = None
     """Compute dtype (None: bf16 on CUDA, fp32 on a CPU)."""
-    device: str | None = None
+    device: Annotated[str, Check(device_problem)] | None = None
     """torch device (None: CUDA where there is one)."""
     fps: int = 16
     """Default playback rate (Wan generates 16 fps)."""

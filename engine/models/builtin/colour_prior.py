@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from worldstream.engine.core.reader import MAX_META_BYTES, read_json_file
 from worldstream.engine.worlds.scenes import SCENE_NAMES
 
 FILENAME = "colour_prior.json"
@@ -79,7 +80,7 @@ class ColourPrior:
             raise FileNotFoundError(f"colour prior file missing: {path} (fit it with "
                                     "`worldstream fit-colour-prior`, or restore it from git)")
         try:
-            raw = json.loads(path.read_text())
+            raw = read_json_file(path, MAX_META_BYTES)
             means = {k: tuple(c) if isinstance(c, list) else c
                      for k, c in raw["scene_means"].items()}
             return cls(means, raw["view_weight"], str(raw.get("source") or ""))

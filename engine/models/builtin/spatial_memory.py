@@ -26,8 +26,11 @@ the rewound chunks overwrote.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Annotated
 
 import numpy as np
+
+from worldstream.engine.core.saved import Saved
 
 UNKNOWN = -1  # epoch of a pixel never written
 #: how far inside a frame (px) a generated pixel is final by default: the training replay's
@@ -37,9 +40,12 @@ SETTLE_PX = 16
 
 @dataclass
 class _Tile:
-    rgb: np.ndarray  # (T, T, 3) uint8
-    epoch: np.ndarray  # (T, T) int32, UNKNOWN where never written
-    view: np.ndarray  # (T, T) int16 distance (px) to the border of the frame it came from
+    # how each is saved (engine.core.saved), T: the tile side
+    rgb: Annotated[np.ndarray, Saved(("T", "T", 3), "|u1")]  # (T, T, 3) uint8
+    # (T, T) int32, UNKNOWN where never written
+    epoch: Annotated[np.ndarray, Saved(("T", "T"), "<i4")]
+    # (T, T) int16 distance (px) to the border of the frame it came from
+    view: Annotated[np.ndarray, Saved(("T", "T"), "<i2")]
 
 
 @dataclass

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from worldstream.engine.core.reader import MAX_META_BYTES, read_json_file
 from worldstream.engine.models.game.palette import Palette
 from worldstream.engine.models.game.unet import GameUNet
 
@@ -118,7 +119,7 @@ def load_world(folder: str | Path, env_id: str | None = None) -> GameWorld:
         raise WorldFolderError(f"{folder} is not a game world: no world.json (train one with "
                                "`worldstream train --env ID --out DIR`)")
     try:
-        meta = json.loads(meta_path.read_text())
+        meta = read_json_file(meta_path, MAX_META_BYTES)
         env, size = str(meta["env"]), int(meta["size"])
         palette = Palette(np.asarray(meta["palette"], dtype=np.uint8))
         meanings, weight = tuple(str(m) for m in meta["action_meanings"]), \

@@ -8,6 +8,8 @@ import json
 import os
 from pathlib import Path
 
+from worldstream.engine.core.reader import MAX_META_BYTES, read_json_file
+
 #: (key, label, ground-truth twin key, baseline key) of the evaluation table
 ROWS = (
     ("teacher_forced_psnr_db", "teacher-forced PSNR, whole frame (dB)",
@@ -86,12 +88,12 @@ def _cell(data: dict, key: str | None) -> str:
 
 def write_card(folder: Path) -> Path:
     """(Re)write ``folder/MODEL_CARD.md``; its path."""
-    training = json.loads((folder / "training.json").read_text())
-    world = json.loads((folder / "world.json").read_text())
+    training = read_json_file(folder / "training.json", MAX_META_BYTES)
+    world = read_json_file(folder / "world.json", MAX_META_BYTES)
     cfg = training["config"]
-    evaluation = (json.loads((folder / "eval.json").read_text())
+    evaluation = (read_json_file(folder / "eval.json", MAX_META_BYTES)
                   if (folder / "eval.json").exists() else None)
-    unet = json.loads((folder / "unet" / "config.json").read_text())
+    unet = read_json_file(folder / "unet" / "config.json", MAX_META_BYTES)
     lines = [
         f"# Game world: {world['env']}",
         "",

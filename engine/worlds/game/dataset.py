@@ -19,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
+from worldstream.engine.core.reader import MAX_META_BYTES, read_json_file
+
 
 class DatasetError(ValueError):
     """A dataset folder that cannot be read as recorded play (names the file and why)."""
@@ -66,12 +68,12 @@ def read_meta(folder: str | Path) -> dict:
     """The folder's ``meta.json``; DatasetError when it is missing or malformed."""
     path = Path(folder) / "meta.json"
     try:
-        meta = json.loads(path.read_text())
-    except FileNotFoundError as exc:
-        raise DatasetError(f"{folder} is not a recording: no meta.json (record one with "
-                           "`worldstream record --env ID --out DIR`)") from exc
-    except (OSError, ValueError, RecursionError) as exc:  # ValueError: not UTF-8, not JSON
-        raise DatasetError(f"{path}: unreadable ({' '.join(str(exc).split())})") from exc
+        meta = read_json_file(path, MAX_META_BYTES)
+    except ValueError as exc:
+        if not path.exists():
+            raise DatasetError(f"{folder} is not a recording: no meta.json (record one with "
+                               "`worldstream record --env ID --out DIR`)") from None
+        raise DatasetError(str(exc)) from None  # too large, too deep, not JSON, unreadable
     if not isinstance(meta, dict):
         raise DatasetError(f"{path}: not a JSON object")
     for key in ("env", "size", "action_meanings"):

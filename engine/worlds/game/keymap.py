@@ -41,6 +41,9 @@ EXTRA_CODES: tuple[str, ...] = (
     "KeyE", "KeyQ", "KeyR", "KeyF", "KeyZ", "KeyX", "KeyC", "KeyV", "KeyT", "KeyG",
     *(f"Digit{i}" for i in range(1, 10)), "Digit0", "KeyY", "KeyH", "KeyB", "KeyN",
 )
+#: the largest key map file read (a full keyboard's map is a few KB)
+MAX_KEYMAP_BYTES = 256 * 2**10
+
 _ALE_TOKENS = ("noop", "fire", "up", "down", "left", "right")
 _NOOP = ("noop", "none", "idle", "nothing", "0")
 _WIRE_NAME = re.compile(WIRE_KEY_PATTERN)  # what an action message may carry
@@ -207,9 +210,10 @@ def from_json(data: dict, meanings: tuple[str, ...] | list[str], env_id: str) ->
 
 def load(path: str | Path, meanings: tuple[str, ...] | list[str], env_id: str) -> KeyMap:
     """``from_json`` of a file; KeyMapError for unreadable JSON."""
+    from worldstream.engine.core.reader import read_json_file
+
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError) as exc:  # ValueError: not UTF-8, not JSON
-        raise KeyMapError(f"cannot read key map {path}: {type(exc).__name__}: "
-                          f"{' '.join(str(exc).split())}") from exc
+        data = read_json_file(path, MAX_KEYMAP_BYTES, what="key map")
+    except ValueError as exc:  # too large, too deep, not UTF-8, not JSON, unreadable
+        raise KeyMapError(f"cannot read key map: {exc}") from None
     return from_json(data, meanings, env_id)
