@@ -170,20 +170,25 @@ def match(prev: np.ndarray, cur: np.ndarray, other: np.ndarray,
     return Match(len(objects), int(found_in(objects, cur, other, radius).sum()))
 
 
-def births(frames: np.ndarray, radius: int = RADIUS) -> np.ndarray:
-    """``(T - 1,)`` int64: the objects that appear on each transition of one played sequence
-    ``frames`` ``(T, H, W)``: born as in :func:`play_figures`, and with no pixel of their
-    colour within ``radius`` px in the frame before (a still paddle that starts to move was
-    there already; a serve's ball was not). The first transition has none."""
+def appearing(frames: np.ndarray, radius: int = RADIUS) -> tuple[Objects, np.ndarray]:
+    """The moving objects of one played sequence ``frames`` ``(T, H, W)`` and ``(n,)`` bool:
+    each *appears* (born as in :func:`play_figures`, and with no pixel of its colour within
+    ``radius`` px in the frame before: a still paddle that starts to move was there already; a
+    serve's ball was not). No object of the first transition appears."""
     prev, cur = frames[:-1], frames[1:]
     objects = moving_objects(prev, cur)
     moved_before = np.zeros(cur.shape, bool)
     moved_before[1:] = dilate(changed(prev[:-1], cur[:-1]), radius)
     there = colour_near(prev, cur, radius)
     born = ~objects.any_at((moved_before | there) & (objects.labels > 0))
-    out = np.bincount(objects.frame[born], minlength=len(cur)).astype(np.int64)
-    out[:1] = 0
-    return out
+    return objects, born & (objects.frame > 0)
+
+
+def births(frames: np.ndarray, radius: int = RADIUS) -> np.ndarray:
+    """``(T - 1,)`` int64: the objects that appear (:func:`appearing`) on each transition of
+    one played sequence ``frames`` ``(T, H, W)``."""
+    objects, born = appearing(frames, radius)
+    return np.bincount(objects.frame[born], minlength=len(frames) - 1).astype(np.int64)
 
 
 def play_figures(frames: np.ndarray, judged: np.ndarray | None = None,

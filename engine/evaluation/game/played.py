@@ -283,15 +283,18 @@ def _ratio(model: float, game: float) -> float:
 
 
 def _first_births(frames: np.ndarray, judged: np.ndarray, start: int, fps: int,
-                  seconds: float) -> tuple[float, int]:
-    """Mean seconds from the first played frame to the first birth (a row with none counts
-    ``seconds``) and the rows with none."""
+                  seconds: float, keys: np.ndarray | None) -> tuple[float, int]:
+    """Mean seconds from the first played frame to the first appearance that is not where
+    the keys' object lives (``keys`` ``(H, W)`` bool; a paddle coming back is no serve), a
+    row with none counting ``seconds``, and the rows with none."""
     times, never = [], 0
     for frame, ok in zip(frames, judged, strict=True):
-        born = go.births(frame)
+        objects, born = go.appearing(frame)
+        if keys is not None:
+            born &= objects.any_at((objects.labels > 0) & ~keys[None])
         ok = ok.copy()
         ok[:start] = False
-        at = np.flatnonzero((born > 0) & ok)
+        at = np.sort(objects.frame[born & ok[objects.frame]])
         if len(at):
             times.append((at[0] - start) / fps)
         else:
@@ -338,8 +341,9 @@ def figures(plays: Plays, control: Controlled | None, band: np.ndarray, fps: int
         births[name] = 100 * total / max(frames_judged, 1)
     out |= {"played_births_per_100": births["model"], "gt_played_births_per_100": births["game"],
             "played_births_ratio": _ratio(births["model"], births["game"])}
-    m_first, m_never = _first_births(plays.model, judged, plays.start, fps, seconds)
-    g_first, g_never = _first_births(plays.game, judged, plays.start, fps, seconds)
+    keys = None if control is None else control.locus
+    m_first, m_never = _first_births(plays.model, judged, plays.start, fps, seconds, keys)
+    g_first, g_never = _first_births(plays.game, judged, plays.start, fps, seconds, keys)
     out |= {"played_first_birth_s": m_first, "gt_played_first_birth_s": g_first,
             "played_first_birth_never": m_never, "gt_played_first_birth_never": g_never}
     # the score band's changes

@@ -45,7 +45,7 @@ PLAYED_ROWS = (
      "played_control_ratio"),
     ("objects appearing per 100 frames", "played_births_per_100", "gt_played_births_per_100",
      "played_births_ratio"),
-    ("seconds from the first frame to the first appearance (the serve)",
+    ("seconds from the first frame to the first appearance away from the keys' object (the serve)",
      "played_first_birth_s", "gt_played_first_birth_s", None),
     ("score changes per session", "played_score_changes", "gt_played_score_changes",
      "played_score_changes_ratio"),
@@ -54,16 +54,18 @@ PLAYED_ROWS = (
 )
 
 
-def _played_lines(evaluation: dict, folder: Path) -> list[str]:
-    """The as-played table (and its sheet and learning curve where the folder has them)."""
+def _played_lines(evaluation: dict, folder: Path, samples: bool) -> list[str]:
+    """The as-played table (and its sheet and learning curve where the folder has them);
+    ``samples``: the world draws each frame's outcome."""
     if "played_objects_ratio" not in evaluation:
         return []
     lines = [
         f"**As played**, from the reset frame a session starts at: "
         f"{evaluation.get('played_seeds')} sessions × {evaluation.get('played_seconds'):.0f} s "
         f"for each player ({', '.join(evaluation.get('played_policies', []))}), the game and "
-        "the world driven by the same keys; the world draws each frame's outcome from the "
-        "session's seed. Each figure is the worse of the players'.",
+        "the world driven by the same keys"
+        + ("; the world draws each frame's outcome from the session's seed" if samples else "")
+        + ". Model and game: the players' mean; model ÷ game: the player farther from 1.",
         "",
         "| measure | model | game | model ÷ game |",
         "|---|---|---|---|",
@@ -149,7 +151,7 @@ def write_card(folder: Path) -> Path:
         lines.append(f"Not evaluated yet: `worldstream eval --env {world['env']} --model-path "
                      f"{_shown(folder)} --card`.")
     else:
-        lines += _played_lines(evaluation, folder)
+        lines += _played_lines(evaluation, folder, bool(unet.get("code_grid")))
         lines += [
             f"`worldstream eval --env {world['env']} --model-path DIR` on "
             f"{evaluation.get('held_out_episodes', '?')} held-out episodes (seeds no recording "
