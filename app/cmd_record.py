@@ -14,7 +14,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "record", help="record a game's play as a training dataset",
         description="Record a Gymnasium game (any id with image observations and discrete "
                     "actions, or module:factory) into a folder of shards, played by a "
-                    "human-like policy (held keys, pauses, the start action) in parallel "
+                    "person-like player (taps, holds, pauses, the start action at each start "
+                    "and after each lost ball; episodes cut at 150-2,000 frames) in parallel "
                     "processes; or turn the input log of a browser session of `play --env ID` "
                     "into the same format (--from-log). The folder appears only when complete. "
                     "A log is data: a game it names as module:factory is imported only when "
