@@ -1,7 +1,9 @@
 """The game recipe on a tiny game: it trains, resumes bit-exactly, saves a loadable world, and
 its evaluation reports every metric beside a sound ground-truth twin."""
 
+import dataclasses
 import json
+import shutil
 
 import pytest
 import torch
@@ -86,8 +88,14 @@ def test_a_changed_recipe_does_not_resume_an_old_checkpoint(trained, tmp_path):
     train(_cfg(tmp_path / "c", data), progress=False)
     cfg = _cfg(tmp_path / "c", data)
     cfg.lr = 0.5
-    with pytest.raises(ValueError, match="another recipe"):
+    with pytest.raises(ValueError, match="another recipe .*lr"):
         game.train(cfg, progress=False)
+    # moved to another folder, run on another number of threads: the same recipe, resumed
+    shutil.copytree(tmp_path / "c", tmp_path / "moved")
+    moved = dataclasses.replace(_cfg(tmp_path / "moved", data), threads=2)
+    before = torch.load(tmp_path / "moved" / "checkpoint.pt", weights_only=False)["step"]
+    game.train(moved, progress=False)
+    assert torch.load(tmp_path / "moved" / "checkpoint.pt", weights_only=False)["step"] == before
 
 
 def test_retired_settings_load_at_todays_value_and_name_their_commit_otherwise(trained,

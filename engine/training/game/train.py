@@ -119,6 +119,11 @@ class GameTrainConfig:
     """Recording processes."""
 
 
+#: settings that say where and how a run goes, not what it computes: a checkpoint moved to
+#: another folder or machine resumes under other values of these
+RUN_ONLY = frozenset({"out", "data", "threads", "workers", "device", "checkpoint_every"})
+
+
 def _lr(step: int, cfg: GameTrainConfig) -> float:
     warm = min(1.0, (step + 1) / 100)
     progress = step / max(cfg.steps, 1)
@@ -251,8 +256,12 @@ def train(cfg: GameTrainConfig, progress: bool = True) -> GameWorld:
             recorded = drop_retired(state["config"])
         except ValueError as err:
             raise ValueError(f"{ckpt_path}: {err}") from None
-        if recorded != dataclasses.asdict(cfg):
-            raise ValueError(f"{ckpt_path} was written by another recipe; use another --out "
+        now = dataclasses.asdict(cfg)
+        differ = sorted(k for k in set(recorded) | set(now)
+                        if k not in RUN_ONLY and recorded.get(k) != now.get(k))
+        if differ:
+            raise ValueError(f"{ckpt_path} was written by another recipe (it differs in "
+                             f"{', '.join(differ[:4])}); use another --out "
                              "or delete it")
         unet.load_state_dict(state["unet"])
         ema.load_state_dict(state["ema"])
