@@ -107,6 +107,7 @@
         : `back to full quality: ${msg.steps} steps at ${msg.fps} fps`);
     } else if (msg.kind === "closed") {
       S.ended = true;
+      setBadge("session ended", "off");  // no reconnect follows to say so
       log("session closed by the server; press Restart", true);
     } else if (msg.kind === "recovered") {
       // reconnect.js reports it (scale-out: the session moved to another replica)

@@ -49,20 +49,32 @@ def save_game_sheet(model: np.ndarray, env: np.ndarray, out: str | Path, title: 
         picks = [min(first + int(k * frames / (columns - 1)), len(model) - 1)
                  for k in range(columns)]
         for col, t in enumerate(picks):
-            for row, (clip, name) in enumerate(((model, "model"), (env, "game"))):
-                ax = axes[2 * m + row][col]
-                shown = clip[t] if t == 0 else outline_objects(clip[t - 1], clip[t])
-                ax.imshow(shown, interpolation="nearest")
-                ax.set_xticks([])
-                ax.set_yticks([])
-                if col == 0:
-                    ax.set_ylabel(name, fontsize=8)
-            axes[2 * m][col].set_title(f"frame {t}", fontsize=7)
+            _draw_pair(axes, m, col, t, model, env, f"frame {t}", 8)
+    return _save(fig, out, title, dpi=90)
+
+
+def _draw_pair(axes, band: int, col: int, t: int, model: np.ndarray, game: np.ndarray,
+               label: str, fontsize: int) -> None:
+    """Frame ``t`` of the model over the game's in column ``col`` of band ``band`` (rows
+    ``2 * band`` and ``2 * band + 1``), moving objects outlined, titled ``label``."""
+    for row, (clip, name) in enumerate(((model, "model"), (game, "game"))):
+        ax = axes[2 * band + row][col]
+        ax.set_axis_on()
+        shown = clip[t] if t == 0 else outline_objects(clip[t - 1], clip[t])
+        ax.imshow(shown, interpolation="nearest")
+        ax.set_xticks([])
+        ax.set_yticks([])
+        if col == 0:
+            ax.set_ylabel(name, fontsize=fontsize)
+    axes[2 * band][col].set_title(label, fontsize=7)
+
+
+def _save(fig, out: str | Path, title: str, dpi: int) -> Path:
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=90)
+    fig.savefig(out, dpi=dpi)
     plt.close(fig)
     return out
 
@@ -80,20 +92,5 @@ def save_played_sheet(model: np.ndarray, game: np.ndarray, out: str | Path, titl
         ax.set_axis_off()
     for i, t in enumerate(picks):
         band, col = divmod(i, columns)
-        for row, (clip, name) in enumerate(((model, "model"), (game, "game"))):
-            ax = axes[2 * band + row][col]
-            ax.set_axis_on()
-            shown = clip[t] if t == 0 else outline_objects(clip[t - 1], clip[t])
-            ax.imshow(shown, interpolation="nearest")
-            ax.set_xticks([])
-            ax.set_yticks([])
-            if col == 0:
-                ax.set_ylabel(name, fontsize=7)
-        axes[2 * band][col].set_title(f"{(t - start) / fps:.0f} s", fontsize=7)
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=80)
-    plt.close(fig)
-    return out
+        _draw_pair(axes, band, col, t, model, game, f"{(t - start) / fps:.0f} s", 7)
+    return _save(fig, out, title, dpi=80)
