@@ -90,8 +90,8 @@ def played_sheet(world, plays: dict, cfg, out: Path) -> Path:
 
 
 #: the figures the learning curve follows
-CURVE_KEYS = ("played_objects_ratio", "played_control_ratio", "played_births_ratio",
-              "played_score_changes_ratio", "played_first_birth_s")
+CURVE_KEYS = ("played_objects_ratio", "played_motion_ratio", "played_control_ratio",
+              "played_births_ratio", "played_score_changes_ratio", "played_first_birth_s")
 
 
 def write_curve(world, folder: Path, cfg) -> dict:

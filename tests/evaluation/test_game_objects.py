@@ -47,24 +47,53 @@ def test_background_is_each_frames_most_common_colour():
     assert objects.colour.tolist() == [1]
 
 
+def _match(prev, a, b):
+    return go.match(go.moving_objects(prev, a), go.moving_objects(prev, b))
+
+
 @pytest.mark.parametrize(("offset", "found"), [(0, 1), (1, 1), (2, 1), (3, 0)])
 def test_an_object_is_found_within_two_pixels_not_three(offset, found):
     prev, game, model = _frames(1), _frames(1), _frames(1)
     game[0, 5, 5] = 3  # a ball appears in the game
     model[0, 5 + offset, 5 - offset] = 3  # the model's ball, `offset` px off on both axes
-    recall = go.match(prev, game, model)
+    recall = _match(prev, game, model)
     assert (recall.objects, recall.found) == (1, found)
-    precision = go.match(prev, model, game)  # the other way round: the model's object
+    precision = _match(prev, model, game)  # the other way round: the model's object
     assert (precision.objects, precision.found) == (1, found)
     wrong = model.copy()
     wrong[wrong == 3] = 4  # a ball of another colour is not the game's ball
-    assert go.match(prev, game, wrong).found == 0
+    assert _match(prev, game, wrong).found == 0
+
+
+def test_objects_are_matched_one_to_one():
+    prev, game, model = _frames(1), _frames(1), _frames(1)
+    game[0, 5, 4], game[0, 5, 7] = 3, 3  # two balls 3 px apart in the game
+    model[0, 5, 5] = 3  # one model ball within 2 px of both: it stands for one of them
+    assert (_match(prev, game, model).found, _match(prev, model, game).found) == (1, 1)
+    model[0, 5, 9] = 3  # a second model ball, 2 px from the second game ball only
+    assert _match(prev, game, model).found == 2
+    # a chain the greedy choice gets wrong: game A near model 1 only; game B near 1 and 2
+    game, model = _frames(1), _frames(1)
+    game[0, 2, 2], game[0, 2, 6] = 3, 3
+    model[0, 2, 4], model[0, 2, 8] = 3, 3  # model 1 at x=4 touches both; model 2 only B
+    assert _match(prev, game, model).found == 2
+
+
+def test_a_still_field_of_the_right_colour_recalls_nothing():
+    """A grid of aliens that moves one pixel in the game; the model draws the grid and holds
+    it: the colour is under every game object, but the model shows no moving object."""
+    prev = _frames(1, 16)
+    prev[0, 2:14:3, 2:14:3] = 5
+    game = np.roll(prev, 1, axis=-1)
+    assert _match(prev, game, prev).objects == 16
+    assert _match(prev, game, prev).found == 0
+    assert _match(prev, game, game).found == 16
 
 
 def test_no_objects_pool_to_nan():
     still = _frames(3)
-    assert go.match(still[:2], still[1:], still[1:]).objects == 0
-    assert math.isnan(go.match(still[:2], still[1:], still[1:]).rate)
+    assert _match(still[:1], still[1:2], still[2:]).objects == 0
+    assert math.isnan(_match(still[:1], still[1:2], still[2:]).rate)
     assert math.isnan(go.play_figures(still[:1])["objects_per_frame"])
 
 

@@ -4,6 +4,7 @@ for the model (every ratio is then 1: the metrics are sound on ground truth)."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from tests.fixtures.tiny_game import TINY
@@ -98,8 +99,31 @@ def test_the_game_against_itself_scores_one(monkeypatch):
     out = pl.figures(plays, control, pl.score_band(plays), cfg.fps, cfg.seconds,
                      len(palette))
     assert out["played_control"] == 1.0 and out["played_control_ratio"] == 1.0
-    assert out["played_objects_ratio"] == 1.0
+    assert out["played_objects_ratio"] == 1.0 and out["played_motion_ratio"] == 1.0
     births = out["played_births_ratio"]
     assert births == 1.0 or (np.isnan(births) and out["gt_played_births_per_100"] == 0)
     assert out["played_first_birth_s"] == out["gt_played_first_birth_s"]
     game.close()
+
+
+def test_class_motion_follows_a_marching_object_and_not_a_flickering_one():
+    frames = np.zeros((5, 8, 12), np.uint8)
+    for t in range(5):
+        frames[t, 2, 2 + t] = 2  # colour 2 steps 1 px right a frame
+        if t % 2 == 0:
+            frames[t, 6, 6] = 3  # colour 3 flickers in place
+    motion = pl.class_motion(frames, np.ones(4, bool), 4)
+    # colour 2's moving pixel is the ball's new position: x = 3, 4, 5, 6 on transitions 0-3;
+    # 1 px between each pair of successive transitions, 3 pairs over 4 judged transitions
+    assert motion[2] == pytest.approx(3 / 4)
+    assert motion[3] == 0.0 and motion[0] == 0.0
+    held = np.repeat(frames[:1], 5, 0)  # a model that holds the first frame: nothing moves
+    assert pl.class_motion(held, np.ones(4, bool), 4)[2] == 0.0
+    judged = np.array([True, True, False, True])  # a transition left out is not counted
+    assert pl.class_motion(frames, judged, 4)[2] == pytest.approx(2 / 3)
+
+
+def test_the_worst_ratio_is_the_one_farthest_from_one():
+    assert pl.worst([1.2, 0.5, float("nan"), None]) == 0.5
+    assert pl.worst([1.2, 3.0]) == 3.0 and pl.worst([0.0, 100.0]) == 0.0
+    assert np.isnan(pl.worst([float("nan")]))

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import ndimage
 from scipy.sparse import coo_matrix
-from scipy.sparse.csgraph import connected_components
+from scipy.sparse.csgraph import connected_components, maximum_bipartite_matching
 
 RADIUS = 2
 """How near (px) a pixel of an object's colour must be for the object to count as found."""
@@ -143,11 +143,38 @@ def dilate(mask: np.ndarray, radius: int = RADIUS) -> np.ndarray:
                                   mode="constant", cval=False)
 
 
-def found_in(objects: Objects, cur: np.ndarray, other: np.ndarray,
-             radius: int = RADIUS) -> np.ndarray:
-    """``(n,)`` bool: ``other`` (``(N, H, W)``) shows each object's colour within ``radius`` px
-    of one of its pixels; ``cur`` is the frame stack the objects were found in."""
-    return objects.any_at(colour_near(other, cur, radius) & (objects.labels > 0))
+def _touching(a: Objects, b: Objects, radius: int) -> coo_matrix:
+    """``(len(a), len(b))`` sparse: object ``i`` of ``a`` and ``j`` of ``b`` are of one colour,
+    in the same transition, and a pixel of ``j`` is within ``radius`` px of a pixel of ``i``."""
+    la, lb = a.labels, b.labels
+    h, w = la.shape[1:]
+    padded = np.pad(lb, ((0, 0), (radius, radius), (radius, radius)))
+    rows, cols = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
+    on_a = la > 0
+    for dy, dx in _shifts(radius):
+        shifted = padded[:, radius + dy:radius + dy + h, radius + dx:radius + dx + w]
+        both = on_a & (shifted > 0)
+        rows.append(la[both].astype(np.int64) - 1)
+        cols.append(shifted[both].astype(np.int64) - 1)
+    r, c = np.concatenate(rows), np.concatenate(cols)
+    same = a.colour[r] == b.colour[c]
+    r, c = r[same], c[same]
+    return coo_matrix((np.ones(len(r), np.int8), (r, c)), shape=(len(a), len(b)))
+
+
+def matched(a: Objects, b: Objects, radius: int = RADIUS) -> int:
+    """Pairs of a one-to-one matching of ``a``'s objects to ``b``'s (both found on the same
+    ``N`` transitions): each object of ``a`` to at most one object of ``b`` of its colour with
+    a pixel within ``radius`` px of its own, and the other way round; the largest such
+    matching. A field of still, flickering or duplicated objects in ``b`` cannot stand for
+    ``a``'s: each of ``b``'s objects is used once, and an object that does not move is none."""
+    if a.labels.shape != b.labels.shape:
+        raise ValueError(f"objects of {a.labels.shape} and {b.labels.shape} transitions")
+    if not len(a) or not len(b):
+        return 0
+    graph = _touching(a, b, radius).tocsr()
+    graph.sum_duplicates()
+    return int((maximum_bipartite_matching(graph, perm_type="column") >= 0).sum())
 
 
 @dataclass
@@ -162,12 +189,10 @@ class Match:
         return self.found / self.objects if self.objects else float("nan")
 
 
-def match(prev: np.ndarray, cur: np.ndarray, other: np.ndarray,
-          radius: int = RADIUS) -> Match:
-    """How many moving objects of ``prev -> cur`` ``other`` shows (recall when ``cur`` is the
-    game and ``other`` the model; precision the other way round). All ``(N, H, W)``."""
-    objects = moving_objects(prev, cur)
-    return Match(len(objects), int(found_in(objects, cur, other, radius).sum()))
+def match(a: Objects, b: Objects, radius: int = RADIUS) -> Match:
+    """How many of ``a``'s objects ``b``'s match one to one (:func:`matched`): recall when
+    ``a`` are the game's objects and ``b`` the model's, precision the other way round."""
+    return Match(len(a), matched(a, b, radius))
 
 
 def appearing(frames: np.ndarray, radius: int = RADIUS) -> tuple[Objects, np.ndarray]:
@@ -232,28 +257,28 @@ def rollout_table(before: np.ndarray, last: np.ndarray, truth: np.ndarray, pred:
     ``before``, ``last``: ``(B, H, W)`` the game's last two frames before each rollout;
     ``truth``, ``pred``: ``(B, h, H, W)`` the game's and the model's next ``h`` frames (all
     palette indices). At ``k``, the game's objects are those of ``truth[:, k-2] -> truth[:,
-    k-1]`` (``last`` before the first) and the model's those of its own frames the same way.
-    *Recall*: the share of the game's objects whose colour the model's frame shows within
-    ``radius`` px; *precision*: the share of the model's objects whose colour the game's frame
-    shows within ``radius`` px; both pooled over all starts (``nan`` without objects). The
-    twin (``gt_``) is the game against itself. Copy-last holds ``last``: it recalls against
-    that frame, and its objects are those of the last true transition ``before -> last``.
+    k-1]`` (``last`` before the first) and the model's those of its own frames the same way;
+    the two are matched one to one (:func:`matched`). *Recall*: the share of the game's
+    objects matched; *precision*: the share of the model's; both pooled over all starts
+    (``nan`` without objects). The twin (``gt_``) is the game against itself. Copy-last holds
+    ``last``: its objects are those of the last true transition ``before -> last``.
     """
     out: dict = {}
+    held = moving_objects(before, last)
     for k in horizons:
         if k > truth.shape[1]:
             raise ValueError(f"horizon {k} is past the rollouts' {truth.shape[1]} frames")
         game_prev = last if k == 1 else truth[:, k - 2]
         model_prev = last if k == 1 else pred[:, k - 2]
-        game, model = truth[:, k - 1], pred[:, k - 1]
-        game_objects = moving_objects(game_prev, game)
-        recall = Match(len(game_objects), int(found_in(game_objects, game, model, radius).sum()))
-        twin = Match(len(game_objects), int(found_in(game_objects, game, game, radius).sum()))
-        held = Match(len(game_objects), int(found_in(game_objects, game, last, radius).sum()))
-        out |= {f"object_recall_{k}": recall.rate, f"gt_object_recall_{k}": twin.rate,
-                f"copylast_object_recall_{k}": held.rate,
-                f"object_precision_{k}": match(model_prev, model, game, radius).rate,
-                f"gt_object_precision_{k}": twin.rate,
-                f"copylast_object_precision_{k}": match(before, last, game, radius).rate,
-                f"game_objects_{k}": len(game_objects)}
+        game = moving_objects(game_prev, truth[:, k - 1])
+        model = moving_objects(model_prev, pred[:, k - 1])
+        both, twin, kept = matched(game, model, radius), matched(game, game, radius), \
+            matched(game, held, radius)
+        out |= {f"object_recall_{k}": Match(len(game), both).rate,
+                f"gt_object_recall_{k}": Match(len(game), twin).rate,
+                f"copylast_object_recall_{k}": Match(len(game), kept).rate,
+                f"object_precision_{k}": Match(len(model), both).rate,
+                f"gt_object_precision_{k}": Match(len(game), twin).rate,
+                f"copylast_object_precision_{k}": Match(len(held), kept).rate,
+                f"game_objects_{k}": len(game)}
     return out

@@ -278,8 +278,43 @@ def cleared(frames: np.ndarray, judged: np.ndarray, start: int) -> int:
 
 
 # ------------------------------------------------------------------ the figures
+def class_motion(frames: np.ndarray, judged: np.ndarray, colours: int) -> np.ndarray:
+    """``(colours,)`` float: how far each colour class moves, px per judged frame.
+
+    ``frames``: ``(T, H, W)`` palette indices of one played sequence; ``judged``: ``(T - 1,)``
+    bool. On each transition a class's *moving pixels* are those of its moving objects; its
+    displacement on a judged transition is how far the centre of its moving pixels went since
+    the transition before, where both have some (a formation that marches moves its centre by
+    its step; one held still or flickering in place, by nothing). The sum over the judged
+    transitions, divided by their count.
+    """
+    objects = go.moving_objects(frames[:-1], frames[1:])
+    on = objects.labels > 0
+    t, y, x = np.nonzero(on)
+    c = frames[1:][on].astype(np.int64)
+    n = len(frames) - 1
+    key = t * colours + c
+    count = np.bincount(key, minlength=n * colours).reshape(n, colours)
+    cy = np.bincount(key, y, minlength=n * colours).reshape(n, colours)
+    cx = np.bincount(key, x, minlength=n * colours).reshape(n, colours)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        cy, cx = cy / count, cx / count
+    step = np.hypot(cy[1:] - cy[:-1], cx[1:] - cx[:-1])  # transition t+1 against t
+    both = (count[1:] > 0) & (count[:-1] > 0) & judged[1:, None]
+    total = np.where(both, step, 0.0).sum(0)
+    return total / max(int(judged.sum()), 1)
+
+
 def _ratio(model: float, game: float) -> float:
     return model / game if game > 0 else float("nan")
+
+
+def worst(ratios) -> float:
+    """The ratio farthest from 1 (in log terms; 0 counts as 1e-3) of the finite ones; ``nan``
+    with none."""
+    finite = [r for r in ratios if isinstance(r, float | int) and r == r]
+    return float(max(finite, key=lambda r: abs(np.log(max(r, 1e-3))))) if finite \
+        else float("nan")
 
 
 def _first_births(frames: np.ndarray, judged: np.ndarray, start: int, fps: int,
@@ -323,11 +358,19 @@ def figures(plays: Plays, control: Controlled | None, band: np.ndarray, fps: int
         per[name] = counts / max(frames_judged, 1)
     moving = np.flatnonzero(per["game"] >= MOVING_CLASS)
     ratios = {int(k): _ratio(per["model"][k], per["game"][k]) for k in moving}
-    worst = max(ratios.values(), key=lambda r: abs(np.log(max(r, 1e-3))), default=float("nan"))
-    out["played_objects_ratio"] = worst
+    out["played_objects_ratio"] = worst(ratios.values())
     out["played_objects_per_class"] = {str(k): [round(float(per["model"][k]), 4),
                                                 round(float(per["game"][k]), 4)]
                                        for k in moving}
+    # how far each moving class goes per frame (a formation that marches, a ball in play)
+    motion = {name: sum(class_motion(f, ok, colours) * ok.sum()
+                        for f, ok in zip(frames, judged, strict=True)) / max(frames_judged, 1)
+              for name, frames in (("model", plays.model), ("game", plays.game))}
+    moves = {int(k): _ratio(motion["model"][k], motion["game"][k]) for k in moving}
+    out["played_motion_ratio"] = worst(moves.values())
+    out["played_motion_per_class"] = {str(k): [round(float(motion["model"][k]), 4),
+                                               round(float(motion["game"][k]), 4)]
+                                      for k in moving}
     # the objects the keys move: the share of frames that show them
     if control is not None:
         m = control.shown(plays.model[:, 1:])[judged].mean()
@@ -383,9 +426,7 @@ def evaluate_played(world: GameWorld, game: GameEnv, cfg: PlayedConfig | None = 
     for key in by[cfg.policies[0]]:
         values = [by[p].get(key) for p in cfg.policies]
         if key.endswith("_ratio"):
-            finite = [v for v in values if isinstance(v, float) and v == v]
-            out[key] = (max(finite, key=lambda r: abs(np.log(max(r, 1e-3))))
-                        if finite else float("nan"))
+            out[key] = worst(values)
         elif isinstance(values[0], float | int):
             out[key] = float(np.mean([v for v in values if v is not None]))
     out["played_by_policy"] = by

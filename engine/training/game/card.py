@@ -41,6 +41,8 @@ ROWS = (
 PLAYED_ROWS = (
     ("moving objects per frame, the colour class farthest from the game's", None, None,
      "played_objects_ratio"),
+    ("how far each moving colour class goes per frame (a marching formation, a ball in play), "
+     "the class farthest from the game's", None, None, "played_motion_ratio"),
     ("share of frames showing what the keys move", "played_control", "gt_played_control",
      "played_control_ratio"),
     ("objects appearing per 100 frames", "played_births_per_100", "gt_played_births_per_100",
