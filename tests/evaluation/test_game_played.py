@@ -62,6 +62,14 @@ def test_cleared_counts_what_turns_to_background_and_stays():
     g[40:, 1, :] = 5
     judged[0, 39] = False
     assert pl.cleared(g[None], judged, 0) == 3
+    # the keys' object vanishing (a paddle on the bottom row) breaks nothing
+    h = f.copy()
+    h[:, 10, 2:6] = 7
+    h[25:, 10, 2:6] = 0
+    keys = np.zeros(h.shape[1:], bool)
+    keys[10, :] = True
+    assert pl.cleared(h[None], np.ones((1, 59), bool), 0) == 3 + 4
+    assert pl.cleared(h[None], np.ones((1, 59), bool), 0, keys) == 3
 
 
 def test_the_code_prior_draws_by_inverse_cdf_from_its_uniforms():

@@ -248,11 +248,14 @@ def score_changes(frames: np.ndarray, judged: np.ndarray, band: np.ndarray) -> i
     return count
 
 
-def cleared(frames: np.ndarray, judged: np.ndarray, start: int) -> int:
+def cleared(frames: np.ndarray, judged: np.ndarray, start: int,
+            keys: np.ndarray | None = None) -> int:
     """Pixels an episode's first judged frame draws (not its background) that turned into
     the background and stayed so ``CLEARED_FOR`` frames (bricks broken, enemies shot): the
-    most at any time of each episode, summed over rows and episodes."""
+    most at any time of each episode, summed over rows and episodes. ``keys`` (``(H, W)``
+    bool): where the keys' object lives, left out (a paddle that vanishes broke nothing)."""
     total = 0
+    mine = np.zeros(frames.shape[2:], bool) if keys is None else go.dilate(keys[None])[0]
     for frame, ok in zip(frames, judged, strict=True):
         segments, first = [], start
         for t in range(start, len(ok)):
@@ -265,7 +268,7 @@ def cleared(frames: np.ndarray, judged: np.ndarray, start: int) -> int:
                 continue
             seg = frame[a:b + 1]
             bg = go.background(seg[:1])[0]
-            drawn = seg[0] != bg
+            drawn = (seg[0] != bg) & ~mine
             gone = seg == bg
             # background for the last CLEARED_FOR frames: a running window
             run = np.zeros(seg.shape[1:], np.int64)
@@ -396,7 +399,7 @@ def figures(plays: Plays, control: Controlled | None, band: np.ndarray, fps: int
         out |= {"played_score_changes": m / rows, "gt_played_score_changes": g / rows,
                 "played_score_changes_ratio": _ratio(m, g)}
     # what play clears for good (bricks broken)
-    m, g = cleared(plays.model, judged, plays.start), cleared(plays.game, judged, plays.start)
+    m, g = (cleared(f, judged, plays.start, keys) for f in (plays.model, plays.game))
     out |= {"played_cleared_px": m / rows, "gt_played_cleared_px": g / rows,
             "played_cleared_ratio": _ratio(m, g) if g >= 4 * rows else float("nan")}
     return out
