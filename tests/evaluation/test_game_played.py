@@ -67,7 +67,7 @@ def test_cleared_counts_what_turns_to_background_and_stays():
     h[:, 10, 2:6] = 7
     h[25:, 10, 2:6] = 0
     keys = np.zeros(h.shape[1:], bool)
-    keys[10, :] = True
+    keys[9:12, :] = True  # the keys' locus, dilated by 2 px
     assert pl.cleared(h[None], np.ones((1, 59), bool), 0) == 3 + 4
     assert pl.cleared(h[None], np.ones((1, 59), bool), 0, keys) == 3
 

@@ -249,13 +249,14 @@ def score_changes(frames: np.ndarray, judged: np.ndarray, band: np.ndarray) -> i
 
 
 def cleared(frames: np.ndarray, judged: np.ndarray, start: int,
-            keys: np.ndarray | None = None) -> int:
+            left_out: np.ndarray | None = None) -> int:
     """Pixels an episode's first judged frame draws (not its background) that turned into
     the background and stayed so ``CLEARED_FOR`` frames (bricks broken, enemies shot): the
-    most at any time of each episode, summed over rows and episodes. ``keys`` (``(H, W)``
-    bool): where the keys' object lives, left out (a paddle that vanishes broke nothing)."""
+    most at any time of each episode, summed over rows and episodes. ``left_out`` (``(H, W)``
+    bool): pixels not judged (where the keys' object lives: a paddle that vanishes broke
+    nothing; the score band: a digit redrawn is no brick)."""
     total = 0
-    mine = np.zeros(frames.shape[2:], bool) if keys is None else go.dilate(keys[None])[0]
+    mine = np.zeros(frames.shape[2:], bool) if left_out is None else left_out
     for frame, ok in zip(frames, judged, strict=True):
         segments, first = [], start
         for t in range(start, len(ok)):
@@ -399,7 +400,10 @@ def figures(plays: Plays, control: Controlled | None, band: np.ndarray, fps: int
         out |= {"played_score_changes": m / rows, "gt_played_score_changes": g / rows,
                 "played_score_changes_ratio": _ratio(m, g)}
     # what play clears for good (bricks broken)
-    m, g = (cleared(f, judged, plays.start, keys) for f in (plays.model, plays.game))
+    left_out = band.copy()
+    if keys is not None:
+        left_out |= go.dilate(keys[None])[0]
+    m, g = (cleared(f, judged, plays.start, left_out) for f in (plays.model, plays.game))
     out |= {"played_cleared_px": m / rows, "gt_played_cleared_px": g / rows,
             "played_cleared_ratio": _ratio(m, g) if g >= 4 * rows else float("nan")}
     return out
