@@ -1,10 +1,12 @@
 """``worldstream train --env ID --out DIR``: one recipe for every game (``GameTrainConfig``;
-its defaults plus ``--set``). Records play when no ``--data`` is given; run it again to resume."""
+its defaults plus ``--set``). Records play when no ``--data`` is given; run it again to resume
+(SIGTERM or Ctrl-C stop it after the step in flight, with its checkpoint written)."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from pathlib import Path
 
 from worldstream.app import settings_cli, train_out
@@ -46,11 +48,15 @@ def run(args) -> int:
             raise ValueError("--device cuda: no CUDA device here")
     train_out.check_out(args.out, args.force)
     from worldstream.engine.training.game.card import write_card
-    from worldstream.engine.training.game.train import train
+    from worldstream.engine.training.game.train import Stopped, train
     from worldstream.engine.worlds.game.env import GameEnv
 
     GameEnv(args.env, size=cfg.size).close()  # a bad id is one line before anything is written
-    train(cfg)
+    try:
+        train(cfg)
+    except Stopped as stopped:  # a session's end: nothing lost, the same command resumes
+        print(f"worldstream train: {stopped}", file=sys.stderr)
+        return 128 + stopped.signum
     train_out.portable_record(Path(cfg.out))
     write_card(Path(cfg.out))
     print(json.dumps(json.loads((Path(cfg.out) / "training.json").read_text())))

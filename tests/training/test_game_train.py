@@ -64,6 +64,39 @@ def test_an_interrupted_run_resumes_to_the_same_weights(trained, tmp_path, monke
         assert torch.equal(p, q)
 
 
+def test_a_signal_stops_after_the_step_in_flight_with_its_checkpoint(trained, tmp_path,
+                                                                     monkeypatch):
+    """SIGTERM mid-run (a session's end): the step in flight finishes, the checkpoint holds
+    it (not the last multiple of checkpoint_every), and the same command resumes to the
+    uninterrupted run's weights; the handlers are given back."""
+    import os
+    import signal
+
+    data = str(trained[0] / "data")
+    whole = train(_cfg(tmp_path / "a", data), progress=False)
+    calls = {"n": 0}
+    real = ClipSampler.sample
+
+    def terminated(self, batch):
+        calls["n"] += 1
+        if calls["n"] == 3:  # during step 3 of 6 (checkpoints every 2)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(self, batch)
+
+    before = signal.getsignal(signal.SIGTERM)
+    monkeypatch.setattr(ClipSampler, "sample", terminated)
+    with pytest.raises(game.Stopped) as stopped:
+        train(_cfg(tmp_path / "b", data), progress=False)
+    assert stopped.value.step == 3 and stopped.value.signum == signal.SIGTERM
+    assert torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=False)["step"] == 3
+    assert not (tmp_path / "b" / "training.json").exists()
+    assert signal.getsignal(signal.SIGTERM) is before
+    monkeypatch.setattr(ClipSampler, "sample", real)
+    resumed = train(_cfg(tmp_path / "b", data), progress=False)
+    for p, q in zip(whole.unet.parameters(), resumed.unet.parameters(), strict=True):
+        assert torch.equal(p, q)
+
+
 def test_evaluation_reports_the_table_with_sound_twins(trained):
     out, world = trained
     cfg = GameEvalConfig(episodes=2, length=80, effect_states=2, free_play=120)

@@ -21,6 +21,8 @@ import dataclasses
 import json
 import math
 import shutil
+import signal
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -213,6 +215,39 @@ def _clip_loss(unet: GameUNet, frames: torch.Tensor, actions: torch.Tensor,
     return total / cfg.unroll, kl_nats
 
 
+class Stopped(Exception):
+    """Training stopped by a signal (SIGTERM, SIGINT) after writing its checkpoint at
+    ``step``: the same command resumes it."""
+
+    def __init__(self, step: int, signum: int, checkpoint: Path):
+        super().__init__(f"stopped at step {step} by {signal.Signals(signum).name}; "
+                         f"checkpoint {checkpoint} written: the same command resumes")
+        self.step, self.signum, self.checkpoint = step, signum, checkpoint
+
+
+class _StopRequests:
+    """SIGTERM and SIGINT, while installed (main thread only), ask the loop to stop after the
+    step in flight: a session's end or a Ctrl-C loses no step. The previous handlers come back
+    on exit."""
+
+    def __init__(self):
+        self.signum: int | None = None
+        self._old: dict[int, object] = {}
+
+    def __enter__(self) -> _StopRequests:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._old[sig] = signal.signal(sig, self._ask)
+        return self
+
+    def _ask(self, signum, _frame) -> None:
+        self.signum = signum
+
+    def __exit__(self, *exc) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
 def prepare_data(cfg: GameTrainConfig) -> tuple[dict, dataset.Episodes]:
     """The training recording: ``cfg.data``, or one recorded into ``OUT/data`` (reused when
     a resumed run finds it)."""
@@ -271,7 +306,14 @@ def train(cfg: GameTrainConfig, progress: bool = True) -> GameWorld:
         gen.set_state(state["torch_rng"])
         start, log, elapsed = state["step"], state["log"], state["elapsed"]
         kls = state.get("code_log", [])
-    with cpu_threads(cfg.threads if device.type == "cpu" else None):
+    def checkpoint(step: int) -> None:
+        save_checkpoint(ckpt_path, unet=unet.state_dict(), ema=ema.state_dict(),
+                        opt=opt.state_dict(), palette=palette.colours, step=step,
+                        rng=sampler.rng.bit_generator.state, log=log, code_log=kls,
+                        torch_rng=gen.get_state(), elapsed=elapsed + time.perf_counter() - t0,
+                        config=dataclasses.asdict(cfg))
+
+    with cpu_threads(cfg.threads if device.type == "cpu" else None), _StopRequests() as stop:
         bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, disable=not progress,
                    desc=f"train {cfg.env}")
         t0 = time.perf_counter()
@@ -303,14 +345,12 @@ def train(cfg: GameTrainConfig, progress: bool = True) -> GameWorld:
             if step + 1 in cfg.curve and step + 1 < cfg.steps:
                 _save_world(copy.deepcopy(ema).cpu().eval(), palette, cfg, meanings,
                             out / "curve" / f"step-{step + 1:06d}")
-            if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
-                save_checkpoint(ckpt_path, unet=unet.state_dict(), ema=ema.state_dict(),
-                                opt=opt.state_dict(), palette=palette.colours, step=step + 1,
-                                rng=sampler.rng.bit_generator.state, log=log,
-                                code_log=kls,
-                                torch_rng=gen.get_state(),
-                                elapsed=elapsed + time.perf_counter() - t0,
-                                config=dataclasses.asdict(cfg))
+            if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps \
+                    or stop.signum is not None:
+                checkpoint(step + 1)
+            if stop.signum is not None and step + 1 < cfg.steps:
+                bar.close()
+                raise Stopped(step + 1, stop.signum, ckpt_path)
         elapsed += time.perf_counter() - t0
     world = _save_world(ema.cpu().eval(), palette, cfg, meanings, out)
     (out / "training.json").write_text(json.dumps({
