@@ -14,17 +14,20 @@ frames. Each frame header names the action it was conditioned on (``action_seq``
 each side really played are recorded, and the game's are replayed here, in the game itself,
 to check that the stream is the game (``wire_is_game``).
 
-Frames (JPEG, scaled up by the server) are sampled at the centre of each world pixel and
-mapped to the nearest colour of the world's palette; the figures are ``played.figures`` of the
-eval (moving objects per class, class motion, births per 100 frames, the first birth away from
-the keys' object, found from the game states replayed here). Not as in the eval: the player
-never reacts to a lost ball (the client cannot see one; it presses FIRE every 2-5 s anyway) and
-no transition is left out for a game over.
+Frames (JPEG, scaled up by the server) are read as the mean of each world pixel's block's
+middle and mapped to the nearest colour of the world's palette; the figures are
+``played.figures`` of the eval (moving objects per class, class motion, births per 100
+frames, the first birth away from the keys' object, found from the game states replayed here).
+Not as in the eval: the player never reacts to a lost ball (the client cannot see one; it
+presses FIRE every 2-5 s anyway) and no transition is left out for a game over.
 
 ``--browser``: each server's page in headless Chromium (seed set, restarted), the same keys
 pressed as keyboard events at the stream's frame rate, the video's current frame read every
 ~0.2 s (drawn into a canvas at its own size); moving objects per class per pair of successive
-reads, model against game. Saved under ``--out`` (default ``results/played_client``).
+reads, model against game, where a pixel whose colour moved less than ``STILL_LEVELS`` since
+the read before keeps its class (VP8's noise is no object). The page's session starts before
+the first key: its reads are not aligned with the reset as the WebSocket's are. Saved under
+``--out`` (default ``results/played_client``).
 """
 
 from __future__ import annotations
@@ -82,10 +85,29 @@ def world_pixels(jpeg: bytes, size: int) -> np.ndarray:
 
 
 def centres(rgb: np.ndarray, size: int) -> np.ndarray:
+    """``(H, W, 3)`` uint8 scaled up from ``(size, size)`` by a whole factor ``s`` -> each world
+    pixel's colour: the mean of its block's middle half (edges carry the codec's ringing)."""
     s = rgb.shape[1] // size
-    if s < 1 or rgb.shape[0] // s != size:
+    if s < 1 or rgb.shape[0] != s * size or rgb.shape[1] != s * size:
         raise ValueError(f"a {rgb.shape[1]}x{rgb.shape[0]} frame is no multiple of {size}")
-    return np.ascontiguousarray(rgb[s // 2::s, s // 2::s][:size, :size])
+    q = s // 4
+    blocks = rgb.reshape(size, s, size, s, 3)[:, q:s - q, :, q:s - q].astype(np.float32)
+    return np.rint(blocks.mean((1, 3))).astype(np.uint8)
+
+
+#: a read's pixel within this much (any channel) of the read before keeps its colour class
+STILL_LEVELS = 24
+
+
+def steady(reads: np.ndarray, palette) -> np.ndarray:
+    """``(n, H, W, 3)`` reads of a lossy video -> ``(n, H, W)`` palette indices where a pixel
+    whose colour barely changed since the read before keeps that read's class: the codec's
+    noise flipping a colour between two near palette entries is no moving object."""
+    idx = palette.encode(reads)
+    for t in range(1, len(reads)):
+        still = (np.abs(reads[t].astype(np.int16) - reads[t - 1]) <= STILL_LEVELS).all(-1)
+        idx[t] = np.where(still, idx[t - 1], idx[t])
+    return idx
 
 
 # ------------------------------------------------------------------ one session, WebSocket
@@ -100,13 +122,34 @@ class Recording:
     played: list[int] = field(default_factory=list)
     errors: list[dict] = field(default_factory=list)
     wall_s: float = 0.0
+    restarts: int = 0
+    """Sessions closed before this one for not starting at the reset (``record``)."""
 
 
 async def record(url: str, seed: int, script: list[int], keys: list[list[str]],
-                 size: int | None = None, fps: int = FPS, timeout_s: float = 120.0
-                 ) -> Recording:
+                 size: int | None = None, fps: int = FPS, timeout_s: float = 120.0,
+                 tries: int = 4) -> Recording:
     """Play ``script`` (an action id per frame; ``keys``: each action's wire keys) in a new
-    session of ``seed`` at ``url``; frames sampled at ``size`` (default: the session's)."""
+    session of ``seed`` at ``url``; frames sampled at ``size`` (default: the session's).
+
+    NOTE: the server hands out the newest due frame (latest wins): frames due before the
+    client's first ``next`` is read are dropped, so on a loaded machine a session may begin at
+    frame 1 or 2. A session whose first frame is not the first (index 0) is closed and opened
+    again, at most ``tries`` times (``Recording.restarts``); ``CREDITS`` frames are asked for
+    ahead, so a late read later on drops nothing."""
+    for attempt in range(tries):
+        out = await _session(url, seed, script, keys, size, fps, timeout_s)
+        out.restarts = attempt
+        if out.index[:1] == [0] or attempt == tries - 1:
+            return out
+    raise AssertionError("unreachable")
+
+
+#: ``next`` credits kept in flight (the server banks up to 4)
+CREDITS = 2
+
+
+async def _session(url, seed, script, keys, size, fps, timeout_s) -> Recording:
     import httpx
     import websockets
 
@@ -137,7 +180,8 @@ async def record(url: str, seed: int, script: list[int], keys: list[list[str]],
                                                   "t": time.monotonic() * 1e3, "keys": held}))
 
                 await hold(script[0])
-                await ws.send('{"type": "next"}')
+                for _ in range(CREDITS):
+                    await ws.send('{"type": "next"}')
                 while len(out.index) < len(script):
                     message = await asyncio.wait_for(ws.recv(), timeout_s)
                     if isinstance(message, str):
@@ -149,8 +193,11 @@ async def record(url: str, seed: int, script: list[int], keys: list[list[str]],
                     k = len(out.index) + 1
                     if k < len(script):  # before decoding: in time for frame k
                         await hold(script[k])
-                    await ws.send('{"type": "next"}')
+                    if k + CREDITS <= len(script):
+                        await ws.send('{"type": "next"}')
                     out.index.append(int(header["index"]))
+                    if out.index[0] != 0:
+                        break  # not from the reset: see record's NOTE
                     out.played.append(by_seq.get(int(header.get("action_seq", -1)), idle))
                     out.frames.append(world_pixels(jpeg, size))
         finally:
@@ -326,11 +373,13 @@ def main(argv: list[str] | None = None) -> int:
                     "seeds": seeds, "fps": FPS, "context": c, "sessions": []}
     with GamePlayServer(args.env, args.model_path, args.threads) as model_srv, \
             PlayServer("sim", 1, args.threads, ["--env", args.env]) as game_srv:
-        keys = wire_keys(httpx.get(f"{game_srv.url}/api/controls", timeout=10).json(), meanings)
-        keys_model = wire_keys(httpx.get(f"{model_srv.url}/api/controls", timeout=10).json(),
-                               meanings)
-        if keys != keys_model:
-            raise RuntimeError(f"the two servers map keys differently: {keys} {keys_model}")
+        # NOTE: each server's own key map (a world folder's keymap.json may name other keys
+        # than the game's derived one: Pong's paddle is left/right in one, up/down in the
+        # other); the same action ids are pressed on both
+        controls = {side: httpx.get(f"{srv.url}/api/controls", timeout=10).json()
+                    for side, srv in (("model", model_srv), ("game", game_srv))}
+        keys = {side: wire_keys(c, meanings) for side, c in controls.items()}
+        report["keys"] = keys
         models, games, snaps, scripts = [], [], [], []
         for seed in seeds:
             acts = player_actions(meanings, seed, n)
@@ -347,6 +396,8 @@ def main(argv: list[str] | None = None) -> int:
                 "seed": seed, "model_frames": len(m.frames), "game_frames": len(g.frames),
                 "model_wall_s": round(m.wall_s, 2), "game_wall_s": round(g.wall_s, 2),
                 "index_gaps": [int((np.diff(r.index) != 1).sum()) for r in (m, g)],
+                "first_index": [r.index[0] for r in (m, g)],
+                "restarts": [r.restarts for r in (m, g)],
                 "played_as_scripted": [float(np.mean(np.array(r.played) == np.array(sc)))
                                        for r, sc in ((m, acts), (g, game_script))],
                 "played_same": float(np.mean(np.array(m.played) == np.array(g.played[c - 1:]))),
@@ -363,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
         report["websocket"] = figures
         if args.browser:
             report["browser"] = _browser(model_srv.url, game_srv.url, seeds, scripts, keys,
-                                         size, palette, figures, out_dir)
+                                         controls, size, palette, figures, out_dir)
     (out_dir / "result.json").write_text(json.dumps(report, indent=1, default=float) + "\n")
     print(json.dumps({k: v for k, v in report.items() if k != "sessions"}, default=float,
                      indent=1))
@@ -372,38 +423,39 @@ def main(argv: list[str] | None = None) -> int:
 
 
 async def _both(model_url, game_url, seed, acts, game_script, keys, size):
-    return await asyncio.gather(record(model_url, seed, acts, keys, size),
-                                record(game_url, seed, game_script, keys, size))
+    return await asyncio.gather(record(model_url, seed, acts, keys["model"], size),
+                                record(game_url, seed, game_script, keys["game"], size))
 
 
-def _browser(model_url, game_url, seeds, scripts, keys, size, palette, figures, out_dir):
+def _browser(model_url, game_url, seeds, scripts, keys, controls, size, palette, figures,
+             out_dir):
     """The page of each server per seed, one after the other; per-class objects per pair of
     reads, model against game, over the seeds."""
-    import httpx
-
     from worldstream.engine.evaluation.game.sheet import save_played_sheet
 
-    controls = httpx.get(f"{game_url}/api/controls", timeout=10).json()
-    codes: dict[str, str] = {}
-    for code, wire in sorted(controls["keys"].items()):
-        codes.setdefault(wire, code)
+    codes: dict[str, dict[str, str]] = {side: {} for side in controls}
+    for side, c in controls.items():
+        for code, wire in sorted(c["keys"].items()):
+            codes[side].setdefault(wire, code)
     colours = len(palette)
     counts = {"model": np.zeros(colours), "game": np.zeros(colours)}
     pages = []
     for seed, (acts, game_script) in zip(seeds, scripts, strict=True):
         got = {}
         for side, url, script in (("model", model_url, acts), ("game", game_url, game_script)):
-            got[side] = browse(url, seed, script, keys, codes, size)
-            counts[side] += per_class(palette.encode(got[side]["shots"]), colours)
+            got[side] = browse(url, seed, script, keys[side], codes[side], size)
+            got[side]["steady"] = steady(got[side]["shots"], palette)
+            counts[side] += per_class(got[side]["steady"], colours)
         k = min(len(got["model"]["shots"]), len(got["game"]["shots"]))
-        save_played_sheet(got["model"]["shots"][:k], got["game"]["shots"][:k],
+        save_played_sheet(palette.decode(got["model"]["steady"][:k]),
+                          palette.decode(got["game"]["steady"][:k]),
                           out_dir / f"sheet_browser_{seed}.png",
                           f"seed {seed}: model (top) over game, the page's video every "
                           f"{SHOT_EVERY_S} s", round(1 / SHOT_EVERY_S))
         pages.append({"seed": seed, **{f"{side}_{key}": (round(v, 2) if isinstance(v, float)
                                                          else v)
                                        for side in got for key, v in got[side].items()
-                                       if key not in ("shots", "times_s")},
+                                       if key not in ("shots", "steady", "times_s")},
                       "reads": [len(got[s]["shots"]) for s in ("model", "game")]})
     classes = [int(k) for k in figures["played_objects_per_class"]]
     per, worst = _ratios(counts["model"] / len(seeds), counts["game"] / len(seeds), classes)

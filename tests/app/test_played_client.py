@@ -75,7 +75,19 @@ def test_two_sessions_of_one_seed_are_the_game(recordings):
 
 def test_centres_of_an_upscaled_frame():
     small = np.random.default_rng(0).integers(0, 255, (16, 16, 3), dtype=np.uint8)
-    big = small.repeat(4, 0).repeat(4, 1)
+    big = small.repeat(4, 0).repeat(4, 1)  # the server scales up by 4, nearest neighbour
     assert np.array_equal(pc.centres(big, 16), small)
     with pytest.raises(ValueError, match="multiple"):
         pc.centres(big[:60, :60], 16)
+
+
+def test_steady_keeps_codec_noise_out_of_moving_objects():
+    palette = Palette(np.array([[0, 0, 0], [200, 0, 0], [0, 0, 200]], np.uint8))
+    reads = np.zeros((3, 8, 8, 3), np.uint8)
+    reads[:, 2, 2] = (100, 0, 0)    # between black and red: noise flips its nearest class
+    reads[1, 2, 2] = (104, 0, 0)
+    reads[2, 5, 5] = (0, 0, 200)    # a real object arrives
+    idx = pc.steady(reads, palette)
+    assert palette.encode(reads)[0, 2, 2] != palette.encode(reads)[1, 2, 2]
+    assert (idx[:, 2, 2] == idx[0, 2, 2]).all() and idx[2, 5, 5] == 2
+    assert pc.per_class(idx, 3).tolist() == [0.0, 0.0, 0.5]
