@@ -233,7 +233,8 @@ def replay_game(env: str, size: int, seed: int, actions: list[int], every: int):
 
 # ------------------------------------------------------------------ the figures
 def judge(model: list[np.ndarray], game: list[np.ndarray], palette, context: int,
-          seeds: list[int], fps: int, seconds: float, control=None) -> dict:
+          seeds: list[int], fps: int, seconds: float, control=None
+          ) -> tuple[dict, played.Plays]:
     """``played.figures`` of the sessions: ``model[i]``, ``game[i]`` ``(T_i, H, W)`` palette
     indices of seed ``i``, both starting at the game's frames after its first start action
     (the first ``context - 1`` are start frames); cut to the shortest."""
@@ -244,6 +245,24 @@ def judge(model: list[np.ndarray], game: list[np.ndarray], palette, context: int
     band = np.zeros(plays.game.shape[2:], bool)
     out = played.figures(plays, control, band, fps, seconds, len(palette))
     return {k: v for k, v in out.items() if "cleared" not in k}, plays
+
+
+def as_eval_game(env: str, size: int, seed: int, frames: int, context: int, palette,
+                 streamed: np.ndarray) -> float:
+    """The share of the game's streamed frames (palette indices, from its first step) that
+    are the frames of the eval's own game side of session ``seed`` (``played.play_game``:
+    the same player, who also reacts to lost balls)."""
+    from worldstream.engine.worlds.game.env import GameEnv
+
+    game = GameEnv(env, size=size)
+    try:
+        shown = played.play_game(game, seed, played.TAPS, frames, context,
+                                 tuple(played.POLICIES).index("taps"))[0]
+    finally:
+        game.close()
+    ref = palette.encode(np.stack(shown[1:]))  # the reset frame is not streamed
+    k = min(len(ref), len(streamed))
+    return float((ref[:k] == streamed[:k]).all((1, 2)).mean())
 
 
 def keys_object(env: str, palette, plays, snaps: list):
@@ -402,6 +421,7 @@ def main(argv: list[str] | None = None) -> int:
                                        for r, sc in ((m, acts), (g, game_script))],
                 "played_same": float(np.mean(np.array(m.played) == np.array(g.played[c - 1:]))),
                 "wire_is_game": float((palette.encode(replayed) == g_idx).mean()),
+                "frames_as_eval_game": as_eval_game(args.env, size, seed, n, c, palette, g_idx),
                 "errors": m.errors + g.errors})
             save_played_sheet(palette.decode(models[-1]), palette.decode(games[-1]),
                               out_dir / f"sheet_ws_{seed}.png",
