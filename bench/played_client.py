@@ -248,21 +248,29 @@ def judge(model: list[np.ndarray], game: list[np.ndarray], palette, context: int
 
 
 def as_eval_game(env: str, size: int, seed: int, frames: int, context: int, palette,
-                 streamed: np.ndarray) -> float:
-    """The share of the game's streamed frames (palette indices, from its first step) that
-    are the frames of the eval's own game side of session ``seed`` (``played.play_game``:
-    the same player, who also reacts to lost balls)."""
+                 streamed: np.ndarray, played_actions: list[int]) -> dict:
+    """How long the game's stream (palette indices and the actions its frames answered, from
+    its first step) is the eval's own game side of session ``seed`` (``played.play_game``):
+    seconds of identical frames and of identical actions from the start. The eval's player
+    also reacts to lost balls, which draws from its generator: its actions part from the
+    client's there, and its frames with them."""
     from worldstream.engine.worlds.game.env import GameEnv
 
     game = GameEnv(env, size=size)
     try:
-        shown = played.play_game(game, seed, played.TAPS, frames, context,
-                                 tuple(played.POLICIES).index("taps"))[0]
+        shown, actions = played.play_game(game, seed, played.TAPS, frames, context,
+                                          tuple(played.POLICIES).index("taps"))[:2]
     finally:
         game.close()
     ref = palette.encode(np.stack(shown[1:]))  # the reset frame is not streamed
-    k = min(len(ref), len(streamed))
-    return float((ref[:k] == streamed[:k]).all((1, 2)).mean())
+
+    def same_for(a, b) -> float:
+        k = min(len(a), len(b))
+        differ = np.flatnonzero([not np.array_equal(x, y) for x, y in zip(a[:k], b[:k])])
+        return round(float(differ[0] if len(differ) else k) / FPS, 2)
+
+    return {"frames_same_s": same_for(ref, streamed),
+            "actions_same_s": same_for(actions, played_actions)}
 
 
 def keys_object(env: str, palette, plays, snaps: list):
@@ -421,7 +429,8 @@ def main(argv: list[str] | None = None) -> int:
                                        for r, sc in ((m, acts), (g, game_script))],
                 "played_same": float(np.mean(np.array(m.played) == np.array(g.played[c - 1:]))),
                 "wire_is_game": float((palette.encode(replayed) == g_idx).mean()),
-                "frames_as_eval_game": as_eval_game(args.env, size, seed, n, c, palette, g_idx),
+                "as_eval_game": as_eval_game(args.env, size, seed, n, c, palette, g_idx,
+                                             g.played),
                 "errors": m.errors + g.errors})
             save_played_sheet(palette.decode(models[-1]), palette.decode(games[-1]),
                               out_dir / f"sheet_ws_{seed}.png",

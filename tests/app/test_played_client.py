@@ -60,7 +60,8 @@ def test_two_sessions_of_one_seed_are_the_game(recordings):
         idx = palette.encode(np.stack(rec.frames))
         assert np.array_equal(idx, palette.encode(replayed))
         if rec.played == acts:  # no start race: the eval's own game, frame for frame
-            assert pc.as_eval_game(TINY, size, SEED, FRAMES, 1, palette, idx) == 1.0
+            same = pc.as_eval_game(TINY, size, SEED, FRAMES, 1, palette, idx, rec.played)
+            assert same == {"frames_same_s": FRAMES / pc.FPS, "actions_same_s": FRAMES / pc.FPS}
         frames.append(idx)
     # the two recordings agree wherever they were played alike
     same = next((k for k, (p, q) in enumerate(zip(a.played, b.played)) if p != q), FRAMES)
