@@ -251,7 +251,8 @@ def as_eval_game(env: str, size: int, seed: int, frames: int, context: int, pale
                  streamed: np.ndarray, played_actions: list[int]) -> dict:
     """How long the game's stream (palette indices and the actions its frames answered, from
     its first step) is the eval's own game side of session ``seed`` (``played.play_game``):
-    seconds of identical frames and of identical actions from the start. The eval's player
+    seconds of identical frames from the start, of identical actions from the first played
+    frame (after the ``context - 1`` start frames). The eval's player
     also reacts to lost balls, which draws from its generator: its actions part from the
     client's there, and its frames with them."""
     from worldstream.engine.worlds.game.env import GameEnv
@@ -269,8 +270,9 @@ def as_eval_game(env: str, size: int, seed: int, frames: int, context: int, pale
         differ = np.flatnonzero([not np.array_equal(x, y) for x, y in zip(a[:k], b[:k])])
         return round(float(differ[0] if len(differ) else k) / FPS, 2)
 
+    start = context - 1  # a start action answered late (the start race) changes no frame
     return {"frames_same_s": same_for(ref, streamed),
-            "actions_same_s": same_for(actions, played_actions)}
+            "actions_same_s": same_for(actions[start:], played_actions[start:])}
 
 
 def keys_object(env: str, palette, plays, snaps: list):
