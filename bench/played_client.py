@@ -270,7 +270,7 @@ def as_eval_game(env: str, size: int, seed: int, frames: int, context: int, pale
         differ = np.flatnonzero([not np.array_equal(x, y) for x, y in zip(a[:k], b[:k])])
         return round(float(differ[0] if len(differ) else k) / FPS, 2)
 
-    start = context - 1  # a start action answered late (the start race) changes no frame
+    start = context - 1  # the start race delays a start action, not the player's
     return {"frames_same_s": same_for(ref, streamed),
             "actions_same_s": same_for(actions[start:], played_actions[start:])}
 
