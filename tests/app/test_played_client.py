@@ -25,8 +25,11 @@ START_RACE = 2
 @pytest.fixture(scope="module")
 def recordings():
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
-    with PlayServer("sim", 2, 1, ["--env", TINY]) as server:
+    path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+    with pytest.MonkeyPatch.context() as patch:  # the server imports the tiny game's module
+        patch.setenv("PYTHONPATH", path)
+        server = PlayServer("sim", 2, 1, ["--env", TINY])
+    with server:
         keys = pc.wire_keys(httpx.get(f"{server.url}/api/controls", timeout=10).json(),
                             MEANINGS)
         acts = pc.player_actions(MEANINGS, SEED, FRAMES)
