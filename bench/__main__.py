@@ -25,6 +25,7 @@ SUITES = {
     "robustness": "worldstream.bench.robustness",
     "matrix_game_cpu": "worldstream.bench.matrix_game_cpu",
     "gpu_matrix_game": "worldstream.bench.gpu_matrix_game",
+    "played_client": "worldstream.bench.played_client",
 }
 
 
