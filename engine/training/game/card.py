@@ -31,7 +31,8 @@ ROWS = (
      None),
     ("births_ratio", "free play: object births per 100 frames / the game's",
      "gt_births_ratio", None),
-    *((f"object_{kind}_{n}", f"object {kind} at {n} frame{'s' if n > 1 else ''}",
+    *((f"object_{kind}_{n}", f"object {kind} at {n} frame{'s' if n > 1 else ''} (matched one "
+       "to one)",
        f"gt_object_{kind}_{n}", f"copylast_object_{kind}_{n}")
       for n in (1, 4, 16) for kind in ("recall", "precision")),
 )
