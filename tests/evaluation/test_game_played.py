@@ -70,6 +70,14 @@ def test_cleared_counts_what_turns_to_background_and_stays():
     keys[9:12, :] = True  # the keys' locus, dilated by 2 px
     assert pl.cleared(h[None], np.ones((1, 59), bool), 0) == 3 + 4
     assert pl.cleared(h[None], np.ones((1, 59), bool), 0, keys) == 3
+    # a ball crossing a hole for 2 frames leaves it cleared; an object back in its first place
+    # for 3 (a paddle that wandered off and returned) was never cleared
+    k = f.copy()
+    k[40:42, 1, 4] = 5
+    k[:, 11, 7:9] = 6
+    k[5:50, 11, 7:9] = 0
+    k[50:53, 11, 7:9] = 6
+    assert pl.cleared(k[None], np.ones((1, 59), bool), 0) == 3
 
 
 def test_the_code_prior_draws_by_inverse_cdf_from_its_uniforms():

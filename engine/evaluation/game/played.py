@@ -35,6 +35,9 @@ POLICIES: dict[str, PlayStyle] = {"taps": TAPS, "recording": RECORDING}
 MOVING_CLASS = 0.02
 #: frames a cleared pixel must stay background to count (a ball passing is not a break)
 CLEARED_FOR = 15
+#: frames in a row of a cleared pixel's first colour that say it was not cleared (a ball
+#: crossing a hole shows it for one or two)
+BACK_FOR = 3
 
 
 @dataclass
@@ -251,10 +254,12 @@ def score_changes(frames: np.ndarray, judged: np.ndarray, band: np.ndarray) -> i
 def cleared(frames: np.ndarray, judged: np.ndarray, start: int,
             left_out: np.ndarray | None = None) -> int:
     """Pixels an episode's first judged frame draws (not its background) that turned into
-    the background and stayed so ``CLEARED_FOR`` frames (bricks broken, enemies shot): the
-    most at any time of each episode, summed over rows and episodes. ``left_out`` (``(H, W)``
-    bool): pixels not judged (where the keys' object lives: a paddle that vanishes broke
-    nothing; the score band: a digit redrawn is no brick)."""
+    the background for ``CLEARED_FOR`` frames and never showed their first colour again for
+    ``BACK_FOR`` frames in a row (bricks broken, enemies shot: a ball may cross the hole; a
+    paddle that left its first place and comes back was not cleared), counted at the episode's
+    end, summed over rows and episodes. ``left_out`` (``(H, W)`` bool): pixels not judged
+    (where the keys' object lives: a paddle that vanishes broke nothing; the score band: a
+    digit redrawn is no brick)."""
     total = 0
     mine = np.zeros(frames.shape[2:], bool) if left_out is None else left_out
     for frame, ok in zip(frames, judged, strict=True):
@@ -270,14 +275,16 @@ def cleared(frames: np.ndarray, judged: np.ndarray, start: int,
             seg = frame[a:b + 1]
             bg = go.background(seg[:1])[0]
             drawn = (seg[0] != bg) & ~mine
-            gone = seg == bg
-            # background for the last CLEARED_FOR frames: a running window
-            run = np.zeros(seg.shape[1:], np.int64)
-            best = 0
-            for f in gone:
-                run = np.where(f, run + 1, 0)
-                best = max(best, int(((run >= CLEARED_FOR) & drawn).sum()))
-            total += best
+            gone_run = np.zeros(seg.shape[1:], np.int64)
+            back_run = np.zeros(seg.shape[1:], np.int64)
+            gone = np.zeros(seg.shape[1:], bool)
+            back = np.zeros(seg.shape[1:], bool)
+            for f in seg:
+                gone_run = np.where(f == bg, gone_run + 1, 0)
+                gone |= gone_run >= CLEARED_FOR
+                back_run = np.where(gone & (f == seg[0]), back_run + 1, 0)
+                back |= back_run >= BACK_FOR
+            total += int((drawn & gone & ~back).sum())
     return total
 
 
