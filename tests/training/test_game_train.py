@@ -97,6 +97,25 @@ def test_a_signal_stops_after_the_step_in_flight_with_its_checkpoint(trained, tm
         assert torch.equal(p, q)
 
 
+def test_learning_curve_snapshots_are_worlds_with_their_own_record(trained, tmp_path):
+    """Each curve step's EMA world loads, and says which weights it holds, so its card (and
+    its rebuild chain: the run's own command) is written as for the run's last weights."""
+    data = str(trained[0] / "data")
+    out = tmp_path / "c"
+    train(dataclasses.replace(_cfg(out, data), curve=(2, 4, 6)), progress=False)
+    snaps = sorted(p.name for p in (out / "curve").iterdir())
+    assert snaps == ["step-000002", "step-000004"]  # the last step is the run's own folder
+    for name, steps in (("step-000002", 2), ("step-000004", 4)):
+        snap = out / "curve" / name
+        assert load_world(snap, env_id=TINY).env_id == TINY
+        record = json.loads((snap / "training.json").read_text())
+        assert record["config"]["steps"] == 6 and len(record["loss_per_100"]) == 1
+        assert f"at step {steps} of this 6-step run" in record["weights"]
+        card = write_card(snap).read_text()
+        assert record["weights"] in card and "--set steps=6" in card
+    assert "weights" not in json.loads((out / "training.json").read_text())
+
+
 def test_evaluation_reports_the_table_with_sound_twins(trained):
     out, world = trained
     cfg = GameEvalConfig(episodes=2, length=80, effect_states=2, free_play=120)

@@ -343,8 +343,12 @@ def train(cfg: GameTrainConfig, progress: bool = True) -> GameWorld:
             bar.set_postfix(loss=f"{np.mean(log[-50:]):.4f}",
                             code=f"{np.mean(kls[-50:]):.2f}")
             if step + 1 in cfg.curve and step + 1 < cfg.steps:
-                _save_world(copy.deepcopy(ema).cpu().eval(), palette, cfg, meanings,
-                            out / "curve" / f"step-{step + 1:06d}")
+                snap = out / "curve" / f"step-{step + 1:06d}"
+                _save_world(copy.deepcopy(ema).cpu().eval(), palette, cfg, meanings, snap)
+                _write_record(snap, cfg, elapsed + time.perf_counter() - t0, meta,
+                              len(episodes), len(sampler), len(palette), log, kls,
+                              f"the EMA weights at step {step + 1:,} of this {cfg.steps:,}-step "
+                              "run (a learning-curve snapshot)")
             if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps \
                     or stop.signum is not None:
                 checkpoint(step + 1)
@@ -353,9 +357,19 @@ def train(cfg: GameTrainConfig, progress: bool = True) -> GameWorld:
                 raise Stopped(step + 1, stop.signum, ckpt_path)
         elapsed += time.perf_counter() - t0
     world = _save_world(ema.cpu().eval(), palette, cfg, meanings, out)
-    (out / "training.json").write_text(json.dumps({
-        "config": dataclasses.asdict(cfg), "train_seconds": round(elapsed, 1),
-        "frames": len(episodes), "clips": len(sampler), "colours": len(palette),
+    _write_record(out, cfg, elapsed, meta, len(episodes), len(sampler), len(palette), log, kls)
+    return world
+
+
+def _write_record(folder: Path, cfg: GameTrainConfig, seconds: float, meta: dict, frames: int,
+                  clips: int, colours: int, log: list[float], kls: list[float],
+                  weights: str | None = None) -> None:
+    """``folder/training.json``: the run's settings, data and loss curve (what the card and
+    its rebuild chain read); ``weights`` says which weights the folder holds where they are
+    not the run's last (a learning-curve snapshot)."""
+    record = {
+        "config": dataclasses.asdict(cfg), "train_seconds": round(seconds, 1),
+        "frames": frames, "clips": clips, "colours": colours,
         "policy": meta.get("policy", "held-key"),
         "loss_first_50": float(np.mean(log[:50])) if log else None,
         "loss_last_50": float(np.mean(log[-50:])) if log else None,
@@ -363,8 +377,10 @@ def train(cfg: GameTrainConfig, progress: bool = True) -> GameWorld:
         "loss_per_100": [round(float(np.mean(log[i:i + 100])), 5)
                          for i in range(0, len(log), 100)],
         "code_nats_per_100": [round(float(np.mean(kls[i:i + 100])), 4)
-                              for i in range(0, len(kls), 100)]}, indent=1) + "\n")
-    return world
+                              for i in range(0, len(kls), 100)]}
+    if weights:
+        record["weights"] = weights
+    (folder / "training.json").write_text(json.dumps(record, indent=1) + "\n")
 
 
 def _save_world(unet: GameUNet, palette: Palette, cfg: GameTrainConfig,
