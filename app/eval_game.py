@@ -105,7 +105,8 @@ def write_curve(world, folder: Path, cfg) -> dict:
     snapshots = sorted((folder / "curve").glob("step-*")) if (folder / "curve").is_dir() else []
     training = json.loads((folder / "training.json").read_text()) \
         if (folder / "training.json").exists() else {}
-    final = int(training.get("config", {}).get("steps", 0)) or None
+    # a snapshot's record names its step; a run's last weights are its configured steps
+    final = int(training.get("step") or training.get("config", {}).get("steps", 0)) or None
     for path, step in [*((p, int(p.name.split("-")[1])) for p in snapshots), (folder, final)]:
         w = world if path == folder else load_world(path, env_id=world.env_id)
         result, _ = played_result(w, cfg)

@@ -109,7 +109,8 @@ def test_learning_curve_snapshots_are_worlds_with_their_own_record(trained, tmp_
         snap = out / "curve" / name
         assert load_world(snap, env_id=TINY).env_id == TINY
         record = json.loads((snap / "training.json").read_text())
-        assert record["config"]["steps"] == 6 and len(record["loss_per_100"]) == 1
+        assert record["config"]["steps"] == 6 and record["step"] == steps
+        assert len(record["loss_per_100"]) == 1
         assert f"at step {steps} of this 6-step run" in record["weights"]
         card = write_card(snap).read_text()
         assert record["weights"] in card and "--set steps=6" in card

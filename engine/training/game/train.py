@@ -348,7 +348,7 @@ def train(cfg: GameTrainConfig, progress: bool = True) -> GameWorld:
                 _write_record(snap, cfg, elapsed + time.perf_counter() - t0, meta,
                               len(episodes), len(sampler), len(palette), log, kls,
                               f"the EMA weights at step {step + 1:,} of this {cfg.steps:,}-step "
-                              "run (a learning-curve snapshot)")
+                              "run (a learning-curve snapshot)", step + 1)
             if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps \
                     or stop.signum is not None:
                 checkpoint(step + 1)
@@ -363,12 +363,13 @@ def train(cfg: GameTrainConfig, progress: bool = True) -> GameWorld:
 
 def _write_record(folder: Path, cfg: GameTrainConfig, seconds: float, meta: dict, frames: int,
                   clips: int, colours: int, log: list[float], kls: list[float],
-                  weights: str | None = None) -> None:
+                  weights: str | None = None, step: int | None = None) -> None:
     """``folder/training.json``: the run's settings, data and loss curve (what the card and
     its rebuild chain read); ``weights`` says which weights the folder holds where they are
-    not the run's last (a learning-curve snapshot)."""
+    not the run's last (a learning-curve snapshot, of ``step`` steps)."""
     record = {
-        "config": dataclasses.asdict(cfg), "train_seconds": round(seconds, 1),
+        "config": dataclasses.asdict(cfg), "step": step or cfg.steps,
+        "train_seconds": round(seconds, 1),
         "frames": frames, "clips": clips, "colours": colours,
         "policy": meta.get("policy", "held-key"),
         "loss_first_50": float(np.mean(log[:50])) if log else None,
