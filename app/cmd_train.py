@@ -52,12 +52,22 @@ def run(args) -> int:
     from worldstream.engine.worlds.game.env import GameEnv
 
     GameEnv(args.env, size=cfg.size).close()  # a bad id is one line before anything is written
+    out = Path(cfg.out)
     try:
         train(cfg)
     except Stopped as stopped:  # a session's end: nothing lost, the same command resumes
+        _portable_snapshots(out)
         print(f"worldstream train: {stopped}", file=sys.stderr)
         return 128 + stopped.signum
-    train_out.portable_record(Path(cfg.out))
+    _portable_snapshots(out)
+    train_out.portable_record(out)
     write_card(Path(cfg.out))
     print(json.dumps(json.loads((Path(cfg.out) / "training.json").read_text())))
     return 0
+
+
+def _portable_snapshots(out: Path) -> None:
+    """The learning-curve snapshots' records name no machine path either (a snapshot ships
+    as a world of its own)."""
+    for record in sorted(out.glob("curve/step-*/training.json")):
+        train_out.portable_record(record.parent)

@@ -110,7 +110,9 @@ def render_games(games: dict[str, dict]) -> str:
         "Held-out episodes, streaming defaults. In brackets: the copy-last-frame baseline "
         "(PSNR rows), the env against itself (its ground-truth twin, which shows the metric "
         "is sound: 99 dB, 1.0, 0), or both (object rows: copy-last / twin). A moving object is "
-        "a connected set of changed pixels of one palette colour; recall / precision: found "
-        "within 2 px in the other's frame; a birth: an object where nothing moved the frame "
-        "before. Goals from the game-world issues. " + envs + ".", "",
+        "a connected set of changed pixels of one palette colour; recall / precision: the "
+        "share matched one to one to the other's objects of its colour within 2 px (cards "
+        "of 2026-12-08 on; before, found within 2 px in the other's frame); a birth: an "
+        "object where nothing moved the frame before. Goals from the game-world issues. "
+        + envs + ".", "",
         table(["measure", "goal", *names], rows)])

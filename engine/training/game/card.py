@@ -129,9 +129,10 @@ def write_card(folder: Path) -> Path:
         *chain(training, folder),
         "```",
         "",
-        f"{cfg['steps']} steps of "
-        f"{cfg['batch']} clips, {cfg['unroll']} frames predicted in a row from the model's own "
-        f"previous predictions, changed pixels weighted ×{cfg['change_weight']:g}, context "
+        (f"{training['step']:,} of {cfg['steps']:,} steps"
+         if training.get("step", cfg["steps"]) != cfg["steps"] else f"{cfg['steps']:,} steps")
+        + f" of {cfg['batch']} clips, {cfg['unroll']} frames predicted in a row from the model's "
+        f"own previous predictions, changed pixels weighted ×{cfg['change_weight']:g}, context "
         f"corruption up to {cfg.get('corrupt', 0):.0%} of pixels in half the clips, "
         + (f"an outcome code of {cfg['code_grid']}×{cfg['code_grid']} cells × "
            f"{cfg['code_classes']} values per frame drawn from a posterior that sees the true "
