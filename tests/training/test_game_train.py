@@ -43,19 +43,28 @@ def test_train_writes_a_world_folder_that_loads(trained):
         load_world(out, env_id="ALE/Pong-v5")
 
 
-def test_an_interrupted_run_resumes_to_the_same_weights(trained, tmp_path, monkeypatch):
-    data = str(trained[0] / "data")
-    whole = train(_cfg(tmp_path / "a", data), progress=False)
+def _on_sample(monkeypatch, n: int, hook):
+    """``hook()`` as the ``n``-th clip batch is drawn (in step ``n``); the real sampler."""
     calls = {"n": 0}
     real = ClipSampler.sample
 
-    def flaky(self, batch):
+    def sample(self, batch):
         calls["n"] += 1
-        if calls["n"] == 4:
-            raise KeyboardInterrupt
+        if calls["n"] == n:
+            hook()
         return real(self, batch)
 
-    monkeypatch.setattr(ClipSampler, "sample", flaky)
+    monkeypatch.setattr(ClipSampler, "sample", sample)
+    return real
+
+
+def test_an_interrupted_run_resumes_to_the_same_weights(trained, tmp_path, monkeypatch):
+    data = str(trained[0] / "data")
+    whole = train(_cfg(tmp_path / "a", data), progress=False)
+    def crash():
+        raise KeyboardInterrupt
+
+    real = _on_sample(monkeypatch, 4, crash)  # a crash in step 4: no checkpoint at it
     with pytest.raises(KeyboardInterrupt):
         train(_cfg(tmp_path / "b", data), progress=False)
     monkeypatch.setattr(ClipSampler, "sample", real)
@@ -74,17 +83,9 @@ def test_a_signal_stops_after_the_step_in_flight_with_its_checkpoint(trained, tm
 
     data = str(trained[0] / "data")
     whole = train(_cfg(tmp_path / "a", data), progress=False)
-    calls = {"n": 0}
-    real = ClipSampler.sample
-
-    def terminated(self, batch):
-        calls["n"] += 1
-        if calls["n"] == 3:  # during step 3 of 6 (checkpoints every 2)
-            os.kill(os.getpid(), signal.SIGTERM)
-        return real(self, batch)
-
     before = signal.getsignal(signal.SIGTERM)
-    monkeypatch.setattr(ClipSampler, "sample", terminated)
+    # during step 3 of 6 (checkpoints every 2)
+    real = _on_sample(monkeypatch, 3, lambda: os.kill(os.getpid(), signal.SIGTERM))
     with pytest.raises(game.Stopped) as stopped:
         train(_cfg(tmp_path / "b", data), progress=False)
     assert stopped.value.step == 3 and stopped.value.signum == signal.SIGTERM
