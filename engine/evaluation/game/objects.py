@@ -172,8 +172,7 @@ def matched(a: Objects, b: Objects, radius: int = RADIUS) -> int:
         raise ValueError(f"objects of {a.labels.shape} and {b.labels.shape} transitions")
     if not len(a) or not len(b):
         return 0
-    graph = _touching(a, b, radius).tocsr()
-    graph.sum_duplicates()
+    graph = _touching(a, b, radius).tocsr()  # repeated pairs summed: one edge each
     return int((maximum_bipartite_matching(graph, perm_type="column") >= 0).sum())
 
 

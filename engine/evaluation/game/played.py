@@ -261,7 +261,7 @@ def cleared(frames: np.ndarray, judged: np.ndarray, start: int,
     (where the keys' object lives: a paddle that vanishes broke nothing; the score band: a
     digit redrawn is no brick)."""
     total = 0
-    mine = np.zeros(frames.shape[2:], bool) if left_out is None else left_out
+    skip = np.zeros(frames.shape[2:], bool) if left_out is None else left_out
     for frame, ok in zip(frames, judged, strict=True):
         segments, first = [], start
         for t in range(start, len(ok)):
@@ -274,7 +274,7 @@ def cleared(frames: np.ndarray, judged: np.ndarray, start: int,
                 continue
             seg = frame[a:b + 1]
             bg = go.background(seg[:1])[0]
-            drawn = (seg[0] != bg) & ~mine
+            drawn = (seg[0] != bg) & ~skip
             gone_run = np.zeros(seg.shape[1:], np.int64)
             back_run = np.zeros(seg.shape[1:], np.int64)
             gone = np.zeros(seg.shape[1:], bool)
@@ -289,7 +289,8 @@ def cleared(frames: np.ndarray, judged: np.ndarray, start: int,
 
 
 # ------------------------------------------------------------------ the figures
-def class_motion(frames: np.ndarray, judged: np.ndarray, colours: int) -> np.ndarray:
+def class_motion(frames: np.ndarray, judged: np.ndarray, colours: int,
+                 objects: go.Objects | None = None) -> np.ndarray:
     """``(colours,)`` float: how far each colour class moves, px per judged frame.
 
     ``frames``: ``(T, H, W)`` palette indices of one played sequence; ``judged``: ``(T - 1,)``
@@ -297,9 +298,11 @@ def class_motion(frames: np.ndarray, judged: np.ndarray, colours: int) -> np.nda
     displacement on a judged transition is how far the centre of its moving pixels went since
     the transition before, where both have some (a formation that marches moves its centre by
     its step; one held still or flickering in place, by nothing). The sum over the judged
-    transitions, divided by their count.
+    transitions, divided by their count. ``objects``: the sequence's moving objects where
+    already found.
     """
-    objects = go.moving_objects(frames[:-1], frames[1:])
+    if objects is None:
+        objects = go.moving_objects(frames[:-1], frames[1:])
     on = objects.labels > 0
     t, y, x = np.nonzero(on)
     c = frames[1:][on].astype(np.int64)
@@ -359,13 +362,14 @@ def figures(plays: Plays, control: Controlled | None, band: np.ndarray, fps: int
     judged[:, :plays.start] = False
     frames_judged = int(judged.sum())
     # moving objects per frame, per colour class
+    sides = {"model": plays.model, "game": plays.game}
+    found = {name: [go.moving_objects(f[:-1], f[1:]) for f in frames]
+             for name, frames in sides.items()}  # found once: counted, then followed
     per = {}
-    for name, frames in (("model", plays.model), ("game", plays.game)):
+    for name in sides:
         counts = np.zeros(colours)
-        for frame, ok in zip(frames, judged, strict=True):
-            objects = go.moving_objects(frame[:-1], frame[1:])
-            keep = ok[objects.frame]
-            counts += np.bincount(objects.colour[keep], minlength=colours)
+        for objects, ok in zip(found[name], judged, strict=True):
+            counts += np.bincount(objects.colour[ok[objects.frame]], minlength=colours)
         per[name] = counts / max(frames_judged, 1)
     moving = np.flatnonzero(per["game"] >= MOVING_CLASS)
     ratios = {int(k): _ratio(per["model"][k], per["game"][k]) for k in moving}
@@ -374,9 +378,9 @@ def figures(plays: Plays, control: Controlled | None, band: np.ndarray, fps: int
                                                 round(float(per["game"][k]), 4)]
                                        for k in moving}
     # how far each moving class goes per frame (a formation that marches, a ball in play)
-    motion = {name: sum(class_motion(f, ok, colours) * ok.sum()
-                        for f, ok in zip(frames, judged, strict=True)) / max(frames_judged, 1)
-              for name, frames in (("model", plays.model), ("game", plays.game))}
+    motion = {name: sum(class_motion(f, ok, colours, o) * ok.sum() for f, ok, o in
+                        zip(frames, judged, found[name], strict=True)) / max(frames_judged, 1)
+              for name, frames in sides.items()}
     moves = {int(k): _ratio(motion["model"][k], motion["game"][k]) for k in moving}
     out["played_motion_ratio"] = worst(moves.values())
     out["played_motion_per_class"] = {str(k): [round(float(motion["model"][k]), 4),
